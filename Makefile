@@ -1,0 +1,36 @@
+# Two commands on a fresh machine: `make run` and `make test`. Each builds .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The stamp depends on pyproject.toml, so editing dependencies refreshes the venv.
+STAMP := $(VENV)/.kvref-installed
+
+.PHONY: run test typecheck audit pytest bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	# torch==2.13.0 is the CPU build on this machine's disk; an unpinned torch pulls a multi-GB CUDA build.
+	$(BIN)/python -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[torch,dev]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/kvref demo
+	$(BIN)/kvref audit examples/engine --diff || true
+
+typecheck: $(STAMP)
+	$(BIN)/pyright
+
+audit: $(STAMP)
+	$(BIN)/kvref audit kvref
+
+pytest: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test: typecheck audit pytest
+
+bench: $(STAMP)
+	$(BIN)/python tools/bench_manager.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

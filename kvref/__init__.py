@@ -1,0 +1,52 @@
+"""kvref: a typed reference of KV-cache offloading, and `kvref audit`.
+
+The public API is listed in `__all__`; everything else is an implementation detail.
+"""
+
+from __future__ import annotations
+
+from kvref.base import (
+    BlockIDsLoadStoreSpec,
+    GPULoadStoreSpec,
+    LoadStoreSpec,
+    OffloadingEvent,
+    OffloadingManager,
+    OffloadKey,
+    OffloadPolicy,
+    PrepareStoreOutput,
+    ReqContext,
+    RequestOffloadingContext,
+    get_offload_block_hash,
+    get_offload_group_idx,
+    make_offload_key,
+)
+from kvref.cpu.common import CPULoadStoreSpec
+from kvref.cpu.policies.base import BlockStatus, CachePolicy
+from kvref.errors import KVRefError, OffloadProtocolError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "__version__",
+    # base
+    "OffloadKey",
+    "make_offload_key",
+    "get_offload_block_hash",
+    "get_offload_group_idx",
+    "ReqContext",
+    "LoadStoreSpec",
+    "BlockIDsLoadStoreSpec",
+    "GPULoadStoreSpec",
+    "PrepareStoreOutput",
+    "OffloadingEvent",
+    "OffloadPolicy",
+    "RequestOffloadingContext",
+    "OffloadingManager",
+    # errors
+    "KVRefError",
+    "OffloadProtocolError",
+    # cpu tier
+    "CPULoadStoreSpec",
+    "BlockStatus",
+    "CachePolicy",
+]

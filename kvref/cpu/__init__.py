@@ -1,0 +1,1 @@
+"""The CPU tier: the primary offload medium and the only gateway to GPU memory."""

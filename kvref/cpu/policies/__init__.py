@@ -1,0 +1,1 @@
+"""Cache policies of the CPU tier (LRU, ARC) behind one `CachePolicy` ABC."""
