@@ -1,0 +1,1 @@
+"""`kvref audit`: a cross-file @override and Collection-conformance checker."""

@@ -1,0 +1,140 @@
+"""The data that crosses from the analysis engine to the command line: findings, fixes, errors.
+
+Positions: lines are 1-based; `Finding.col`/`end_col` are 1-based character columns (what text
+output prints); `Edit` columns are 0-based character offsets into the line (not UTF-8 bytes,
+unlike `ast.col_offset`), and `end_col` is exclusive.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = [
+    "Applicability",
+    "Edit",
+    "Fix",
+    "Finding",
+    "FileError",
+    "AnalysisOptions",
+    "AnalysisResult",
+    "DEFAULT_EXEMPT_NAMES",
+]
+
+
+class Applicability(enum.Enum):
+    """Whether a fix preserves behaviour (safe) or may change it (unsafe: `--unsafe-fixes`)."""
+
+    SAFE = "safe"
+    UNSAFE = "unsafe"
+
+
+@dataclass(frozen=True, slots=True)
+class Edit:
+    """Replace the text from (start_line, start_col) up to (end_line, end_col) with `text`.
+
+    An insertion has equal start and end. Lines are 1-based, columns 0-based characters.
+    """
+
+    start_line: int
+    start_col: int
+    end_line: int
+    end_col: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Fix:
+    """The edits that resolve one finding.
+
+    Attributes:
+        applicability: safe fixes run with `--fix`; unsafe ones need `--unsafe-fixes` too.
+        edits: non-overlapping edits within the finding's file.
+        needs_override_import: the fixed file must import the `override` decorator (the fixer
+            adds or merges the import, once per file, per the `override-import` setting).
+        description: a short imperative line, e.g. "Add @override".
+    """
+
+    applicability: Applicability
+    edits: tuple[Edit, ...]
+    needs_override_import: bool = False
+    description: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One rule violation.
+
+    Attributes:
+        path: project-relative path with `/` separators.
+        line, col, end_line, end_col: 1-based position of the offending name.
+        code: the rule code, e.g. "KVR001".
+        message: the rendered message.
+        symbol: the qualified name inside the module, e.g. "FsTier.on_request_finished"
+            (baselines key on path, code and symbol, never on line numbers).
+        fix: how to fix it, when the rule can.
+    """
+
+    path: str
+    line: int
+    col: int
+    end_line: int
+    end_col: int
+    code: str
+    message: str
+    symbol: str
+    fix: Fix | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FileError:
+    """A file that could not be audited (unreadable, undecodable, does not parse)."""
+
+    path: str
+    line: int
+    col: int
+    message: str
+
+
+DEFAULT_EXEMPT_NAMES: frozenset[str] = frozenset(
+    {"__init__", "__new__", "__init_subclass__", "__post_init__"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class AnalysisOptions:
+    """Policy choices where the type checkers disagree (defaults follow their consensus).
+
+    Attributes:
+        object_dunders: require `@override` on overrides of `object`'s methods (`__repr__`...).
+        abstract_implementations: require it on implementations of abstract methods.
+        protocol_members: require it on members of `Protocol` subclasses that override.
+        exempt_names: method names never reported by KVR001.
+        override_import: the module the fixer imports `override` from.
+    """
+
+    object_dunders: bool = True
+    abstract_implementations: bool = True
+    protocol_members: bool = True
+    exempt_names: frozenset[str] = DEFAULT_EXEMPT_NAMES
+    override_import: Literal["typing_extensions", "typing"] = "typing_extensions"
+
+
+@dataclass(slots=True)
+class AnalysisResult:
+    """Everything one analysis produced.
+
+    Attributes:
+        findings: every finding of every rule (selection and suppression are applied later).
+        errors: files that could not be audited.
+        unresolved_bases: dotted name of each base class that could not be resolved, with
+            the number of classes that inherit from it (those classes get no findings).
+        files_analyzed: how many files were indexed.
+    """
+
+    findings: list[Finding] = field(default_factory=lambda: [])
+    errors: list[FileError] = field(default_factory=lambda: [])
+    unresolved_bases: Mapping[str, int] = field(default_factory=lambda: {})
+    files_analyzed: int = 0
