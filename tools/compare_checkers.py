@@ -142,13 +142,11 @@ def _run_cached(
 
 def _pyright_argv(corpus: Corpus, tool: Tool, subdir: str, python_version: str) -> list[str]:
     home = _venv(tool)
-    work = _workdir(corpus, tool)
-    # Everything off except the one rule (pyright reports syntax errors regardless).
+    # Everything off except the one rule (pyright reports syntax errors regardless). pyright
+    # only takes relative "include" paths, so the config lives in the (cached) corpus root.
     config: dict[str, object] = {
-        "include": [str(corpus.root / subdir)],
-        # No "**/.*" pattern: the corpus itself lives under ~/.cache.
-        "exclude": ["**/__pycache__"],
-        "extraPaths": [str(corpus.root)],
+        "include": [subdir],
+        "exclude": ["**/__pycache__", "**/node_modules"],
         "pythonVersion": python_version,
         "typeCheckingMode": "off",
         "reportMissingImports": "none",
@@ -158,14 +156,15 @@ def _pyright_argv(corpus: Corpus, tool: Tool, subdir: str, python_version: str) 
         "reportImplicitOverride": "error",
         "enableReachabilityAnalysis": False,
     }
-    (work / "pyrightconfig.json").write_text(json.dumps(config, indent=2))
+    config_path = corpus.root / ".kvref-compare-pyrightconfig.json"
+    config_path.write_text(json.dumps(config, indent=2))
     return [
         str(home / "bin" / "pyright"),
         "--outputjson",
         "--pythonpath",
         str(home / "bin" / "python"),
         "-p",
-        str(work / "pyrightconfig.json"),
+        str(config_path),
     ]
 
 
@@ -316,15 +315,12 @@ class _DefIndex:
                 elif isinstance(node, ast.ClassDef):
                     visit(node.body, f"{prefix}{node.name}.")
                 else:
-                    # if/try/with/match blocks: defs inside keep the enclosing prefix.
+                    # if/try/with/for/match blocks: defs inside keep the enclosing prefix.
                     for child in ast.iter_child_nodes(node):
                         if isinstance(child, ast.stmt):
                             visit([child], prefix)
-                    for attribute in ("body", "orelse", "finalbody", "handlers", "cases"):
-                        nested = cast(list[ast.AST], getattr(node, attribute, []))
-                        for item in nested:
-                            if isinstance(item, ast.excepthandler | ast.match_case):
-                                visit(item.body, prefix)
+                        elif isinstance(child, ast.ExceptHandler | ast.match_case):
+                            visit(child.body, prefix)
 
         visit(tree.body, "")
         return table
