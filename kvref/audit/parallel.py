@@ -25,11 +25,12 @@ from multiprocessing.context import BaseContext
 from pathlib import Path
 from typing import Final, Generic, TypeVar, cast
 
-from kvref.audit.cache import SummaryCache, content_digest
+from kvref.audit.cache import SummaryCache, content_digest, dumps, loads
 from kvref.audit.model import FileError
 
 __all__ = [
     "DEFAULT_MAX_FILE_BYTES",
+    "FileStamp",
     "SERIAL_THRESHOLD",
     "Summarizer",
     "Unchanged",
@@ -65,12 +66,20 @@ class Unchanged:
 
 
 @dataclass(frozen=True, slots=True)
-class _Outcome(Generic[S]):
-    """What summarising one file produced, with the stat and digest it was computed from."""
+class FileStamp:
+    """The size and mtime of the bytes a summary was computed from (what the cache checks)."""
 
-    path: Path
+    st_size: int
+    st_mtime_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome(Generic[S]):
+    """What summarising one file produced, with the stamp and digest it was computed from."""
+
+    path: str
     result: S | FileError | Unchanged
-    stat: os.stat_result | None
+    stamp: FileStamp | None
     digest: bytes
 
 
@@ -107,7 +116,7 @@ def summarize_path(
     *,
     expected_digest: bytes | None = None,
     max_bytes: int = DEFAULT_MAX_FILE_BYTES,
-) -> tuple[S | FileError | Unchanged, os.stat_result | None, bytes]:
+) -> tuple[S | FileError | Unchanged, FileStamp | None, bytes]:
     """Read and summarise one file; every failure becomes a `FileError`.
 
     Args:
@@ -119,7 +128,8 @@ def summarize_path(
         max_bytes: files larger than this are reported instead of parsed.
 
     Returns:
-        (result, the stat of the bytes read or None when unreadable, their digest or b"").
+        (result, the size/mtime of the bytes read or None when unreadable, their digest or
+        b"" when they were not read).
     """
     relative = _relative(path, root)
     try:
@@ -129,6 +139,7 @@ def summarize_path(
         return FileError(relative, 1, 1, f"cannot read: {error.strerror or error}"), None, b""
     try:
         file_stat = os.fstat(descriptor)
+        stamp = FileStamp(file_stat.st_size, file_stat.st_mtime_ns)
         if not stat_module.S_ISREG(file_stat.st_mode):
             return FileError(relative, 1, 1, "cannot read: not a regular file"), None, b""
         if file_stat.st_size > max_bytes:
@@ -140,7 +151,7 @@ def summarize_path(
                     f"skipped: {file_stat.st_size / 1048576:.1f} MiB is over the "
                     f"{max_bytes / 1048576:.0f} MiB limit for one file (generated code?)",
                 ),
-                file_stat,
+                stamp,
                 b"",
             )
         with os.fdopen(descriptor, "rb", closefd=False) as stream:
@@ -151,11 +162,11 @@ def summarize_path(
         os.close(descriptor)
     digest = content_digest(source)
     if expected_digest is not None and digest == expected_digest:
-        return Unchanged(digest), file_stat, digest
+        return Unchanged(digest), stamp, digest
     try:
-        return summarize(relative, source), file_stat, digest
+        return summarize(relative, source), stamp, digest
     except Exception as error:  # noqa: BLE001 - one bad file must not stop the audit
-        return _error_from(error, relative), file_stat, digest
+        return _error_from(error, relative), stamp, digest
 
 
 def _summarize_chunk(
@@ -166,11 +177,22 @@ def _summarize_chunk(
 ) -> list[_Outcome[S]]:
     outcomes: list[_Outcome[S]] = []
     for path, expected in chunk:
-        result, file_stat, digest = summarize_path(
+        result, stamp, digest = summarize_path(
             path, root, summarize, expected_digest=expected, max_bytes=max_bytes
         )
-        outcomes.append(_Outcome(path, result, file_stat, digest))
+        outcomes.append(_Outcome(str(path), result, stamp, digest))
     return outcomes
+
+
+def _summarize_chunk_packed(
+    chunk: Sequence[tuple[Path, bytes | None]],
+    root: Path,
+    summarize: Summarizer[S],
+    max_bytes: int,
+) -> bytes:
+    # Pickled here with kvref's constructor reducers: cheaper to rebuild in the parent than
+    # the executor's default pickling of frozen dataclasses.
+    return dumps(_summarize_chunk(chunk, root, summarize, max_bytes))
 
 
 def _size(path: Path) -> int:
@@ -266,23 +288,25 @@ def summarize_many(
             work.append((path, None))
     if on_progress is not None and results:
         on_progress(len(results))
+    by_name = {str(path): path for path, _ in work}
 
     def absorb(outcomes: Iterable[_Outcome[S]]) -> None:
         finished = 0
         for outcome in outcomes:
             finished += 1
+            path = by_name[outcome.path]
             result = outcome.result
             if isinstance(result, Unchanged):
-                assert cache is not None and outcome.stat is not None
-                reused = cache.lookup_digest(outcome.path, result.digest, outcome.stat)
+                assert cache is not None and outcome.stamp is not None
+                reused = cache.lookup_digest(path, result.digest, outcome.stamp)
                 if reused is None:  # the cache changed under us: cannot happen in one process
-                    raise AssertionError(f"digest of {outcome.path} vanished from the cache")
-                results[outcome.path] = reused
+                    raise AssertionError(f"digest of {path} vanished from the cache")
+                results[path] = reused
                 continue
-            results[outcome.path] = result
+            results[path] = result
             # Errors from reading (no stat) depend on the filesystem, not the bytes: not cached.
-            if cache is not None and outcome.stat is not None and outcome.digest:
-                cache.store(outcome.path, outcome.stat, outcome.digest, result)
+            if cache is not None and outcome.stamp is not None and outcome.digest:
+                cache.store(path, outcome.stamp, outcome.digest, result)
         if on_progress is not None and finished:
             on_progress(finished)
 
@@ -294,10 +318,10 @@ def summarize_many(
         sizes = {path: _size(path) for path, _ in work}
     chunks = _chunks(work, sizes, jobs * _CHUNKS_PER_JOB)
     with ProcessPoolExecutor(max_workers=min(jobs, len(chunks)), mp_context=_pool_context()) as pool:
-        futures: list[Future[list[_Outcome[S]]]] = [
-            pool.submit(_summarize_chunk, chunk, root, summarizer, max_bytes)
+        futures: list[Future[bytes]] = [
+            pool.submit(_summarize_chunk_packed, chunk, root, summarizer, max_bytes)
             for chunk in chunks
         ]
         for future in as_completed(futures):
-            absorb(future.result())
+            absorb(cast(list[_Outcome[S]], loads(future.result())))
     return results

@@ -7,6 +7,7 @@ import pickle
 import subprocess
 import sys
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,8 +17,15 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from typing_extensions import override
 
-from kvref.audit.cache import RACY_WINDOW_NS, SummaryCache, content_digest, version_stamp
-from kvref.audit.model import FileError
+from kvref.audit.cache import (
+    RACY_WINDOW_NS,
+    SummaryCache,
+    content_digest,
+    dumps,
+    loads,
+    version_stamp,
+)
+from kvref.audit.model import Applicability, Edit, FileError, Finding, Fix
 from kvref.audit.parallel import summarize_many
 
 STAMP = "test-stamp"
@@ -330,3 +338,19 @@ class CacheNeverStale(RuleBasedStateMachine):
 TestCacheNeverStale = CacheNeverStale.TestCase
 # Each step runs a real audit pass over files on disk; keep the walk short on 2 cores.
 TestCacheNeverStale.settings = settings(max_examples=25, stateful_step_count=12, deadline=None)
+
+
+def test_audit_types_survive_the_fast_pickler() -> None:
+    finding = Finding(
+        "pkg/a.py", 3, 9, 3, 12, "KVR001", "missing @override", "A.f",
+        Fix(Applicability.SAFE, (Edit(3, 4, 3, 4, "@override\n    "),), True, "Add @override"),
+    )
+    data = dumps([finding, FileError("b.py", 1, 1, "syntax error")])
+    assert loads(data) == [finding, FileError("b.py", 1, 1, "syntax error")]
+    # Rebuilt through the constructor: the pickle names the class, not a __setstate__ call.
+    assert b"_dataclass_setstate" not in data
+
+
+def test_loads_refuses_foreign_classes() -> None:
+    with pytest.raises(pickle.UnpicklingError, match="refusing collections.OrderedDict"):
+        loads(pickle.dumps(OrderedDict(a=1)))
