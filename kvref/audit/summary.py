@@ -266,7 +266,15 @@ def decode_source(source: bytes) -> tuple[str, str, bool]:
     try:
         encoding, _ = tokenize.detect_encoding(io.BytesIO(source).readline)
     except SyntaxError as error:
-        raise SummaryError(f"cannot decode: {error.msg}", error.lineno or 1, 1) from None
+        # Either a bad cookie, or a first line that is not UTF-8: find which, and where.
+        encoding = "utf-8"
+        message = error.msg.partition(" for ")[0]
+        try:
+            source.decode(encoding)
+        except UnicodeDecodeError:
+            pass
+        else:
+            raise SummaryError(f"cannot decode: {message}", error.lineno or 1, 1) from None
     bom = encoding == "utf-8-sig"
     try:
         text = source.decode(encoding)
