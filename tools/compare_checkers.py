@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import importlib.util
 import json
 import os
 import re
@@ -36,7 +37,7 @@ from pathlib import Path
 from typing import cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from audit_corpus import Corpus, cache_root, fetch_corpus  # noqa: E402
+from audit_corpus import Corpus, cache_root, fetch_corpus, python_files  # noqa: E402
 
 __all__ = ["main", "Tool", "TOOLS", "Key", "Report"]
 
@@ -340,48 +341,58 @@ def _normalise(raws: Sequence[Raw], index: _DefIndex) -> Report:
 # --- kvref ---
 
 
-def _kvref_raws(corpus: Corpus, subdir: str) -> tuple[list[Raw], float, str]:
-    """Run `kvref audit --select KVR001 --output-format json` on the corpus subdirectory."""
-    argv = [
-        sys.executable,
-        "-m",
-        "kvref",
-        "audit",
-        str(corpus.root / subdir),
-        "--select",
-        "KVR001",
-        "--output-format",
-        "json",
-        "--exit-zero",
-        "--no-cache",
-    ]
-    started = time.perf_counter()
-    completed = subprocess.run(
-        argv, cwd=corpus.root, capture_output=True, text=True, encoding="utf-8", check=False
-    )
-    seconds = time.perf_counter() - started
-    if completed.returncode != 0 and "--no-cache" in completed.stderr:
-        argv.remove("--no-cache")
+def _kvref_raws(corpus: Corpus, subdir: str, jobs: int | None) -> tuple[list[Raw], float, str]:
+    """KVR001 findings of kvref on the corpus subdirectory, with the wall time.
+
+    Uses `kvref audit --select KVR001 --output-format json` when the command exists, else the
+    engine API with the parallel summariser (no cache either way: this measures a cold run).
+    """
+    if importlib.util.find_spec("kvref.audit.main") is not None:
+        argv = [
+            sys.executable, "-m", "kvref", "audit", str(corpus.root / subdir),
+            "--select", "KVR001", "--output-format", "json", "--exit-zero", "--no-cache",
+        ]
         started = time.perf_counter()
         completed = subprocess.run(
             argv, cwd=corpus.root, capture_output=True, text=True, encoding="utf-8", check=False
         )
         seconds = time.perf_counter() - started
-    if completed.returncode != 0:
-        raise RuntimeError(f"kvref audit exited {completed.returncode}: {completed.stderr[-2000:]}")
-    document = cast(object, json.loads(completed.stdout))
-    if isinstance(document, dict):
-        items = cast(list[dict[str, object]], cast(dict[str, object], document)["findings"])
-    else:
-        items = cast(list[dict[str, object]], document)
-    raws: list[Raw] = []
-    for item in items:
-        if item.get("code") != "KVR001":
-            continue
-        message = str(item.get("message", ""))
-        base = "object" if re.search(r"\bobject\b", message) else "?"
-        raws.append((str(item["path"]), int(cast(int, item["line"])), base))
-    return raws, seconds, completed.stderr.strip()
+        if completed.returncode != 0:
+            raise RuntimeError(
+                f"kvref audit exited {completed.returncode}: {completed.stderr[-2000:]}"
+            )
+        document = cast(object, json.loads(completed.stdout))
+        if isinstance(document, dict):
+            items = cast(list[dict[str, object]], cast(dict[str, object], document)["findings"])
+        else:
+            items = cast(list[dict[str, object]], document)
+        raws = [
+            (str(item["path"]), int(cast(int, item["line"])), "?")
+            for item in items
+            if item.get("code") == "KVR001"
+        ]
+        return raws, seconds, completed.stderr.strip()
+
+    from functools import partial
+
+    from kvref.audit.engine import analyze
+    from kvref.audit.parallel import summarize_many
+    from kvref.audit.summary import summarize
+
+    started = time.perf_counter()
+    result = analyze(
+        python_files(corpus.root / subdir),
+        root=corpus.root,
+        summarize_many=partial(summarize_many, root=corpus.root, jobs=jobs, summarize=summarize),
+    )
+    seconds = time.perf_counter() - started
+    raws = [(f.path, f.line, "?") for f in result.findings if f.code == "KVR001"]
+    unresolved = sum(result.unresolved_bases.values())
+    summary = (
+        f"engine API: {result.files_analyzed} files, {len(result.errors)} file errors, "
+        f"{len(result.unresolved_bases)} unresolved bases ({unresolved} classes skipped)"
+    )
+    return raws, seconds, summary
 
 
 # --- comparison ---
@@ -481,6 +492,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="judge by the policy that object dunder overrides need no @override",
     )
+    parser.add_argument("--jobs", type=int, help="kvref worker processes (default: all CPUs)")
     parser.add_argument("--limit", type=int, default=1000, help="max rows per disagreement list")
     args = parser.parse_args(argv)
 
@@ -509,7 +521,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     kvref: Report | None = None
     if not args.no_kvref:
         try:
-            raws, seconds, summary = _kvref_raws(corpus, subdir)
+            raws, seconds, summary = _kvref_raws(corpus, subdir, args.jobs)
         except (RuntimeError, ValueError, KeyError) as error:
             print(f"kvref could not run ({error}); comparing the checkers only", file=sys.stderr)
         else:

@@ -84,10 +84,8 @@ class _Outcome(Generic[S]):
 
 
 def _relative(path: Path, root: Path) -> str:
-    try:
-        return path.relative_to(root).as_posix()
-    except ValueError:
-        return path.as_posix()
+    # The engine's convention (`kvref.audit.engine.relative_path`): no symlink resolution.
+    return os.path.relpath(os.path.abspath(path), os.path.abspath(root)).replace(os.sep, "/")
 
 
 def _error_from(exception: BaseException, relative: str) -> FileError:
