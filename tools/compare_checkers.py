@@ -39,6 +39,8 @@ from typing import cast
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from audit_corpus import Corpus, cache_root, fetch_corpus, python_files  # noqa: E402
 
+from kvref.audit.model import DEFAULT_EXEMPT_NAMES
+
 __all__ = ["main", "Tool", "TOOLS", "Key", "Report"]
 
 Key = tuple[str, int]
@@ -77,6 +79,7 @@ class Report:
 
     keys: set[Key] = field(default_factory=lambda: set[Key]())
     object_keys: set[Key] = field(default_factory=lambda: set[Key]())
+    exempt_keys: set[Key] = field(default_factory=lambda: set[Key]())
     seconds: float = 0.0
 
 
@@ -280,7 +283,7 @@ class _DefIndex:
 
     def __init__(self, root: Path) -> None:
         self._root = root
-        self._files: dict[str, dict[int, int]] = {}
+        self._files: dict[str, dict[int, tuple[int, str]]] = {}
 
     def relative(self, path: str) -> str:
         absolute = Path(path) if os.path.isabs(path) else self._root / path
@@ -289,20 +292,21 @@ class _DefIndex:
         except ValueError:
             return Path(path).as_posix()
 
-    def canonical_line(self, relative: str, line: int) -> int:
+    def canonical(self, relative: str, line: int) -> tuple[int, str]:
+        """(the canonical def line, the method name) of a reported line."""
         table = self._files.get(relative)
         if table is None:
             table = self._files[relative] = self._index(self._root / relative)
-        return table.get(line, line)
+        return table.get(line, (line, "?"))
 
     @staticmethod
-    def _index(path: Path) -> dict[int, int]:
+    def _index(path: Path) -> dict[int, tuple[int, str]]:
         try:
             tree = ast.parse(path.read_bytes(), str(path))
         except (OSError, SyntaxError, ValueError):
             return {}
         first_def: dict[str, int] = {}
-        table: dict[int, int] = {}
+        table: dict[int, tuple[int, str]] = {}
 
         def visit(body: Iterable[ast.stmt], prefix: str) -> None:
             for node in body:
@@ -311,7 +315,7 @@ class _DefIndex:
                     canonical = first_def.setdefault(qualname, node.lineno)
                     start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
                     for header_line in range(start, node.lineno + 1):
-                        table[header_line] = canonical
+                        table[header_line] = (canonical, node.name)
                     visit(node.body, f"{qualname}.<locals>.")
                 elif isinstance(node, ast.ClassDef):
                     visit(node.body, f"{prefix}{node.name}.")
@@ -331,8 +335,11 @@ def _normalise(raws: Sequence[Raw], index: _DefIndex) -> Report:
     report = Report()
     for path, line, base in raws:
         relative = index.relative(path)
-        key = (relative, index.canonical_line(relative, line))
+        canonical, name = index.canonical(relative, line)
+        key = (relative, canonical)
         report.keys.add(key)
+        if name in DEFAULT_EXEMPT_NAMES:
+            report.exempt_keys.add(key)
         if base.rsplit(".", 1)[-1] == "object" and base in ("object", "builtins.object"):
             report.object_keys.add(key)
     return report
@@ -390,7 +397,8 @@ def _kvref_raws(corpus: Corpus, subdir: str, jobs: int | None) -> tuple[list[Raw
     unresolved = sum(result.unresolved_bases.values())
     summary = (
         f"engine API: {result.files_analyzed} files, {len(result.errors)} file errors, "
-        f"{len(result.unresolved_bases)} unresolved bases ({unresolved} classes skipped)"
+        f"{len(result.unresolved_bases)} unresolved bases ({unresolved} classes only checked "
+        "against their resolvable bases)"
     )
     return raws, seconds, summary
 
@@ -408,10 +416,17 @@ def _compare(
     names = list(reports)
     votes: dict[Key, set[str]] = defaultdict(set)
     object_keys: set[Key] = set()
+    exempt: set[Key] = set()
     for name, report in reports.items():
         for key in report.keys:
             votes[key].add(name)
         object_keys |= report.object_keys
+        exempt |= report.exempt_keys
+    # kvref's documented policy exempts __init__, __new__, __init_subclass__, __post_init__
+    # (pyright and ty never report them; mypy reports __init_subclass__).
+    for key in exempt:
+        votes.pop(key, None)
+    object_keys -= exempt
     confirmed = set(votes)
     consensus = {key for key, who in votes.items() if len(who) >= 2}
     if object_dunders:
@@ -424,6 +439,8 @@ def _compare(
     print(f"consensus (>=2 checkers{', object dunders by policy' if object_dunders else ''}): "
           f"{len(consensus)}")
     print(f"object-dunder overrides reported by some checker: {len(object_keys)}")
+    print(f"left out as exempt by policy ({', '.join(sorted(DEFAULT_EXEMPT_NAMES))}): "
+          f"{len(exempt)}")
     print("\nper tool (agreement = share of the consensus it reports; extra = outside it):")
     for name in names:
         keys = reports[name].keys
@@ -434,7 +451,7 @@ def _compare(
         )
     if kvref is None:
         return
-    kvref_keys = kvref.keys if object_dunders else kvref.keys - object_keys
+    kvref_keys = (kvref.keys if object_dunders else kvref.keys - object_keys) - exempt
     hits = kvref_keys & consensus
     precise = kvref_keys & confirmed
     print(
