@@ -332,12 +332,14 @@ class ProjectIndex:
             self._names[cache_key] = cached
         return cached
 
-    def _resolve_name_uncached(self, module: str, name: str, scope: str) -> _Target:
+    def _resolve_name_uncached(
+        self, module: str, name: str, scope: str, defining: str = ""
+    ) -> _Target:
         if module == BUILTINS or (summary := self.module(module)) is None:
             return self._introspected_member(module, name)
         classes = self._class_table(module, summary)
         while scope:
-            if f"{scope}.{name}" in classes:
+            if f"{scope}.{name}" in classes and f"{scope}.{name}" != defining:
                 return ClassKey(module, f"{scope}.{name}")
             scope = classes[scope].scope if scope in classes else ""
         guard = (module, name)
@@ -345,12 +347,28 @@ class ProjectIndex:
             return Unresolved(frozenset({f"{module}.{name}"}))
         self._resolving.add(guard)
         try:
-            return self._resolve_global(module, summary, name)
+            return self._resolve_global(module, summary, name, defining)
         finally:
             self._resolving.discard(guard)
 
-    def _resolve_global(self, module: str, summary: ModuleSummary, name: str) -> _Target:
+    def _resolve_base(self, key: ClassKey, cls: ClassSummary, dotted: str) -> ClassKey | Unresolved:
+        """A base expression of `cls`; `class Thread(Thread):` means the name bound before."""
+        head, _, rest = dotted.partition(".")
+        if head != cls.name:
+            return self.resolve_class(key.module, dotted, cls.scope)
+        target = self._resolve_name_uncached(key.module, head, cls.scope, defining=key.qualname)
+        for attribute in rest.split(".") if rest else ():
+            target = self._member(target, attribute)
+        if isinstance(target, ClassKey | Unresolved):
+            return target
+        return Unresolved(frozenset({dotted}))
+
+    def _resolve_global(
+        self, module: str, summary: ModuleSummary, name: str, defining: str = ""
+    ) -> _Target:
         bindings = self._symbol_table(module, summary).get(name, ())
+        if defining:
+            bindings = tuple(b for b in bindings if not (b.kind == "class" and b.target == defining))
         first: _Target | None = None
         for binding in bindings:
             target = self._follow(module, binding, name)
@@ -482,7 +500,7 @@ class ProjectIndex:
         for method in cls.methods:
             methods.setdefault(method.name, []).append(method)
         bases: list[ClassKey | Unresolved] = [
-            self.resolve_class(key.module, base.dotted, cls.scope) if base.dotted
+            self._resolve_base(key, cls, base.dotted) if base.dotted
             else Unresolved(frozenset({base.text}))
             for base in cls.bases
         ]

@@ -551,6 +551,12 @@ class _ModuleWalker:
             ordered = [*reversed(self.primary.get(name, ())), *self.fallback.get(name, ())]
             symbols[name] = tuple(ordered)
         self.symbols = symbols
+        # A class defined twice (`if`/`else`, `try`/`except`): the last definition keeps its
+        # name (names resolve to it); earlier ones get a unique `Name@line` qualname.
+        last_line = {builder.qualname: builder.node.lineno for builder in self.classes}
+        for builder in self.classes:
+            if last_line[builder.qualname] != builder.node.lineno:
+                builder.qualname = f"{builder.qualname}@{builder.node.lineno}"
         classes = tuple(self._freeze_class(builder) for builder in self.classes)
         # Module functions matter only to KVR102: skip those with no Iterable/Iterator hint.
         functions = tuple(
@@ -584,8 +590,9 @@ class _ModuleWalker:
             BaseRef(dotted_name(base) if not isinstance(base, ast.Call) else "", self._text(base))
             for base in node.bases
         )
+        display = builder.qualname.split("@")[0]
         methods = tuple(
-            self._freeze_function(method, f"{builder.qualname}.{method.name}", True)
+            self._freeze_function(method, f"{display}.{method.name}", True)
             for method, _ in builder.methods
         )
         return ClassSummary(
