@@ -1,0 +1,99 @@
+"""What the command line knows about each rule: code, name, default, fixability, documentation.
+
+The rules themselves live in `kvref.audit.rules` (the engine's side); this module reads their
+class attributes once into plain `RuleInfo` records so selection, `kvref rules`, `kvref explain`
+and the SARIF rule table never depend on the rule classes' internals.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = ["RuleInfo", "load_rule_catalogue", "find_rule", "doc_section"]
+
+
+@dataclass(frozen=True, slots=True)
+class RuleInfo:
+    """One rule as the command line presents it.
+
+    Attributes:
+        code: e.g. "KVR001".
+        name: the pattern the rule reports, e.g. "missing-override".
+        default_enabled: whether the rule runs without being selected explicitly.
+        fixable: whether the rule offers a fix (safe or unsafe).
+        doc: the rule's documentation (What it does / Why is this bad? / Example / ...).
+    """
+
+    code: str
+    name: str
+    default_enabled: bool
+    fixable: bool
+    doc: str
+
+    @property
+    def summary(self) -> str:
+        """One line: the first sentence of "What it does", else the first line of the doc."""
+        text = doc_section(self.doc, "What it does") or self.doc.strip()
+        first_paragraph = " ".join(text.split("\n\n", 1)[0].split())
+        sentence_end = re.search(r"(?<=[.!?])\s", first_paragraph)
+        return first_paragraph[: sentence_end.start()] if sentence_end else first_paragraph
+
+
+class _RuleClass(Protocol):
+    code: str
+    name: str
+    default_enabled: bool
+    fixable: bool
+    __doc__: str | None
+
+
+_HEADING = re.compile(r"^\s*(?:#+\s*)?(?P<title>[A-Z][A-Za-z ?]*?)\s*:?\s*$")
+
+
+def doc_section(doc: str, title: str) -> str:
+    """The text under heading `title` (`## Title`, `Title:` or `Title`), up to the next heading."""
+    lines = inspect.cleandoc(doc).splitlines()
+    known = {"What it does", "Why is this bad?", "Example", "Use instead", "Fix safety", "References"}
+    collected: list[str] | None = None
+    for line in lines:
+        heading = _HEADING.match(line)
+        if heading is not None and heading.group("title").rstrip(":") in known:
+            if collected is not None:
+                break
+            if heading.group("title").rstrip(":").lower() == title.lower():
+                collected = []
+            continue
+        if collected is not None:
+            collected.append(line)
+    return "\n".join(collected).strip() if collected is not None else ""
+
+
+def load_rule_catalogue() -> tuple[RuleInfo, ...]:
+    """Read the engine's rule registry (imported lazily: `kvref rules` should not pay for it)."""
+    # TODO(engine merge): import `ALL_RULES` directly once kvref.audit.rules is on main.
+    registry = importlib.import_module("kvref.audit.rules")
+    all_rules: Sequence[_RuleClass] = registry.ALL_RULES
+    return tuple(
+        RuleInfo(
+            code=rule.code,
+            name=rule.name,
+            default_enabled=rule.default_enabled,
+            fixable=rule.fixable,
+            doc=inspect.cleandoc(rule.__doc__ or ""),
+        )
+        for rule in all_rules
+    )
+
+
+def find_rule(rules: Sequence[RuleInfo], code_or_name: str) -> RuleInfo | None:
+    """The rule with this code (case-insensitive) or name, or None."""
+    wanted = code_or_name.strip()
+    for rule in rules:
+        if rule.code.upper() == wanted.upper() or rule.name == wanted.lower():
+            return rule
+    return None
