@@ -343,6 +343,7 @@ def discover(
     root: Path,
     paths: Sequence[Path] = (),
     *,
+    cwd: Path | None = None,
     excludes: Sequence[str] = DEFAULT_EXCLUDES,
     respect_gitignore: bool = True,
     force_exclude: bool = False,
@@ -351,8 +352,8 @@ def discover(
 
     Args:
         root: the project root (absolute).
-        paths: files or directories given on the command line (absolute or relative to the
-            current directory); empty means "the whole project".
+        paths: files or directories given on the command line (absolute or relative to
+            `cwd`, default the current directory); empty means "the whole project".
         excludes: globs never indexed (see `matches_glob`).
         respect_gitignore: skip files git ignores.
         force_exclude: apply `excludes` to explicitly named files too.
@@ -377,7 +378,7 @@ def discover(
     indexed = set(project)
     report: list[Path] = []
     for given in paths:
-        path = Path(os.path.abspath(given))
+        path = Path(os.path.abspath(given if cwd is None else cwd / given))
         rel = _relative(path, root)
         if rel is None:
             raise DiscoveryError(f"{given}: outside the project root {root}")

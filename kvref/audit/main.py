@@ -264,7 +264,8 @@ class _Runner:
         config, selected = self._configure()
         discovery = discover(
             config.root,
-            [self.cwd / path for path in request.paths],
+            request.paths,
+            cwd=self.cwd,
             excludes=config.excludes,
             respect_gitignore=config.respect_gitignore,
             force_exclude=config.force_exclude,
@@ -399,14 +400,20 @@ def run_audit(
     *,
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
-    backend: Backend | Callable[[], Backend] = real_backend,
+    backend: Backend | Callable[[], Backend] | None = None,
     cwd: Path | None = None,
 ) -> int:
-    """Run one audit and return its exit code; never raises (errors are exit 2, one line)."""
+    """Run one audit and return its exit code; never raises (errors are exit 2, one line).
+
+    `backend` defaults to the real engine (`real_backend`, looked up when called).
+    """
     out = stdout if stdout is not None else sys.stdout
     err = stderr if stderr is not None else sys.stderr
     try:
-        resolved = backend if isinstance(backend, Backend) else backend()
+        if backend is None:
+            resolved = real_backend()
+        else:
+            resolved = backend if isinstance(backend, Backend) else backend()
         runner = _Runner(request, resolved, cwd if cwd is not None else Path.cwd(), out, err)
         return runner.run()
     except KVRefError as exc:
@@ -473,7 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(
     argv: Sequence[str] | None = None,
     *,
-    backend: Backend | Callable[[], Backend] = real_backend,
+    backend: Backend | Callable[[], Backend] | None = None,
 ) -> int:
     """`kvref audit` as a plain function: parse `argv`, run, return the exit code."""
     parser = build_parser()
