@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -37,11 +38,14 @@ class RuleInfo:
 
     @property
     def summary(self) -> str:
-        """One line: the first sentence of "What it does", else the first line of the doc."""
-        text = doc_section(self.doc, "What it does") or self.doc.strip()
-        first_paragraph = " ".join(text.split("\n\n", 1)[0].split())
-        sentence_end = re.search(r"(?<=[.!?])\s", first_paragraph)
-        return first_paragraph[: sentence_end.start()] if sentence_end else first_paragraph
+        """One sentence: the docstring's opening sentence, else the first of "What it does"."""
+        opening = inspect.cleandoc(self.doc).split("\n\n", 1)[0]
+        first_line = opening.splitlines()[0] if opening else ""
+        if not first_line or _HEADING.match(first_line):
+            opening = doc_section(self.doc, "What it does").split("\n\n", 1)[0]
+        text = " ".join(opening.split())
+        sentence_end = re.search(r"(?<=[.!?])\s", text)
+        return text[: sentence_end.start()] if sentence_end else text
 
 
 class _RuleClass(Protocol):
@@ -70,7 +74,7 @@ def doc_section(doc: str, title: str) -> str:
             continue
         if collected is not None:
             collected.append(line)
-    return "\n".join(collected).strip() if collected is not None else ""
+    return textwrap.dedent("\n".join(collected)).strip() if collected is not None else ""
 
 
 def load_rule_catalogue() -> tuple[RuleInfo, ...]:
