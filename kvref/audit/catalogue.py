@@ -7,13 +7,11 @@ and the SARIF rule table never depend on the rule classes' internals.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import re
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 __all__ = ["RuleInfo", "load_rule_catalogue", "find_rule", "doc_section"]
 
@@ -48,14 +46,6 @@ class RuleInfo:
         return text[: sentence_end.start()] if sentence_end else text
 
 
-class _RuleClass(Protocol):
-    code: str
-    name: str
-    default_enabled: bool
-    fixable: bool
-    __doc__: str | None
-
-
 _HEADING = re.compile(r"^\s*(?:#+\s*)?(?P<title>[A-Z][A-Za-z ?]*?)\s*:?\s*$")
 
 
@@ -79,9 +69,8 @@ def doc_section(doc: str, title: str) -> str:
 
 def load_rule_catalogue() -> tuple[RuleInfo, ...]:
     """Read the engine's rule registry (imported lazily: `kvref rules` should not pay for it)."""
-    # TODO(engine merge): import `ALL_RULES` directly once kvref.audit.rules is on main.
-    registry = importlib.import_module("kvref.audit.rules")
-    all_rules: Sequence[_RuleClass] = registry.ALL_RULES
+    from kvref.audit.rules import ALL_RULES
+
     return tuple(
         RuleInfo(
             code=rule.code,
@@ -90,7 +79,7 @@ def load_rule_catalogue() -> tuple[RuleInfo, ...]:
             fixable=rule.fixable,
             doc=inspect.cleandoc(rule.__doc__ or ""),
         )
-        for rule in all_rules
+        for rule in ALL_RULES
     )
 
 

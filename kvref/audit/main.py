@@ -9,7 +9,6 @@ an uncaught exception would exit 1 and read as "findings".
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 from collections.abc import Callable, Collection, Sequence
@@ -98,13 +97,10 @@ class Backend:
 
 def real_backend() -> Backend:
     """The real engine, imported only when an audit runs."""
-    # TODO(engine merge): import these directly once the engine is on main.
-    engine = importlib.import_module("kvref.audit.engine")
-    fixer = importlib.import_module("kvref.audit.fixer")
-    analyze: AnalyzeFn = engine.analyze
-    apply_fixes: ApplyFixesFn = fixer.apply_fixes
-    fix_error: type[Exception] = fixer.FixError
-    return Backend(analyze, apply_fixes, fix_error, load_rule_catalogue())
+    from kvref.audit.engine import analyze
+    from kvref.audit.fixer import FixError, apply_fixes
+
+    return Backend(analyze, apply_fixes, FixError, load_rule_catalogue())
 
 
 @dataclass(frozen=True, slots=True)

@@ -118,5 +118,18 @@ def test_local_hooks_from_the_manifest(tmp_path: Path) -> None:
 @needs_engine
 @pytest.mark.slow
 def test_try_repo_installs_and_runs_the_shipped_hooks(tmp_path: Path) -> None:
+    # One try-repo call runs both shipped hooks in order (each call builds a fresh environment,
+    # about 40 s): the check fails on child.py, then the fixing hook rewrites it.
     repo = _repo(tmp_path, None)
-    _scenario(repo, _env(tmp_path), ["try-repo", str(CHECKOUT)])
+    env = _env(tmp_path)
+    both = _pre_commit(repo, env, "try-repo", str(CHECKOUT), "--files", "child.py")
+    assert both.returncode == 1, both.stdout + both.stderr
+    assert "child.py:5:9: KVR001" in both.stdout
+    assert "files were modified by this hook" in both.stdout
+    fixed = (repo / "child.py").read_text()
+    assert "    @override\n    def work(self) -> None:" in fixed
+    assert (repo / "base.py").read_text() == BASE
+    after = subprocess.run(
+        [str(BIN / "kvref"), "audit", "child.py"], cwd=repo, env=env, capture_output=True, text=True
+    )
+    assert after.returncode == 0, after.stdout + after.stderr
