@@ -414,11 +414,24 @@ def run_audit(
         return runner.run()
     except KVRefError as exc:
         err.write(f"kvref: error: {exc}\n")
+    except BrokenPipeError:
+        # The reader went away (`kvref audit | head`): stop quietly, and keep Python from
+        # complaining again when it flushes stdout at exit.
+        _silence(out)
+        return EXIT_FINDINGS
     except KeyboardInterrupt:
         err.write("kvref: interrupted\n")
     except Exception as exc:  # noqa: BLE001 - the one place every failure becomes exit 2
         err.write(f"kvref: internal error: {type(exc).__name__}: {exc}\n")
     return EXIT_ERROR
+
+
+def _silence(stream: TextIO) -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def list_rules(rules: Sequence[RuleInfo], out: TextIO) -> int:
