@@ -13,6 +13,7 @@ import itertools
 import shutil
 import tempfile
 from collections import defaultdict
+from collections.abc import Iterable
 from pathlib import Path
 
 from hypothesis import settings
@@ -24,8 +25,9 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
+from typing_extensions import override
 
-from kvref.base import OffloadKey, ReqContext
+from kvref.base import OffloadingEvent, OffloadKey, ReqContext
 from kvref.cpu.common import CPULoadStoreSpec
 from kvref.cpu.policies.factory import CachePolicyName
 from kvref.tiering.manager import TieringOffloadingManager
@@ -64,6 +66,7 @@ class TieringMachine(RuleBasedStateMachine):
         # The second tier is small: it evicts, and announces it.
         self.tiers[1]._capacity = 3  # pyright: ignore[reportPrivateUsage]
 
+    @override
     def teardown(self) -> None:
         if self.manager is not None:
             self.manager.shutdown()
@@ -168,12 +171,8 @@ class TieringMachine(RuleBasedStateMachine):
 
     # --- invariants ---
 
-    def record_events(self, events: object) -> None:
-        from kvref.base import OffloadingEvent
-
-        assert isinstance(events, list)
+    def record_events(self, events: Iterable[OffloadingEvent]) -> None:
         for event in events:
-            assert isinstance(event, OffloadingEvent)
             for key in event.keys:
                 if event.removed:
                     self.removed_from[key].add(event.medium)
