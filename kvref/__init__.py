@@ -27,6 +27,7 @@ from kvref.cpu.policies.base import BlockStatus, CachePolicy
 from kvref.cpu.policies.factory import CachePolicyName, register_cache_policy
 from kvref.cpu.policies.lru import LRUCachePolicy
 from kvref.errors import KVRefError, OffloadProtocolError
+from kvref.reuse_manager import FilterReusedOffloadingManager
 from kvref.cpu.shared_region import SharedOffloadRegion, SharedRegionError
 from kvref.tiering import (
     CPUPrimaryTierOffloadingManager,
@@ -71,6 +72,7 @@ __all__ = [
     "LRUCachePolicy",
     "ARCCachePolicy",
     "register_cache_policy",
+    "FilterReusedOffloadingManager",
     # tiering
     "SharedOffloadRegion",
     "SharedRegionError",
