@@ -108,7 +108,8 @@ class AuditRequest:
     """Everything the command line asked for (both front ends build one of these).
 
     Attributes:
-        paths: files/directories to report on; empty means the whole project.
+        paths: files/directories to report on; empty means the current directory (the
+            whole project when run at its root).
         select: `--select` selectors (None: keep the configured selection).
         ignore: `--ignore` selectors.
         output_format: how findings are printed on stdout.
@@ -258,9 +259,14 @@ class _Runner:
     def run(self) -> int:
         request = self.request
         config, selected = self._configure()
+        paths = request.paths
+        cwd = Path(os.path.abspath(self.cwd))
+        if not paths and cwd != config.root and config.root in cwd.parents:
+            # Like ruff: no paths means the current directory; the project is still indexed.
+            paths = (cwd,)
         discovery = discover(
             config.root,
-            request.paths,
+            paths,
             cwd=self.cwd,
             excludes=config.excludes,
             respect_gitignore=config.respect_gitignore,

@@ -389,3 +389,16 @@ def test_text_colour_follows_force_color_and_no_color(project: Project) -> None:
     assert "\x1b[" not in plain.stdout
     as_json = project.cli("audit", "--output-format", "json", env={"FORCE_COLOR": "1"})
     assert "\x1b[" not in as_json.stdout
+
+
+def test_no_paths_from_a_subdirectory_reports_on_that_directory(project: Project) -> None:
+    project.write({"pkg/child.py": CHILD, "other/child.py": CHILD})
+    project.monkeypatch.chdir(project.root / "pkg")
+    from kvref.audit.main import main
+
+    project.capsys.readouterr()
+    assert main([]) == EXIT_FINDINGS
+    assert [line.split(":")[0] for line in project.capsys.readouterr().out.splitlines()] == ["pkg/child.py"]
+    indexed, reported = project.engine.calls[-1]
+    assert indexed == ["other/child.py", "pkg/child.py"]
+    assert reported == ["pkg/child.py"]
