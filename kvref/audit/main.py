@@ -202,11 +202,7 @@ class _Runner:
             report_files=discovery.report_files,
             options=config.options,
         )
-        reported = (
-            None
-            if discovery.report_files is None
-            else {path.relative_to(root).as_posix() for path in discovery.report_files}
-        )
+        reported = self._reported(config, discovery)
         ignored_codes: dict[str, set[str]] = {}
 
         def per_file_ignored(path: str) -> set[str]:
@@ -245,6 +241,12 @@ class _Runner:
             ignored_per_file=ignored,
             unresolved=dict(result.unresolved_bases),
         )
+
+    @staticmethod
+    def _reported(config: AuditConfig, discovery: Discovery) -> set[str] | None:
+        if discovery.report_files is None:
+            return None
+        return {path.relative_to(config.root).as_posix() for path in discovery.report_files}
 
     def _plan(self, config: AuditConfig, findings: Sequence[Finding]) -> FixPlan:
         return plan_fixes(
@@ -314,7 +316,17 @@ class _Runner:
 
         if request.write_baseline is not None:
             target = Path(os.path.abspath(self.cwd / request.write_baseline))
-            entries = write_baseline(target, analysis.findings)
+            keep: dict[tuple[str, str, str], int] = {}
+            if target.exists():
+                # Entries for files or rules outside this run stay: a partial run (named
+                # paths, a narrower --select) must not drop the rest of the baseline.
+                reported = self._reported(config, discovery)
+                keep = {
+                    key: count
+                    for key, count in load_baseline(target).counts.items()
+                    if key[1] not in selected or (reported is not None and key[0] not in reported)
+                }
+            entries = write_baseline(target, analysis.findings, keep)
             self.stderr.write(
                 f"Wrote {entries} baseline entr{'y' if entries == 1 else 'ies'} "
                 f"({len(analysis.findings)} findings) to {request.write_baseline}.\n"
@@ -334,11 +346,7 @@ class _Runner:
         if baseline_path is not None:
             outcome = apply_baseline(remaining, load_baseline(baseline_path))
             remaining, baselined = outcome.new, outcome.baselined
-            reported = (
-                None
-                if discovery.report_files is None
-                else {p.relative_to(config.root).as_posix() for p in discovery.report_files}
-            )
+            reported = self._reported(config, discovery)
             # Entries for files or rules outside this run are not stale, just not looked at.
             stale = [
                 (key, count)

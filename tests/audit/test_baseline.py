@@ -155,3 +155,20 @@ def test_baseline_accounts_for_every_finding(findings: list[Finding], data: st.D
     assert outcome.baselined + sum(count for _, count in outcome.stale) == len(findings)
     for finding in outcome.new:
         assert all(key != baseline_key(finding) for key, _ in outcome.stale)
+
+
+def test_a_partial_write_keeps_the_entries_it_did_not_look_at(project: Project) -> None:
+    project.write({"legacy.py": LEGACY, "other.py": LEGACY})
+    assert project.main("--write-baseline", "b.json").code == 0
+    before = json.loads((project.root / "b.json").read_text())["entries"]
+    assert len(before) == 4
+    # Rewriting from one file, with one rule selected, keeps everything else.
+    (project.root / "legacy.py").write_text("class A(Base):\n    def twice_two(self):\n        pass\n")
+    assert project.main("--write-baseline", "b.json", "--select", "KVR001", "legacy.py").code == 0
+    after = json.loads((project.root / "b.json").read_text())["entries"]
+    assert [(e["path"], e["code"]) for e in after] == [
+        ("legacy.py", "KVR102"),
+        ("other.py", "KVR001"),
+        ("other.py", "KVR102"),
+    ]
+    assert project.main("--baseline", "b.json").code == 0
