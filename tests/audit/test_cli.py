@@ -402,3 +402,13 @@ def test_no_paths_from_a_subdirectory_reports_on_that_directory(project: Project
     indexed, reported = project.engine.calls[-1]
     assert indexed == ["other/child.py", "pkg/child.py"]
     assert reported == ["pkg/child.py"]
+
+
+def test_config_option_reads_another_file(project: Project, run: Callable[..., Outcome]) -> None:
+    project.write(SELECTION_PROJECT)
+    (project.root / "kvref.toml").write_text('select = ["KVR102"]\n')
+    outcome = run("--config", "kvref.toml")
+    assert [line.split()[1] for line in outcome.stdout.splitlines()] == ["KVR102"]
+    missing = run("--config", "nope.toml")
+    assert missing.code == EXIT_ERROR
+    assert missing.stderr == "kvref: error: --config nope.toml: no such file\n"
