@@ -412,3 +412,12 @@ def test_config_option_reads_another_file(project: Project, run: Callable[..., O
     missing = run("--config", "nope.toml")
     assert missing.code == EXIT_ERROR
     assert missing.stderr == "kvref: error: --config nope.toml: no such file\n"
+
+
+def test_only_excluded_files_named_means_nothing_to_do(project: Project, run: Callable[..., Outcome]) -> None:
+    project.write({"gen/m.py": CHILD, "a.py": BASE}, pyproject='[tool.kvref]\nextend-exclude = ["gen"]\nforce-exclude = true\n')
+    outcome = run("gen/m.py")
+    assert outcome.code == EXIT_CLEAN
+    assert outcome.stdout == ""
+    assert "Checked 0 files" in outcome.stderr
+    assert project.engine.calls == []
