@@ -84,14 +84,19 @@ def _write_all(fd: int, parts: Sequence[memoryview]) -> None:
             pending[0] = pending[0][written:]
 
 
-def _read_exact(fd: int, dest: memoryview, offset: int) -> bool:
-    """Fill `dest` from `offset`; False if the file ends first."""
-    filled = 0
-    while filled < len(dest):
-        count = os.preadv(fd, [dest[filled:]], offset + filled)
+def _read_exact_into(fd: int, buffers: Sequence[memoryview], offset: int) -> bool:
+    """Fill `buffers` in order from `offset`; False if the file ends first."""
+    pending = list(buffers)
+    while pending:
+        count = os.preadv(fd, pending, offset)
         if count == 0:
             return False
-        filled += count
+        offset += count
+        while pending and count >= len(pending[0]):
+            count -= len(pending[0])
+            pending.pop(0)
+        if pending and count:
+            pending[0] = pending[0][count:]
     return True
 
 
@@ -688,8 +693,10 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             try:
                 header = bytearray(_HEADER.size + len(key))
-                if not _read_exact(fd, memoryview(header), offset):
-                    raise _CorruptBlock("truncated header")
+                dest = self._primary.row(block_id)
+                # One system call for header, key and payload, straight into the primary slot.
+                if not _read_exact_into(fd, [memoryview(header), dest], offset):
+                    raise _CorruptBlock("truncated record")
                 magic, version, key_len, crc, payload_len = _HEADER.unpack_from(header)
                 if (
                     magic != _MAGIC
@@ -699,9 +706,6 @@ class FileSystemSecondaryTier(SecondaryTierManager):
                     or bytes(header[_HEADER.size :]) != key
                 ):
                     raise _CorruptBlock("header")
-                dest = self._primary.row(block_id)
-                if not _read_exact(fd, dest, offset + len(header)):
-                    raise _CorruptBlock("truncated payload")
                 if zlib.crc32(dest) != crc:
                     raise _CorruptBlock("checksum mismatch")
             finally:

@@ -482,3 +482,15 @@ def test_permission_denied_on_write_and_read(harness: Harness, monkeypatch: pyte
     assert harness.store([k2])
     assert not harness.load([k2], [4])
     assert harness.tier.lookup(k2, CTX) is False  # an unreadable block is a miss afterwards
+
+
+def test_partial_reads_are_completed(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_preadv = os.preadv
+
+    def short_preadv(fd: int, buffers: list[memoryview], offset: int) -> int:
+        return real_preadv(fd, [buffers[0][:7]], offset)  # 7 bytes at a time
+
+    k1 = to_key(1)
+    assert harness.store([k1])
+    monkeypatch.setattr(os, "preadv", short_preadv)
+    assert harness.load([k1], [3]) and harness.row(3) == content(k1)
