@@ -42,6 +42,7 @@ import hashlib
 import json
 import logging
 import os
+import queue
 import struct
 import threading
 import time
@@ -128,7 +129,7 @@ class _Entry:
 
 
 class _Job:
-    """A submitted job's I/O; I/O threads update `remaining` and `failed*` under a lock."""
+    """A submitted job's I/O (only the scheduler thread touches it; see `_task_done`)."""
 
     __slots__ = ("meta", "segments", "reads", "remaining", "failed", "failed_keys")
 
@@ -153,14 +154,21 @@ class _Task:
 
 
 class _DualQueuePool:
-    """I/O threads over a read queue and a write queue; each thread prefers one queue."""
+    """I/O threads over a read queue and a write queue; each thread prefers one queue.
+
+    Submitting never waits on a lock an I/O thread may hold: a task is appended to its deque
+    and a token to a `SimpleQueue`; a thread takes one token, then one task from its own queue
+    or, if that is empty, from the other (there is always one: tasks go in before tokens).
+    """
 
     def __init__(self, n_read_threads: int, n_write_threads: int, name: str) -> None:
-        self._cond = threading.Condition()
         self._reads: deque[_Task] = deque()
         self._writes: deque[_Task] = deque()
-        self._running = 0
+        self._tokens: queue.SimpleQueue[bool] = queue.SimpleQueue()
         self._closed = False
+        self._submitted = 0  # written by the submitting thread only
+        self._finished = 0  # under _idle
+        self._idle = threading.Condition()
         self._threads = [
             threading.Thread(
                 target=self._work, args=(prefer_reads,), name=f"{name}-{kind}{i}", daemon=True
@@ -175,50 +183,45 @@ class _DualQueuePool:
             thread.start()
 
     def submit(self, task: _Task, *, read: bool) -> None:
-        with self._cond:
-            if self._closed:
-                task.cancel()
-                return
-            (self._reads if read else self._writes).append(task)
-            self._cond.notify()
+        if self._closed:
+            task.cancel()
+            return
+        (self._reads if read else self._writes).append(task)
+        self._submitted += 1
+        self._tokens.put(True)
 
     def _work(self, prefer_reads: bool) -> None:
         own, other = (self._reads, self._writes) if prefer_reads else (self._writes, self._reads)
-        while True:
-            with self._cond:
-                while not own and not other and not self._closed:
-                    self._cond.wait()
-                if self._closed:
-                    return
-                task = (own or other).popleft()
-                self._running += 1
+        while self._tokens.get():
             try:
-                task.run()
+                task = own.popleft()
+            except IndexError:
+                task = other.popleft()
+            try:
+                if self._closed:
+                    task.cancel()
+                else:
+                    task.run()
             finally:
-                with self._cond:
-                    self._running -= 1
-                    if not self._running and not self._reads and not self._writes:
-                        self._cond.notify_all()
+                with self._idle:
+                    self._finished += 1
+                    self._idle.notify_all()
 
     def drain(self) -> None:
-        with self._cond:
-            while self._running or self._reads or self._writes:
-                self._cond.wait()
+        with self._idle:
+            while self._finished < self._submitted:
+                self._idle.wait()
 
     def shutdown(self) -> None:
-        """Cancel queued tasks, let running ones finish, and join the threads."""
-        with self._cond:
-            if self._closed:
-                return
-            self._closed = True
-            cancelled = [*self._reads, *self._writes]
-            self._reads.clear()
-            self._writes.clear()
-            self._cond.notify_all()
-        for task in cancelled:
-            task.cancel()
+        """Let running tasks finish, cancel queued ones, and join the threads."""
+        if self._closed:
+            return
+        self._closed = True
+        for _ in self._threads:
+            self._tokens.put(False)  # after every queued task's token: those get cancelled
         for thread in self._threads:
             thread.join()
+
 
 class FileSystemSecondaryTier(SecondaryTierManager):
     """Secondary tier storing checksummed block records in segment files under `root_dir`.
@@ -281,8 +284,11 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
         self._last_generation = 0
         self._made_dirs: set[str] = set()
-        self._done_lock = threading.Lock()
+        # Jobs finished without I/O, and per-task completions posted by the I/O threads
+        # (deque appends and pops are atomic: the scheduler thread never waits on a lock that
+        # an I/O thread could hold).
         self._done: list[_Job] = []
+        self._completions: deque[tuple[_Job, OffloadKey | str | None]] = deque()
         self._closed = False
         self._last_warning = 0.0
 
@@ -515,8 +521,16 @@ class FileSystemSecondaryTier(SecondaryTierManager):
 
     @override
     def get_finished_jobs(self) -> Iterable[JobResult]:
-        with self._done_lock:
-            done, self._done = self._done, []
+        done, self._done = self._done, []
+        completions = self._completions
+        while completions:
+            state, failure = completions.popleft()
+            if failure is not None:
+                state.failed = True
+                state.failed_keys.append(failure)
+            state.remaining -= 1
+            if state.remaining == 0:
+                done.append(state)
         results: list[JobResult] = []
         for state in done:
             if state.meta.is_promotion:
@@ -597,8 +611,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         return os.path.join(self.root_dir, digest[:2], digest[2:], name + _SEGMENT_SUFFIX)
 
     def _finish(self, state: _Job) -> None:
-        with self._done_lock:
-            self._done.append(state)
+        self._done.append(state)
 
     @override
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
@@ -630,13 +643,8 @@ class FileSystemSecondaryTier(SecondaryTierManager):
     # --- I/O threads ---
 
     def _task_done(self, state: _Job, failure: OffloadKey | str | None) -> None:
-        with self._done_lock:
-            if failure is not None:
-                state.failed = True
-                state.failed_keys.append(failure)
-            state.remaining -= 1
-            if state.remaining == 0:
-                self._done.append(state)
+        """Post one task's outcome (failure: the block or segment that failed, or None)."""
+        self._completions.append((state, failure))
 
     def _write_task(
         self, state: _Job, segment: _Segment, records: list[tuple[OffloadKey, int]]
