@@ -10,7 +10,6 @@ from __future__ import annotations
 import errno
 import os
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -205,32 +204,40 @@ def test_capacity_never_evicts_blocks_being_read(tmp_path: Path, monkeypatch: py
 
 def test_reads_are_not_starved_by_writes() -> None:
     pool = fs_module._DualQueuePool(1, 1, "test")  # pyright: ignore[reportPrivateUsage]
-    gate = threading.Event()
+    # One gate per write, so the test decides when each write may finish (no timing races).
+    gates = [threading.Event() for _ in range(10)]
+    started = threading.Semaphore(0)
     done: list[str] = []
     lock = threading.Lock()
 
-    started = threading.Semaphore(0)
-
-    def task(name: str, write: bool) -> Any:
+    def task(name: str, gate: threading.Event | None) -> Any:
         def run() -> None:
-            if write:
-                started.release()
-                gate.wait(5)
-                time.sleep(0.005)  # a write takes a while (and lets other threads run)
+            started.release()
+            if gate is not None:
+                assert gate.wait(10)
             with lock:
                 done.append(name)
 
         return fs_module._Task(run, lambda: None)  # pyright: ignore[reportPrivateUsage]
 
     for i in range(10):
-        pool.submit(task(f"w{i}", write=True), read=False)
-    assert started.acquire(timeout=5) and started.acquire(timeout=5)  # both threads writing
-    pool.submit(task("r", write=False), read=True)
-    gate.set()
+        pool.submit(task(f"w{i}", gates[i]), read=False)
+    assert started.acquire(timeout=10) and started.acquire(timeout=10)  # both threads busy
+    pool.submit(task("r", None), read=True)
+    gates[0].set()
+    gates[1].set()
+    # The read must run next, while eight writes are still queued.
+    for _ in range(200):
+        with lock:
+            if "r" in done:
+                break
+        threading.Event().wait(0.01)
+    for gate in gates:
+        gate.set()
     pool.drain()
     pool.shutdown()
-    # Both threads were busy with writes; the read thread takes the read as soon as it is free.
-    assert done.index("r") <= 3, done
+    # Only the two writes that were already running may finish before the read.
+    assert set(done[: done.index("r")]) <= {"w0", "w1"}, done
     assert len(done) == 11
 
 
