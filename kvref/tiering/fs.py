@@ -541,7 +541,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         return results
 
     def _settle_store(self, state: _Job) -> None:
-        stored: list[OffloadKey] = []
+        written: set[OffloadKey] = set()
         failed = set(state.failed_keys)
         for segment in state.segments:
             segment.writing = False
@@ -549,7 +549,8 @@ class FileSystemSecondaryTier(SecondaryTierManager):
                 # Never announced, and its temporary file is already gone.
                 self._forget(segment)
             else:
-                stored.extend(key for key in state.meta.keys if key in segment.keys)
+                written.update(segment.keys)
+        stored = [key for key in dict.fromkeys(state.meta.keys) if key in written]
         if self._events is not None and stored:
             self._events.append(OffloadingEvent(stored, self.medium, removed=False))
 
