@@ -21,7 +21,11 @@ from kvref.base import (
     make_offload_key,
 )
 from kvref.cpu.common import CPULoadStoreSpec
+from kvref.cpu.manager import CPUOffloadingManager
+from kvref.cpu.policies.arc import ARCCachePolicy
 from kvref.cpu.policies.base import BlockStatus, CachePolicy
+from kvref.cpu.policies.factory import CachePolicyName, register_cache_policy
+from kvref.cpu.policies.lru import LRUCachePolicy
 from kvref.errors import KVRefError, OffloadProtocolError
 
 __version__ = "0.1.0"
@@ -49,4 +53,9 @@ __all__ = [
     "CPULoadStoreSpec",
     "BlockStatus",
     "CachePolicy",
+    "CPUOffloadingManager",
+    "CachePolicyName",
+    "LRUCachePolicy",
+    "ARCCachePolicy",
+    "register_cache_policy",
 ]

@@ -158,6 +158,16 @@ class GPULoadStoreSpec(BlockIDsLoadStoreSpec):
         return "GPU"
 
     @override
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, GPULoadStoreSpec):
+            return NotImplemented
+        return (
+            self.block_ids == other.block_ids
+            and self.group_sizes == other.group_sizes
+            and self.block_indices == other.block_indices
+        )
+
+    @override
     def __repr__(self) -> str:
         return (
             f"GPULoadStoreSpec({self.block_ids.tolist()}, group_sizes={list(self.group_sizes)}, "

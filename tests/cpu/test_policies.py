@@ -1,0 +1,391 @@
+"""Cache policies: one behavioural suite run against every policy, then each policy's own rules.
+
+The helpers below play the manager's part: they move reference counts and call the hooks the
+way `CPUOffloadingManager` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from typing import Any, cast
+
+import pytest
+
+from kvref.base import OffloadKey, make_offload_key
+from kvref.cpu.policies.arc import ARCCachePolicy
+from kvref.cpu.policies.base import BlockStatus, CachePolicy
+from kvref.cpu.policies.factory import (
+    cache_policy_names,
+    create_cache_policy,
+    get_cache_policy_class,
+    register_cache_policy,
+)
+from kvref.cpu.policies.lru import LRUCachePolicy
+
+POLICY_CLASSES: list[type[CachePolicy]] = [LRUCachePolicy, ARCCachePolicy]
+
+
+def to_key(i: int) -> OffloadKey:
+    return make_offload_key(i.to_bytes(8, "big"), 0)
+
+
+def to_keys(ints: Iterable[int]) -> list[OffloadKey]:
+    return [to_key(i) for i in ints]
+
+
+def add_pending(policy: CachePolicy, *ints: int) -> None:
+    """prepare_store: a new block whose write is in flight (slot id = the key's integer)."""
+    for i in ints:
+        policy.insert(to_key(i), BlockStatus(i))
+
+
+def complete(policy: CachePolicy, *ints: int) -> None:
+    """complete_store: ref_cnt -1 -> 0."""
+    for i in ints:
+        block = policy.get(to_key(i))
+        assert block is not None and block.ref_cnt == -1
+        block.ref_cnt = 0
+        policy.mark_evictable(to_key(i))
+
+
+def add_idle(policy: CachePolicy, *ints: int) -> None:
+    add_pending(policy, *ints)
+    complete(policy, *ints)
+
+
+def pin(policy: CachePolicy, *ints: int) -> None:
+    """prepare_load."""
+    for i in ints:
+        block = policy.get(to_key(i))
+        assert block is not None and block.ref_cnt >= 0
+        if block.ref_cnt == 0:
+            policy.mark_non_evictable(to_key(i))
+        block.ref_cnt += 1
+
+
+def unpin(policy: CachePolicy, *ints: int) -> None:
+    """complete_load."""
+    for i in ints:
+        block = policy.get(to_key(i))
+        assert block is not None and block.ref_cnt > 0
+        block.ref_cnt -= 1
+        if block.ref_cnt == 0:
+            policy.mark_evictable(to_key(i))
+
+
+def touch(policy: CachePolicy, *ints: int) -> None:
+    policy.touch(to_keys(ints))
+
+
+def evict(policy: CachePolicy, n: int, protected: Collection[int] = ()) -> list[int] | None:
+    """Evict n blocks; return their integers (checking each block came back with its key)."""
+    evicted = policy.evict(n, frozenset(to_keys(protected)))
+    if evicted is None:
+        return None
+    assert all(key == to_key(block.block_id) for key, block in evicted)
+    return [block.block_id for _, block in evicted]
+
+
+def state(policy: CachePolicy) -> dict[str, Any]:
+    """Every attribute of the policy, containers as ordered lists (for "nothing changed")."""
+
+    def describe(value: Any) -> Any:
+        if isinstance(value, BlockStatus):
+            return (value.block_id, value.ref_cnt)
+        if isinstance(value, dict):
+            entries = cast(dict[Any, Any], value)
+            return [(key, describe(item)) for key, item in entries.items()]
+        return value
+
+    return {name: describe(value) for name, value in vars(policy).items()}
+
+
+@pytest.fixture(params=POLICY_CLASSES, ids=lambda cls: cls.__name__)
+def policy(request: pytest.FixtureRequest) -> CachePolicy:
+    policy_class = cast(type[CachePolicy], request.param)
+    return policy_class(8)
+
+
+# --- the behaviour every policy shares ---
+
+
+def test_get_returns_the_inserted_block_or_none(policy: CachePolicy) -> None:
+    block = BlockStatus(3)
+    policy.insert(to_key(3), block)
+    assert policy.get(to_key(3)) is block
+    assert policy.get(to_key(4)) is None
+
+
+def test_idle_blocks_are_evicted_oldest_first(policy: CachePolicy) -> None:
+    add_idle(policy, 1, 2, 3, 4)
+    assert evict(policy, 2) == [1, 2]
+    assert policy.get(to_key(1)) is None and policy.get(to_key(3)) is not None
+    assert evict(policy, 2) == [3, 4]
+
+
+def test_get_does_not_change_recency(policy: CachePolicy) -> None:
+    add_idle(policy, 1, 2)
+    policy.get(to_key(1))
+    assert evict(policy, 1) == [1]
+
+
+def test_the_order_blocks_become_idle_is_their_order_of_use(policy: CachePolicy) -> None:
+    add_pending(policy, 1, 2, 3)
+    complete(policy, 3, 1, 2)
+    assert evict(policy, 3) == [3, 1, 2]
+
+
+def test_pending_and_read_blocks_are_never_evicted(policy: CachePolicy) -> None:
+    add_idle(policy, 1, 2)
+    add_pending(policy, 3)
+    pin(policy, 1)
+    assert evict(policy, 2) is None
+    assert evict(policy, 1) == [2]
+
+
+def test_a_released_block_counts_as_used(policy: CachePolicy) -> None:
+    add_idle(policy, 1, 2, 3)
+    pin(policy, 1)
+    pin(policy, 1)
+    unpin(policy, 1)  # still read once: not idle yet
+    assert evict(policy, 1) == [2]
+    unpin(policy, 1)
+    assert evict(policy, 2) == [3, 1]
+
+
+def test_protected_blocks_are_skipped(policy: CachePolicy) -> None:
+    add_idle(policy, 1, 2, 3)
+    assert evict(policy, 2, protected={1, 9}) == [2, 3]
+    assert evict(policy, 1, protected={1}) is None
+    assert evict(policy, 1) == [1]
+
+
+def test_failed_eviction_changes_nothing(policy: CachePolicy) -> None:
+    add_idle(policy, 1, 2, 3, 4)
+    touch(policy, 3, 4)
+    pin(policy, 2)
+    add_pending(policy, 5)
+    before = state(policy)
+    # 3 idle blocks, one protected: 3 cannot be found
+    assert evict(policy, 3, protected={4}) is None
+    assert state(policy) == before
+
+
+def test_evicting_nothing_returns_an_empty_list(policy: CachePolicy) -> None:
+    assert evict(policy, 0) == []
+    add_idle(policy, 1)
+    assert evict(policy, 0) == []
+    assert policy.get(to_key(1)) is not None
+
+
+def test_touch_applies_keys_last_first(policy: CachePolicy) -> None:
+    add_idle(policy, 1, 2, 3, 4)
+    # touch [1, 2, 3] -> the request's head, 1, ends most recent: 4, then 3, 2, 1
+    touch(policy, 1, 2, 3)
+    assert evict(policy, 4) == [4, 3, 2, 1]
+
+
+@pytest.mark.parametrize("container", [list, tuple, set, dict.fromkeys], ids=lambda c: c.__name__)
+def test_touch_accepts_any_collection(policy: CachePolicy, container: Any) -> None:
+    add_idle(policy, 1, 2)
+    policy.touch(container([to_key(1)]))
+    assert evict(policy, 1) == [2]
+
+
+def test_touch_ignores_absent_keys_and_does_not_free_busy_blocks(policy: CachePolicy) -> None:
+    add_idle(policy, 1)
+    add_pending(policy, 2)
+    touch(policy, 9, 2)
+    assert policy.get(to_key(9)) is None
+    assert evict(policy, 2) is None
+    assert evict(policy, 1) == [1]
+
+
+def test_remove_drops_a_block_in_any_state(policy: CachePolicy) -> None:
+    add_idle(policy, 1, 2)
+    add_pending(policy, 3)
+    policy.remove(to_key(1))
+    policy.remove(to_key(3))
+    policy.remove(to_key(9))  # absent: ignored
+    assert policy.get(to_key(1)) is None and policy.get(to_key(3)) is None
+    assert evict(policy, 2) is None
+    assert evict(policy, 1) == [2]
+
+
+def test_clear_drops_everything(policy: CachePolicy) -> None:
+    empty = state(policy)
+    add_idle(policy, 1, 2, 3)
+    add_pending(policy, 4)
+    pin(policy, 3)
+    touch(policy, 1)
+    evict(policy, 1)
+    policy.clear()
+    assert state(policy) == empty
+    assert evict(policy, 1) is None
+
+
+# --- LRU ---
+
+
+def test_lru_load_completion_refreshes_recency() -> None:
+    """kv-offload.md section 2.3: the later LRU evicts [4, 5, 2], the scan LRU [2, 3, 4]."""
+    policy = LRUCachePolicy(4)
+    add_idle(policy, 2)
+    add_pending(policy, 3, 4, 5)
+    complete(policy, 3, 4, 5)
+    pin(policy, 2, 3)
+    unpin(policy, 2, 3)
+    assert evict(policy, 3) == [4, 5, 2]
+
+
+def test_lru_index_holds_exactly_the_idle_blocks() -> None:
+    policy = LRUCachePolicy(4)
+    add_idle(policy, 1, 2)
+    add_pending(policy, 3)
+    pin(policy, 2)
+    assert list(policy.evictable) == [to_key(1)]
+    assert set(policy.blocks) == set(to_keys([1, 2, 3]))
+    touch(policy, 2, 3)  # busy blocks are not reordered into the index
+    assert list(policy.evictable) == [to_key(1)]
+
+
+def test_lru_keeps_no_capacity_state() -> None:
+    policy = LRUCachePolicy(1)
+    add_idle(policy, 1, 2, 3)  # the manager bounds the blocks, not the policy
+    assert evict(policy, 3) == [1, 2, 3]
+
+
+# --- ARC ---
+
+
+def test_arc_promotes_a_touched_ready_block_to_t2() -> None:
+    policy = ARCCachePolicy(4)
+    add_idle(policy, 1)
+    add_pending(policy, 2)
+    touch(policy, 1, 2)
+    assert list(policy.t1) == [to_key(2)]  # pending: prepared, not used twice
+    assert list(policy.t2) == [to_key(1)]
+    assert list(policy.t2_evictable) == [to_key(1)]
+
+
+def test_arc_evicts_t1_before_t2_while_t1_is_over_target() -> None:
+    policy = ARCCachePolicy(4)
+    add_idle(policy, 1, 2, 3)
+    touch(policy, 1)  # t1 = [2, 3], t2 = [1], target 0
+    assert evict(policy, 3) == [2, 3, 1]
+    assert list(policy.b1) == to_keys([2, 3])
+    assert list(policy.b2) == to_keys([1])
+
+
+def test_arc_ghost_hits_move_the_target() -> None:
+    policy = ARCCachePolicy(4)
+    add_idle(policy, 1, 2, 3, 4)
+    touch(policy, 3, 4)  # t1 = [1, 2], t2 = [4, 3]
+    assert evict(policy, 3) == [1, 2, 4]  # b1 = [1, 2], b2 = [4]
+
+    touch(policy, 1)  # b1 hit: target += max(1, |b2| / |b1|) = 1
+    assert policy.target_t1_size == 1.0
+    assert list(policy.b1) == to_keys([2, 1])
+    touch(policy, 4)  # b2 hit: target -= max(1, |b1| / |b2|) = 2, floored at 0
+    assert policy.target_t1_size == 0.0
+
+    for _ in range(10):
+        touch(policy, 1)
+    assert policy.target_t1_size == 4.0  # capped at the capacity
+
+
+def test_arc_prefers_t2_when_t1_is_below_target() -> None:
+    policy = ARCCachePolicy(4)
+    add_idle(policy, 1, 2)
+    evict(policy, 1)  # b1 = [1]
+    touch(policy, 1)  # target 1
+    add_idle(policy, 3)
+    touch(policy, 3)  # t1 = [2], t2 = [3]
+    # |t1| = 1 >= int(target) = 1 -> t1 first; then |t1| = 0 < 1 -> t2
+    assert evict(policy, 2) == [2, 3]
+    for _ in range(2):
+        touch(policy, 2)  # b1 hit again: target 3
+    add_idle(policy, 4, 5, 6)
+    touch(policy, 6)  # t1 = [4, 5], t2 = [6]; |t1| = 2 < 3 -> t2 first
+    assert evict(policy, 1) == [6]
+
+
+def test_arc_falls_back_to_the_other_list_rather_than_fail() -> None:
+    policy = ARCCachePolicy(4)
+    add_idle(policy, 1, 2)
+    evict(policy, 1)
+    for _ in range(4):
+        touch(policy, 1)  # target 4: t2 preferred, but t2 is empty
+    assert policy.target_t1_size == 4.0 and not policy.t2
+    assert evict(policy, 1) == [2]
+
+
+def test_arc_reinserting_a_ghost_leaves_the_ghost_list() -> None:
+    policy = ARCCachePolicy(4)
+    add_idle(policy, 1)
+    evict(policy, 1)
+    add_pending(policy, 1)
+    assert not policy.b1 and list(policy.t1) == [to_key(1)]
+
+
+def test_arc_ghost_lists_are_bounded_by_the_capacity() -> None:
+    policy = ARCCachePolicy(3)
+    for i in range(10):
+        add_idle(policy, i)
+        if i % 2:
+            touch(policy, i)  # odd keys go to t2, so both ghost lists fill up
+        evict(policy, 1)
+        assert len(policy.b1) <= 3 and len(policy.b2) <= 3
+    assert list(policy.b1) == to_keys([4, 6, 8])  # the most recent ghosts survive
+    assert list(policy.b2) == to_keys([5, 7, 9])
+
+
+def test_arc_clear_resets_the_target() -> None:
+    policy = ARCCachePolicy(4)
+    add_idle(policy, 1, 2)
+    evict(policy, 1)
+    touch(policy, 1)
+    assert policy.target_t1_size > 0
+    policy.clear()
+    assert policy.target_t1_size == 0.0 and not policy.b1
+
+
+# --- factory ---
+
+
+def test_factory_builds_policies_by_name() -> None:
+    assert cache_policy_names()[:2] == ("lru", "arc")
+    assert get_cache_policy_class("arc") is ARCCachePolicy
+    policy = create_cache_policy("lru", 4)
+    assert isinstance(policy, LRUCachePolicy)
+
+
+def test_factory_rejects_unknown_and_duplicate_names() -> None:
+    with pytest.raises(ValueError, match=r"cache_policy must be one of 'lru', 'arc'.*'mru'"):
+        get_cache_policy_class("mru")
+    with pytest.raises(ValueError, match=r"name 'lru' is already registered to LRUCachePolicy"):
+        register_cache_policy("lru", ARCCachePolicy)
+
+
+def test_factory_registers_out_of_tree_policies(monkeypatch: pytest.MonkeyPatch) -> None:
+    class NewestFirstPolicy(LRUCachePolicy):
+        """An out-of-tree policy (here simply LRU under another name)."""
+
+    monkeypatch.setattr(
+        "kvref.cpu.policies.factory._POLICIES", {"lru": LRUCachePolicy, "arc": ARCCachePolicy}
+    )
+    register_cache_policy("newest", NewestFirstPolicy)
+    assert cache_policy_names() == ("lru", "arc", "newest")
+    assert isinstance(create_cache_policy("newest", 2), NewestFirstPolicy)
+
+
+def test_policy_modules_stay_small() -> None:
+    """STYLE.md point 9: every policy module <= 150 lines, ARC excepted for its docstring."""
+    import kvref.cpu.policies.base as base
+    import kvref.cpu.policies.factory as factory
+    import kvref.cpu.policies.lru as lru
+
+    for module in (base, factory, lru):
+        assert module.__file__ is not None
+        with open(module.__file__, encoding="utf-8") as source:
+            assert len(source.readlines()) <= 150, module.__name__
