@@ -28,6 +28,17 @@ from kvref.cpu.policies.factory import CachePolicyName, register_cache_policy
 from kvref.cpu.policies.lru import LRUCachePolicy
 from kvref.errors import KVRefError, OffloadProtocolError
 
+# transfer (torch-free; the torch handlers are in kvref.cpu.gpu_worker, imported on demand)
+from kvref.cpu.transfer_plan import TensorGeometry, TransferPlan, plan_transfer
+from kvref.worker import (
+    OffloadingHandler,
+    OffloadingWorker,
+    TransferProtocolError,
+    TransferResult,
+    TransferSpec,
+    TransferType,
+)
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -58,4 +69,14 @@ __all__ = [
     "LRUCachePolicy",
     "ARCCachePolicy",
     "register_cache_policy",
+    # transfer
+    "TransferSpec",
+    "TransferType",
+    "TransferResult",
+    "TransferProtocolError",
+    "OffloadingHandler",
+    "OffloadingWorker",
+    "TensorGeometry",
+    "TransferPlan",
+    "plan_transfer",
 ]
