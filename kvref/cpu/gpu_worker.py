@@ -358,6 +358,10 @@ class SingleDirectionOffloadingHandler(OffloadingHandler):
             return
         for job in self._jobs:
             job.end.synchronize()
+        if self._stream is not None:
+            # Also copies of a job whose submission failed half-way (it has no end event):
+            # the caller may unpin or free the rows right after this returns.
+            self._stream.synchronize()
         self._jobs.clear()
         self._event_pool.clear()
         self._src_spans.clear()
