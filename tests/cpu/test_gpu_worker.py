@@ -18,6 +18,7 @@ from kvref.base import GPULoadStoreSpec
 from kvref.cpu.common import CPULoadStoreSpec
 from kvref.cpu.gpu_worker import (
     DEFAULT_PIN_CHUNK_BYTES,
+    HostMemoryPin,
     CpuGpuOffloadingHandlers,
     CPUViewSource,
     SingleDirectionOffloadingHandler,
@@ -545,3 +546,66 @@ def test_cuda_pins_in_bounded_chunks_and_unregisters() -> None:
     round_trip(handlers, [[0, 1, 2]], [Mapping(list(range(10)), list(range(10)), 0)], [list(range(12, 22))])
     handlers.shutdown()
     assert not handlers.cpu_tensors[0].is_pinned()
+
+
+# ---- pinning (a scripted cudart stands in for the CUDA runtime) ----
+
+
+class FakeCudart:
+    """Records cudaHostRegister/Unregister calls; fails the registration at `fail_at`."""
+
+    def __init__(self, fail_at: int | None = None, fail_code: int = 2) -> None:
+        self.registered: dict[int, int] = {}
+        self.calls: list[tuple[str, int, int]] = []
+        self.fail_at = fail_at
+        self.fail_code = fail_code
+
+    def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:
+        self.calls.append(("register", ptr, size))
+        if self.fail_at is not None and ptr <= self.fail_at < ptr + size:
+            return self.fail_code
+        self.registered[ptr] = size
+        return 0
+
+    def cudaHostUnregister(self, ptr: int) -> int:
+        self.calls.append(("unregister", ptr, 0))
+        self.registered.pop(ptr)
+        return 0
+
+
+def test_pinning_registers_row_aligned_bounded_chunks_and_unregisters_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cudart = FakeCudart()
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
+    # 10 rows of 100 bytes, chunks of at most 350 bytes -> 3 rows (300 bytes) per chunk.
+    pin = HostMemoryPin(1000, 1000, row_bytes=100, chunk_bytes=350)
+    assert pin.pinned and pin.error is None
+    assert cudart.registered == {1000: 300, 1300: 300, 1600: 300, 1900: 100}
+    assert pin.boundaries == [1300, 1600, 1900]
+    pin.close()
+    pin.close()
+    assert cudart.registered == {} and not pin.pinned
+
+
+def test_a_failed_chunk_rolls_back_the_others(monkeypatch: pytest.MonkeyPatch) -> None:
+    cudart = FakeCudart(fail_at=1650)
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
+    pin = HostMemoryPin(1000, 1000, row_bytes=100, chunk_bytes=300)
+    assert not pin.pinned
+    assert pin.error is not None and "cudaError 2" in pin.error
+    assert cudart.registered == {}
+
+
+def test_memory_already_pinned_by_its_owner_is_used_as_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    cudart = FakeCudart(fail_at=1000, fail_code=712)
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
+    pin = HostMemoryPin(1000, 1000, row_bytes=100, chunk_bytes=300)
+    assert pin.pinned and pin.boundaries == []
+    pin.close()
+    assert [c[0] for c in cudart.calls] == ["register"]  # nothing of the owner's is unregistered
+
+
+def test_pin_arguments_are_validated() -> None:
+    with pytest.raises(ValueError, match="row_bytes"):
+        HostMemoryPin(0, 10, row_bytes=0)
