@@ -230,7 +230,7 @@ class CPUViewSource(Protocol):
     view `(num_blocks, page_bytes)` of its rows (stride `(row_bytes, 1)`).
     """
 
-    def create_next_view(self, page_bytes: int) -> torch.Tensor:
+    def create_worker_view(self, page_bytes: int) -> torch.Tensor:
         """Return the int8 CPU view `(num_blocks, page_bytes)` for the next tensor."""
         ...
 
@@ -529,13 +529,16 @@ class CpuGpuOffloadingHandlers:
         worker.register_handler(CPULoadStoreSpec, GPULoadStoreSpec, self.cpu_to_gpu_handler)
 
     def shutdown(self) -> None:
-        """Finish both directions, then unpin and drop the CPU rows (idempotent)."""
+        """Finish both directions, then unpin and drop the CPU and GPU views (idempotent)."""
         self.gpu_to_cpu_handler.shutdown()
         self.cpu_to_gpu_handler.shutdown()
         # Only after every copy finished: the DMA engines may still be reading pinned pages.
         if self._pin is not None:
             self._pin.close()
             self._pin = None
+        # Drop every view of the rows: a shared region can only unmap once none is left.
+        self.cpu_tensors = []
+        self.gpu_tensors = []
         self._owned_rows = None
 
 
@@ -640,7 +643,7 @@ def _cpu_views(
             offset += page
         _check_num_blocks(views, num_cpu_blocks)
         return views, None
-    views = [cpu_rows.create_next_view(page) for page in cpu_page_bytes]
+    views = [cpu_rows.create_worker_view(page) for page in cpu_page_bytes]
     _check_num_blocks(views, num_cpu_blocks)
     return views, None
 

@@ -240,7 +240,7 @@ class FakeRegion:
         self.rows = torch.zeros((num_blocks, row_bytes), dtype=torch.int8)
         self.cursor = 0
 
-    def create_next_view(self, page_bytes: int) -> torch.Tensor:
+    def create_worker_view(self, page_bytes: int) -> torch.Tensor:
         view = self.rows[:, self.cursor : self.cursor + page_bytes]
         self.cursor += page_bytes
         return view
@@ -544,8 +544,10 @@ def test_cuda_pins_in_bounded_chunks_and_unregisters() -> None:
     handlers = make_handlers(1, [[0, 1, 2]], device="cuda", pin_chunk_bytes=1000)
     assert handlers.is_pinned
     round_trip(handlers, [[0, 1, 2]], [Mapping(list(range(10)), list(range(10)), 0)], [list(range(12, 22))])
+    rows = handlers.cpu_tensors[0]
     handlers.shutdown()
-    assert not handlers.cpu_tensors[0].is_pinned()
+    assert not rows.is_pinned()
+    assert handlers.cpu_tensors == []
 
 
 # ---- pinning (a scripted cudart stands in for the CUDA runtime) ----
