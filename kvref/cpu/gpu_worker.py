@@ -275,6 +275,12 @@ class SingleDirectionOffloadingHandler(OffloadingHandler):
         )
         self.device = gpu_tensors[0].device
         self._group_tensors = tuple(tuple(g) for g in group_tensors)
+        for group, indices in enumerate(self._group_tensors):
+            if any(not 0 <= i < len(gpu_tensors) for i in indices):
+                raise ValueError(
+                    f"group_tensors[{group}] = {list(indices)} names tensors outside "
+                    f"[0, {len(gpu_tensors)})"
+                )
         src_tensors, dst_tensors = (
             (gpu_tensors, cpu_tensors) if gpu_to_cpu else (cpu_tensors, gpu_tensors)
         )
@@ -301,13 +307,14 @@ class SingleDirectionOffloadingHandler(OffloadingHandler):
         self._stream = torch.cuda.Stream(self.device) if self._on_cuda else None
         self._event_pool: list[_Event] = []
         self._jobs: deque[_Job] = deque()
+        self._job_ids: set[int] = set()
         self._closed = False
 
     @override
     def transfer_async(self, job_id: int, spec: TransferSpec) -> bool:
         if self._closed:
             raise TransferProtocolError(f"transfer_async: job {job_id} after shutdown")
-        if any(job.job_id == job_id for job in self._jobs):
+        if job_id in self._job_ids:
             raise TransferProtocolError(
                 f"transfer_async: job {job_id} is still in flight; job ids must be unique until "
                 "their result is reported"
@@ -325,6 +332,7 @@ class SingleDirectionOffloadingHandler(OffloadingHandler):
             self._event_pool += (start, end)
             raise
         self._jobs.append(_Job(job_id, plan.num_bytes, start, end))
+        self._job_ids.add(job_id)
         return True
 
     @override
@@ -333,6 +341,7 @@ class SingleDirectionOffloadingHandler(OffloadingHandler):
         # FIFO: once the oldest job is still running, every later one is too.
         while self._jobs and self._jobs[0].end.query():
             job = self._jobs.popleft()
+            self._job_ids.discard(job.job_id)
             seconds = job.start.elapsed_ms(job.end) / 1e3
             results.append(
                 TransferResult(job.job_id, True, job.num_bytes, seconds, self.transfer_type)
@@ -363,6 +372,7 @@ class SingleDirectionOffloadingHandler(OffloadingHandler):
             # the caller may unpin or free the rows right after this returns.
             self._stream.synchronize()
         self._jobs.clear()
+        self._job_ids.clear()
         self._event_pool.clear()
         self._src_spans.clear()
         self._dst_spans.clear()
