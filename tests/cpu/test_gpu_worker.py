@@ -400,6 +400,17 @@ def int8_rows(blocks: int, page: int, device: str = "cpu") -> torch.Tensor:
     return torch.zeros((blocks, page), dtype=torch.int8, device=device)
 
 
+def test_handler_validates_its_groups() -> None:
+    with pytest.raises(ValueError, match=r"group_tensors\[1\] = \[0, 2\] names tensors outside \[0, 2\)"):
+        SingleDirectionOffloadingHandler(
+            [int8_rows(4, 8), int8_rows(4, 8)],
+            [int8_rows(2, 8), int8_rows(2, 8)],
+            block_size_factor=1,
+            group_tensors=[[1], [0, 2]],
+            gpu_to_cpu=False,
+        )
+
+
 @pytest.mark.parametrize(
     ("gpu", "cpu", "factor", "match"),
     [
@@ -415,17 +426,6 @@ def int8_rows(blocks: int, page: int, device: str = "cpu") -> torch.Tensor:
         ([int8_rows(4, 8)], [int8_rows(2, 8, "meta")], 1, r"cpu_tensors\[0\] must be on the CPU"),
     ],
 )
-def test_handler_validates_its_groups() -> None:
-    with pytest.raises(ValueError, match=r"group_tensors\[1\] = \[0, 2\] names tensors outside \[0, 2\)"):
-        SingleDirectionOffloadingHandler(
-            [int8_rows(4, 8), int8_rows(4, 8)],
-            [int8_rows(2, 8), int8_rows(2, 8)],
-            block_size_factor=1,
-            group_tensors=[[1], [0, 2]],
-            gpu_to_cpu=False,
-        )
-
-
 def test_handler_validates_its_tensors(
     gpu: list[torch.Tensor], cpu: list[torch.Tensor], factor: int, match: str
 ) -> None:
