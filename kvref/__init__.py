@@ -27,6 +27,19 @@ from kvref.cpu.policies.base import BlockStatus, CachePolicy
 from kvref.cpu.policies.factory import CachePolicyName, register_cache_policy
 from kvref.cpu.policies.lru import LRUCachePolicy
 from kvref.errors import KVRefError, OffloadProtocolError
+from kvref.cpu.shared_region import SharedOffloadRegion, SharedRegionError
+from kvref.tiering import (
+    CPUPrimaryTierOffloadingManager,
+    FileSystemSecondaryTier,
+    InMemorySecondaryTier,
+    JobMetadata,
+    JobResult,
+    SecondaryTierManager,
+    TieringOffloadingManager,
+    create_secondary_tier,
+    create_tiering_manager,
+    register_tier,
+)
 
 # transfer (torch-free; the torch handlers are in kvref.cpu.gpu_worker, imported on demand)
 from kvref.cpu.transfer_plan import TensorGeometry, TransferPlan, plan_transfer
@@ -69,6 +82,19 @@ __all__ = [
     "LRUCachePolicy",
     "ARCCachePolicy",
     "register_cache_policy",
+    # tiering
+    "SharedOffloadRegion",
+    "SharedRegionError",
+    "SecondaryTierManager",
+    "JobMetadata",
+    "JobResult",
+    "InMemorySecondaryTier",
+    "FileSystemSecondaryTier",
+    "create_secondary_tier",
+    "register_tier",
+    "CPUPrimaryTierOffloadingManager",
+    "TieringOffloadingManager",
+    "create_tiering_manager",
     # transfer
     "TransferSpec",
     "TransferType",

@@ -2,6 +2,7 @@
 
 The engine API: `analyze` a project (or `summarize_file`/`summarize` one file), then
 `apply_fixes` to a file's bytes. Rules are listed in `ALL_RULES` and found by `get_rule`.
+The command line: `main(argv)` (or `run_audit` with an `AuditRequest`) runs a whole audit.
 """
 
 from kvref.audit.engine import SummarizeMany, analyze, summarize_file
@@ -19,6 +20,11 @@ from kvref.audit.model import (
 from kvref.audit.resolve import ProjectIndex
 from kvref.audit.rules import ALL_RULES, Rule, get_rule
 from kvref.audit.summary import ModuleSummary, SummaryError, summarize
+
+# The command line: `main(argv) -> int` (argparse) and the runner the typer command shares.
+from kvref.audit.config import AuditConfig, ConfigError
+from kvref.audit.main import AuditRequest, main, run_audit
+from kvref.audit.report import OutputFormat
 
 __all__ = [
     "ALL_RULES",
@@ -41,4 +47,11 @@ __all__ = [
     "get_rule",
     "summarize",
     "summarize_file",
+    # command line
+    "AuditConfig",
+    "AuditRequest",
+    "ConfigError",
+    "OutputFormat",
+    "main",
+    "run_audit",
 ]

@@ -20,6 +20,7 @@ import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from kvref.audit.summary import (
     Binding,
@@ -79,9 +80,11 @@ _PROTOCOL = ("typing", "Protocol")
 _FILE_CACHE: dict[str, ModuleSummary | None] = {}
 
 
-@dataclass(frozen=True, slots=True)
-class ClassKey:
-    """A class by the module that defines it and its qualified name there."""
+class ClassKey(NamedTuple):
+    """A class by the module that defines it and its qualified name there.
+
+    A named tuple rather than a dataclass: keys are hashed millions of times on big trees.
+    """
 
     module: str
     qualname: str
@@ -244,6 +247,9 @@ class ProjectIndex:
         self._infos: dict[ClassKey, ClassInfo | None] = {}
         self._mros: dict[ClassKey, tuple[ClassKey, ...] | Unresolved] = {}
         self._in_progress: set[ClassKey] = set()
+        self._names: dict[tuple[str, str, str], _Target] = {}
+        self._base_infos: dict[ClassKey, list[ClassInfo]] = {}
+        self._hits: dict[tuple[ClassKey, str], MemberHit | None] = {}
         self._resolving: set[tuple[str, str]] = set()
 
     # --- modules --------------------------------------------------------------------------
@@ -319,11 +325,21 @@ class ProjectIndex:
 
     def _resolve_name(self, module: str, name: str, scope: str) -> _Target:
         module = self._aliases.get(module, module)
+        cache_key = (module, name, scope)
+        cached = self._names.get(cache_key)
+        if cached is None:
+            cached = self._resolve_name_uncached(module, name, scope)
+            self._names[cache_key] = cached
+        return cached
+
+    def _resolve_name_uncached(
+        self, module: str, name: str, scope: str, defining: str = ""
+    ) -> _Target:
         if module == BUILTINS or (summary := self.module(module)) is None:
             return self._introspected_member(module, name)
         classes = self._class_table(module, summary)
         while scope:
-            if f"{scope}.{name}" in classes:
+            if f"{scope}.{name}" in classes and f"{scope}.{name}" != defining:
                 return ClassKey(module, f"{scope}.{name}")
             scope = classes[scope].scope if scope in classes else ""
         guard = (module, name)
@@ -331,12 +347,28 @@ class ProjectIndex:
             return Unresolved(frozenset({f"{module}.{name}"}))
         self._resolving.add(guard)
         try:
-            return self._resolve_global(module, summary, name)
+            return self._resolve_global(module, summary, name, defining)
         finally:
             self._resolving.discard(guard)
 
-    def _resolve_global(self, module: str, summary: ModuleSummary, name: str) -> _Target:
+    def _resolve_base(self, key: ClassKey, cls: ClassSummary, dotted: str) -> ClassKey | Unresolved:
+        """A base expression of `cls`; `class Thread(Thread):` means the name bound before."""
+        head, _, rest = dotted.partition(".")
+        if head != cls.name:
+            return self.resolve_class(key.module, dotted, cls.scope)
+        target = self._resolve_name_uncached(key.module, head, cls.scope, defining=key.qualname)
+        for attribute in rest.split(".") if rest else ():
+            target = self._member(target, attribute)
+        if isinstance(target, ClassKey | Unresolved):
+            return target
+        return Unresolved(frozenset({dotted}))
+
+    def _resolve_global(
+        self, module: str, summary: ModuleSummary, name: str, defining: str = ""
+    ) -> _Target:
         bindings = self._symbol_table(module, summary).get(name, ())
+        if defining:
+            bindings = tuple(b for b in bindings if not (b.kind == "class" and b.target == defining))
         first: _Target | None = None
         for binding in bindings:
             target = self._follow(module, binding, name)
@@ -468,7 +500,7 @@ class ProjectIndex:
         for method in cls.methods:
             methods.setdefault(method.name, []).append(method)
         bases: list[ClassKey | Unresolved] = [
-            self.resolve_class(key.module, base.dotted, cls.scope) if base.dotted
+            self._resolve_base(key, cls, base.dotted) if base.dotted
             else Unresolved(frozenset({base.text}))
             for base in cls.bases
         ]
@@ -542,14 +574,23 @@ class ProjectIndex:
 
         The MRO must be resolved (callers check `mro` first).
         """
-        linearization = self.mro(key)
-        if isinstance(linearization, Unresolved):
-            return None
-        for base in linearization[1:]:
-            info = self.class_info(base)
-            if info is not None and name in info.members:
-                return MemberHit(info, tuple(info.methods.get(name, ())))
-        return None
+        cache_key = (key, name)
+        if cache_key in self._hits:
+            return self._hits[cache_key]
+        bases = self._base_infos.get(key)
+        if bases is None:
+            linearization = self.mro(key)
+            bases = [] if isinstance(linearization, Unresolved) else [
+                info for base in linearization[1:] if (info := self.class_info(base)) is not None
+            ]
+            self._base_infos[key] = bases
+        hit = None
+        for info in bases:
+            if name in info.members:
+                hit = MemberHit(info, tuple(info.methods.get(name, ())))
+                break
+        self._hits[cache_key] = hit
+        return hit
 
 
 def _c3_merge(sequences: list[list[ClassKey]]) -> list[ClassKey] | None:

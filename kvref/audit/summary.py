@@ -232,7 +232,16 @@ class ImportFacts:
 
 @dataclass(frozen=True, slots=True)
 class ModuleSummary:
-    """Everything the audit needs from one file; see the module docstring."""
+    """Everything the audit needs from one file; see the module docstring.
+
+    Attributes:
+        symbols: each module-level name with its bindings, the one to try first first.
+        star_imports: `(module, level)` of each `from module import *`.
+        all_names: a literal `__all__`, else None.
+        classes: module-level and nested classes, in source order.
+        functions: the module-level functions with KVR102 facts (no other rule looks at
+            module functions, so the rest are not kept).
+    """
 
     path: str
     encoding: str
@@ -542,8 +551,20 @@ class _ModuleWalker:
             ordered = [*reversed(self.primary.get(name, ())), *self.fallback.get(name, ())]
             symbols[name] = tuple(ordered)
         self.symbols = symbols
+        # A class defined twice (`if`/`else`, `try`/`except`): the last definition keeps its
+        # name (names resolve to it); earlier ones get a unique `Name@line` qualname.
+        last_line = {builder.qualname: builder.node.lineno for builder in self.classes}
+        for builder in self.classes:
+            if last_line[builder.qualname] != builder.node.lineno:
+                builder.qualname = f"{builder.qualname}@{builder.node.lineno}"
         classes = tuple(self._freeze_class(builder) for builder in self.classes)
-        functions = tuple(self._freeze_function(node, node.name, False) for node in self.functions)
+        # Module functions matter only to KVR102: skip those with no Iterable/Iterator hint.
+        functions = tuple(
+            summary
+            for node in self.functions
+            if _mentions_iteration(node.args)
+            and (summary := self._freeze_function(node, node.name, False)).multi_pass
+        )
         return ModuleSummary(
             path=path,
             encoding=encoding,
@@ -566,11 +587,12 @@ class _ModuleWalker:
             if keyword.arg == "metaclass":
                 metaclass = dotted_name(keyword.value) or "<expression>"
         bases = tuple(
-            BaseRef(dotted_name(base) if not isinstance(base, ast.Call) else "", ast.unparse(base))
+            BaseRef(dotted_name(base) if not isinstance(base, ast.Call) else "", self._text(base))
             for base in node.bases
         )
+        display = builder.qualname.split("@")[0]
         methods = tuple(
-            self._freeze_function(method, f"{builder.qualname}.{method.name}", True)
+            self._freeze_function(method, f"{display}.{method.name}", True)
             for method, _ in builder.methods
         )
         return ClassSummary(
@@ -752,6 +774,21 @@ class _ModuleWalker:
         parts.extend(self.lines[span.line : span.end_line - 1])
         parts.append(self.lines[span.end_line - 1][: span.end_col])
         return "\n".join(parts)
+
+
+def _mentions_iteration(args: ast.arguments) -> bool:
+    """A cheap pre-check: some parameter annotation names `...Iter...` (maybe quoted)."""
+    for argument in (*args.posonlyargs, *args.args, *args.kwonlyargs):
+        annotation = argument.annotation
+        if isinstance(annotation, ast.Subscript):
+            annotation = annotation.value
+        if isinstance(annotation, ast.Name) and "Iter" in annotation.id:
+            return True
+        if isinstance(annotation, ast.Attribute) and "Iter" in annotation.attr:
+            return True
+        if isinstance(annotation, ast.Constant) and "Iter" in str(annotation.value):
+            return True
+    return False
 
 
 def _flatten_union(members: list[TypeExpr]) -> tuple[TypeExpr, ...]:
