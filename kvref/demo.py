@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import random
 import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -37,6 +39,9 @@ from kvref.base import GPULoadStoreSpec, OffloadingManager, OffloadKey, ReqConte
 from kvref.cpu.common import CPULoadStoreSpec
 from kvref.cpu.gpu_worker import CpuGpuOffloadingHandlers
 from kvref.cpu.manager import CPUOffloadingManager
+from kvref.cpu.shared_region import SharedOffloadRegion
+from kvref.errors import OffloadProtocolError
+from kvref.tiering.manager import create_tiering_manager
 from kvref.worker import OffloadingWorker, TransferResult
 
 with warnings.catch_warnings():
@@ -66,6 +71,8 @@ class DemoConfig:
         suffix_blocks: offloaded blocks of each request's own suffix.
         device: "auto" (CUDA when available), "cuda" or "cpu".
         seed: the script's random seed.
+        tiering: also run the script through the tiering manager (CPU primary over a shared
+            region, plus a filesystem tier in a temporary directory).
     """
 
     layers: int = 4
@@ -81,6 +88,7 @@ class DemoConfig:
     suffix_blocks: int = 2
     device: str = "auto"
     seed: int = 0
+    tiering: bool = True
 
     def validate(self) -> None:
         """Raise ValueError naming the first argument out of range."""
@@ -143,6 +151,11 @@ class DemoReport:
     name: str
     lookups: int = 0
     hits: int = 0
+    # Hits that first answered "retry" (None): promotions from a secondary tier, or blocks
+    # whose store was still in flight.
+    retried_hits: int = 0
+    # Lookups started over because a hit was evicted before it could be protected.
+    relookups: int = 0
     stored_blocks: int = 0
     evicted_blocks: int = 0
     skipped_stores: int = 0
@@ -240,8 +253,10 @@ class _ServingLoop:
         manager: OffloadingManager,
         handlers: CpuGpuOffloadingHandlers,
         report: DemoReport,
+        end_step: Callable[[], None] | None = None,
     ) -> None:
         self.config = config
+        self.end_step = end_step
         self.kv = kv
         self.manager = manager
         self.handlers = handlers
@@ -333,37 +348,69 @@ class _ServingLoop:
 
     # --- scheduler side ---
 
-    def lookup_prefix(self, request: _Request) -> int:
-        """How many leading offloaded blocks hit in every group (retrying in-flight ones)."""
+    def lookup_prefix(self, request: _Request) -> tuple[int, CPULoadStoreSpec | None]:
+        """Find the leading offloaded blocks that hit in every group, and protect them.
+
+        Returns the number of hit blocks per group and their load spec (`prepare_load` done).
+        A block that hit can still be evicted before `prepare_load` protects it (a promotion
+        staged by a later lookup makes room in the CPU tier): then the lookup starts over.
+        """
         keys = [self.keys(request, g) for g in range(NUM_GROUPS)]
-        hits = 0
-        for j in range(len(keys[0])):
-            for attempt in range(10_000):
-                answers = [self.manager.lookup(keys[g][j], request.context) for g in range(NUM_GROUPS)]
-                if None not in answers:
+        for _ in range(100):
+            hits = retried = 0
+            for j in range(len(keys[0])):
+                answers = [self.lookup_ready(keys[g][j], request.context) for g in range(NUM_GROUPS)]
+                if not all(found for found, _ in answers):
                     break
-                # Present but not readable yet (a store or promotion in flight): step and retry.
-                self.step(attempt)
-            else:
-                raise RuntimeError(f"{request.context.req_id}: block {j} stayed in flight")
-            self.report.lookups += NUM_GROUPS
-            if not all(answers):
-                break
-            hits += 1
-            self.report.hits += NUM_GROUPS
-        return hits
+                hits += 1
+                retried += sum(was_retried for _, was_retried in answers)
+                # As the connector does each step: recently used blocks are evicted last.
+                self.manager.touch([keys[g][j] for g in range(NUM_GROUPS)], request.context)
+            spec: CPULoadStoreSpec | None = None
+            if hits:
+                hit_keys = [key for g in range(NUM_GROUPS) for key in keys[g][:hits]]
+                try:
+                    loaded = self.manager.prepare_load(hit_keys, request.context)
+                except OffloadProtocolError:
+                    self.report.relookups += 1
+                    continue
+                assert isinstance(loaded, CPULoadStoreSpec), f"the CPU tier returned {loaded!r}"
+                spec = loaded
+            self.report.lookups += NUM_GROUPS * min(hits + 1, len(keys[0]))
+            self.report.hits += NUM_GROUPS * hits
+            self.report.retried_hits += retried
+            return hits, spec
+        raise RuntimeError(f"{request.context.req_id}: its hits kept being evicted")
+
+    def lookup_ready(self, key: OffloadKey, context: ReqContext) -> tuple[bool, bool]:
+        """Look a block up until it is settled: (present, whether it had to be retried).
+
+        None means "present but not readable yet" (a store or a promotion in flight): a real
+        scheduler defers the request to a later step; the demo ends the step and asks again.
+        """
+        for attempt in range(10_000):
+            found = self.manager.lookup(key, context)
+            if found is not None:
+                return found, attempt > 0
+            self.step(attempt + 1)
+        raise RuntimeError(f"{context.req_id}: block {key.hex()} stayed in flight")
 
     def step(self, attempt: int) -> None:
-        """End an engine step: collect finished jobs; give in-flight work a moment."""
+        """End an engine step: collect finished jobs, let the manager submit staged work."""
         self.poll()
+        if self.end_step is not None:
+            self.end_step()
         if attempt:
             if self.stores:
                 self.worker.wait(list(self.stores))
             else:
+                # Secondary-tier I/O runs on its own threads: give it a moment.
                 time.sleep(0.001)
 
-    def load(self, request: _Request, hits: int, gpu_prefix_hit: bool) -> None:
-        """Load the hit prefix into the request's GPU blocks and check every byte."""
+    def load(
+        self, request: _Request, hits: int, cpu_spec: CPULoadStoreSpec, gpu_prefix_hit: bool
+    ) -> None:
+        """Load the protected hit prefix into the request's GPU blocks and check every byte."""
         factor = self.config.block_size_factor
         keys = [key for g in range(NUM_GROUPS) for key in self.keys(request, g)[:hits]]
         # A GPU prefix-cache hit on the first GPU block: the load starts 1 block into the first
@@ -371,8 +418,6 @@ class _ServingLoop:
         first = 1 if gpu_prefix_hit and factor > 1 else 0
         gpu_ids = [b for g in range(NUM_GROUPS) for b in request.gpu_blocks[g][first : hits * factor]]
         gpu_spec = GPULoadStoreSpec(gpu_ids, [hits * factor - first] * NUM_GROUPS, [first] * NUM_GROUPS)
-        cpu_spec = self.manager.prepare_load(keys, request.context)
-        assert isinstance(cpu_spec, CPULoadStoreSpec), f"the CPU manager returned {cpu_spec!r}"
         job = self.submit((cpu_spec, gpu_spec))
         self.worker.wait([job])
         finished: list[TransferResult] = []
@@ -425,7 +470,7 @@ class _ServingLoop:
         config = self.config
         request = self.request(index)
         self.manager.on_new_request(request.context)
-        hits = self.lookup_prefix(request)
+        hits, cpu_spec = self.lookup_prefix(request)
         num_gpu = len(request.block_hashes)
         request.gpu_blocks = [self.allocate(num_gpu) for _ in range(NUM_GROUPS)]
         gpu_prefix_hit = hits > 0 and index % 3 == 1
@@ -435,8 +480,8 @@ class _ServingLoop:
                 self.kv.compute(g, request.gpu_blocks[g][0], request.block_hashes[0])
             for i in range(start, num_gpu):
                 self.kv.compute(g, request.gpu_blocks[g][i], request.block_hashes[i])
-        if hits:
-            self.load(request, hits, gpu_prefix_hit)
+        if cpu_spec is not None:
+            self.load(request, hits, cpu_spec, gpu_prefix_hit)
         self.manager.touch(
             [key for g in range(NUM_GROUPS) for key in self.keys(request, g)], request.context
         )
@@ -453,12 +498,13 @@ class _ServingLoop:
         raise RuntimeError("stores did not finish")
 
     def sweep(self) -> None:
-        """Reload every block the manager still holds into other GPU blocks, and check it."""
+        """Reload every block still offloaded (in any tier) into other GPU blocks; check it."""
         factor = self.config.block_size_factor
         context = ReqContext("sweep")
         self.manager.on_new_request(context)
         for key, origin in sorted(self.stored_from.items()):
-            if self.manager.lookup(key, context) is not True:
+            found, _ = self.lookup_ready(key, context)
+            if not found:
                 continue
             g = int.from_bytes(key[-4:], "big")
             targets = self.allocate(factor, avoid=origin)
@@ -476,6 +522,7 @@ class _ServingLoop:
                 self.verify(g, target, block_hash)
             self.free_gpu_blocks += targets
             self.report.sweep_blocks += 1
+            self.step(0)
         self.manager.on_request_finished(context)
 
 
@@ -497,7 +544,18 @@ def run_demo(
     """
     config.validate()
     device = _device(config)
-    reports: list[DemoReport] = []
+    reports = [_cpu_phase(config, device, progress)]
+    if config.tiering:
+        reports.append(_tiering_phase(config, device, progress))
+    return reports
+
+
+def _cpu_phase(
+    config: DemoConfig,
+    device: torch.device,
+    progress: Callable[[Iterable[int], str], Iterator[int]] | None,
+) -> DemoReport:
+    """The CPU tier alone: its own pinned rows, one `CPUOffloadingManager`."""
     kv = _KVCache(config, device)
     manager = CPUOffloadingManager(config.num_cpu_blocks, cache_policy="lru")
     handlers = CpuGpuOffloadingHandlers(
@@ -507,9 +565,39 @@ def run_demo(
         group_tensors=kv.group_layers,
     )
     report = DemoReport("CPU tier (CPUOffloadingManager, LRU)")
-    _run_phase(config, kv, manager, handlers, report, progress)
-    reports.append(report)
-    return reports
+    _run_phase(config, kv, manager, handlers, report, progress, None)
+    return report
+
+
+def _tiering_phase(
+    config: DemoConfig,
+    device: torch.device,
+    progress: Callable[[Iterable[int], str], Iterator[int]] | None,
+) -> DemoReport:
+    """CPU primary over a shared region plus a filesystem tier: blocks the CPU tier evicts are
+    promoted back from disk, then loaded into the GPU from the same region rows."""
+    kv = _KVCache(config, device)
+    report = DemoReport("Tiering (CPU primary + filesystem tier)")
+    with tempfile.TemporaryDirectory(prefix="kvref-demo-") as tmp:
+        rank_slot_bytes = config.layers * kv.page_bytes * config.block_size_factor
+        region = SharedOffloadRegion(
+            f"demo-{os.getpid()}", config.num_cpu_blocks, rank_slot_bytes, rank=0, directory=tmp
+        )
+        # The manager owns the region from here on (it cleans it up on shutdown).
+        manager = create_tiering_manager(region, [{"type": "fs", "root_dir": os.path.join(tmp, "fs")}])
+        try:
+            # The GPU<->CPU copies go straight into the region rows the filesystem tier reads.
+            handlers = CpuGpuOffloadingHandlers(
+                kv.tensors,
+                block_size_factor=config.block_size_factor,
+                group_tensors=kv.group_layers,
+                cpu_rows=region,
+            )
+        except BaseException:
+            manager.shutdown()
+            raise
+        _run_phase(config, kv, manager, handlers, report, progress, manager.end_step)
+    return report
 
 
 def _run_phase(
@@ -519,9 +607,10 @@ def _run_phase(
     handlers: CpuGpuOffloadingHandlers,
     report: DemoReport,
     progress: Callable[[Iterable[int], str], Iterator[int]] | None,
+    end_step: Callable[[], None] | None,
 ) -> None:
     started = time.perf_counter()
-    loop = _ServingLoop(config, kv, manager, handlers, report)
+    loop = _ServingLoop(config, kv, manager, handlers, report, end_step)
     try:
         requests: Iterable[int] = range(config.requests)
         for index in progress(requests, report.name) if progress else requests:
@@ -529,6 +618,7 @@ def _run_phase(
         loop.drain()
         loop.sweep()
     finally:
+        # Handlers first: copies must finish and views be dropped before the rows go away.
         loop.worker.shutdown()
         handlers.shutdown()
         manager.shutdown()
@@ -547,8 +637,13 @@ def format_report(config: DemoConfig, device: torch.device, reports: Sequence[De
     for r in reports:
         lines.append(f"{r.name}: {config.requests} requests in {r.seconds:.2f} s")
         lines.append(
-            f"  lookups {r.lookups} offloaded blocks, hits {r.hits} ({r.hit_rate:.0%}); "
-            f"stored {r.stored_blocks}, evicted {r.evicted_blocks}, store skipped {r.skipped_stores}"
+            f"  lookups {r.lookups} offloaded blocks, hits {r.hits} ({r.hit_rate:.0%}, "
+            f"{r.retried_hits} after a retry: promoted or still being stored)"
+            + (f", {r.relookups} looked up again after an eviction" if r.relookups else "")
+        )
+        lines.append(
+            f"  stored {r.stored_blocks} offloaded blocks, evicted {r.evicted_blocks} from the "
+            f"CPU tier, skipped {r.skipped_stores} (no room)"
         )
         for name, stats in (("GPU->CPU", r.store), ("CPU->GPU", r.load)):
             lines.append(
@@ -584,6 +679,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--suffix-blocks", type=int, default=defaults.suffix_blocks)
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default=defaults.device)
     parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument(
+        "--no-tiering",
+        dest="tiering",
+        action="store_false",
+        help="skip the tiering phase (CPU primary + filesystem tier)",
+    )
     return parser
 
 
@@ -617,6 +718,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         suffix_blocks=args.suffix_blocks,
         device=args.device,
         seed=args.seed,
+        tiering=args.tiering,
     )
     try:
         config.validate()
