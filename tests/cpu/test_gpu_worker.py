@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 
 from kvref.base import GPULoadStoreSpec
 from kvref.cpu.common import CPULoadStoreSpec
+from kvref.cpu.shared_region import SharedOffloadRegion
 from kvref.cpu.gpu_worker import (
     DEFAULT_PIN_CHUNK_BYTES,
     HostMemoryPin,
@@ -253,6 +255,34 @@ def test_cpu_rows_can_come_from_a_region() -> None:
     assert handlers.num_cpu_blocks == NUM_CPU_BLOCKS
     round_trip(handlers, [[0, 1, 2]], [Mapping([0, 1, 2, 9], [0, 1, 2, 3], 0)], [[20, 21, 22, 23]])
     assert region.rows.abs().sum() > 0
+
+
+def test_cpu_rows_in_the_shared_region_are_what_secondary_tiers_read(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    kv_bytes = [t.view(torch.int8).view(NUM_GPU_BLOCKS, -1).shape[1] for t in make_kv_caches()]
+    factor = 2
+    # Two worker ranks share each row; this process is rank 1, so its pages sit after rank 0's.
+    slot = factor * sum(kv_bytes)
+    region = SharedOffloadRegion("gpu-worker-test", NUM_CPU_BLOCKS, slot, world_size=2, rank=1, directory=tmp_path)
+    try:
+        handlers = make_handlers(factor, [[0, 1], [2]], cpu_rows=region)
+        assert isinstance(region, CPUViewSource)
+        stores = [Mapping([3, 4, 5, 6], [1, 2], 0), Mapping([7, 8], [3], 0)]
+        round_trip(handlers, [[0, 1], [2]], stores, [[10, 11, 12, 13], [20, 21]])
+        flat = region.create_kv_memoryview().cast("B")
+        # Row 1, past rank 0's slot and tensor 0's page: tensor 1's page of CPU block 1.
+        start = 1 * region.row_stride + slot + factor * kv_bytes[0]
+        got = bytearray(flat[start : start + factor * kv_bytes[1]])
+        # CPU block 1 of group 0 holds GPU blocks 3 and 4.
+        assert torch.equal(torch.frombuffer(got, dtype=torch.int8), handlers.gpu_tensors[1][3:5].flatten())
+        handlers.shutdown()
+        del flat
+    finally:
+        region.cleanup()
+    assert not region.path.exists()
+    # The handlers let go of every view, so the region could really unmap.
+    assert "still referenced" not in caplog.text
 
 
 def test_copies_split_at_pinned_chunk_boundaries_keep_every_byte() -> None:
