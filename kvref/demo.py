@@ -42,7 +42,7 @@ from kvref.cpu.manager import CPUOffloadingManager
 from kvref.cpu.shared_region import SharedOffloadRegion
 from kvref.errors import OffloadProtocolError
 from kvref.tiering.manager import create_tiering_manager
-from kvref.worker import OffloadingWorker, TransferResult
+from kvref.worker import OffloadingWorker, TransferResult, TransferSpec
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message=".*NumPy.*")
@@ -305,7 +305,8 @@ class _ServingLoop:
 
     # --- worker side ---
 
-    def submit(self, spec: tuple[CPULoadStoreSpec, GPULoadStoreSpec] | tuple[GPULoadStoreSpec, CPULoadStoreSpec]) -> int:
+    def submit(self, spec: TransferSpec) -> int:
+        """Hand a job to the worker (its result, success or not, comes from `poll`)."""
         self.next_job_id += 1
         self.worker.transfer_async(self.next_job_id, spec)
         return self.next_job_id
