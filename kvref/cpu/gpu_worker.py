@@ -29,7 +29,7 @@ every job has finished when `transfer_async` returns. Results, ordering and erro
 Pinned host memory: torch's `pin_memory=True` allocations go through its caching host
 allocator, which rounds each request up to a power of two (a 20 GiB pool costs 32 GiB). kvref
 instead allocates a plain tensor of the exact size and page-locks it with `cudaHostRegister`
-(through `torch.cuda.cudart()`) in bounded, row-aligned chunks, and unregisters them on
+(through `torch.cuda.cudart()`) in bounded, page-aligned chunks, and unregisters them on
 `shutdown`. Copies are split where they would cross a chunk boundary, so every DMA stays within
 one registration. If registration fails, transfers still work, unpinned and slower (a warning
 says so).
@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import mmap
 import time
 import warnings
 from collections import deque
@@ -80,6 +81,7 @@ DEFAULT_PIN_CHUNK_BYTES = 1 << 30
 """Largest single `cudaHostRegister` call (one call fails at >= 512 GiB, vLLM #51080)."""
 
 _CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712
+_PAGE_BYTES = mmap.PAGESIZE
 
 
 class _Event(Protocol):
@@ -156,7 +158,12 @@ class _CudaRuntime(Protocol):
 
 
 class HostMemoryPin:
-    """Page-locks existing host memory with `cudaHostRegister`, in bounded row-aligned chunks.
+    """Page-locks existing host memory with `cudaHostRegister`, in bounded page-aligned chunks.
+
+    Chunk boundaries sit on absolute multiples of the chunk size (itself a whole number of
+    pages), so two registrations never share a page (the driver pins whole pages and refuses
+    a second registration of one). A row may straddle a boundary: the handlers split copies
+    there, so every DMA stays inside one registration.
 
     Registration creates a CUDA context on the current device, so call it with the KV caches'
     device current. `close()` unregisters what this object registered (only that: memory that
@@ -165,19 +172,13 @@ class HostMemoryPin:
     Args:
         ptr: start address of the host range.
         nbytes: its length.
-        row_bytes: chunk boundaries fall on multiples of it from `ptr`, so no row is split
-            between two registrations.
-        chunk_bytes: the largest range registered by one call (rounded down to whole rows).
+        chunk_bytes: the largest range registered by one call (rounded down to whole pages,
+            at least one page).
     """
 
-    def __init__(
-        self, ptr: int, nbytes: int, row_bytes: int, chunk_bytes: int = DEFAULT_PIN_CHUNK_BYTES
-    ) -> None:
-        if nbytes < 0 or row_bytes < 1 or chunk_bytes < 1:
-            raise ValueError(
-                f"nbytes ({nbytes}) must be >= 0, row_bytes ({row_bytes}) and chunk_bytes "
-                f"({chunk_bytes}) >= 1"
-            )
+    def __init__(self, ptr: int, nbytes: int, chunk_bytes: int = DEFAULT_PIN_CHUNK_BYTES) -> None:
+        if nbytes < 0 or chunk_bytes < 1:
+            raise ValueError(f"nbytes ({nbytes}) must be >= 0 and chunk_bytes ({chunk_bytes}) >= 1")
         self.ptr = ptr
         self.nbytes = nbytes
         self._registered: list[int] = []
@@ -185,19 +186,20 @@ class HostMemoryPin:
         """True if the whole range is page-locked (by this object or already by its owner)."""
         self.error: str | None = None
         """Why pinning failed, when it did."""
-        rows_per_chunk = max(1, chunk_bytes // row_bytes)
-        step = rows_per_chunk * row_bytes
-        self.boundaries: list[int] = list(range(ptr + step, ptr + nbytes, step))
+        step = max(_PAGE_BYTES, chunk_bytes - chunk_bytes % _PAGE_BYTES)
+        first = ptr - ptr % step + step
+        self.boundaries: list[int] = list(range(first, ptr + nbytes, step))
         """Addresses where one registration ends and the next begins (no copy may cross)."""
-        self._pin(step)
+        self._pin()
 
-    def _pin(self, step: int) -> None:
+    def _pin(self) -> None:
         if self.nbytes == 0:
             self.pinned = True
             return
         cudart = cast(_CudaRuntime, torch.cuda.cudart())
-        for start in range(self.ptr, self.ptr + self.nbytes, step):
-            size = min(step, self.ptr + self.nbytes - start)
+        edges = [self.ptr, *self.boundaries, self.ptr + self.nbytes]
+        for start, end in zip(edges, edges[1:]):
+            size = end - start
             code = int(cudart.cudaHostRegister(start, size, 0))
             if code == 0:
                 self._registered.append(start)
@@ -501,9 +503,8 @@ class CpuGpuOffloadingHandlers:
         if pin_memory or (pin_memory is None and on_cuda):
             start = min(t.data_ptr() for t in self.cpu_tensors)
             end = max(_span_end(t) for t in self.cpu_tensors)
-            row_bytes = min(t.stride(0) for t in self.cpu_tensors)
             with torch.cuda.device(self.device):
-                self._pin = HostMemoryPin(start, end - start, row_bytes, pin_chunk_bytes)
+                self._pin = HostMemoryPin(start, end - start, pin_chunk_bytes)
             if not self._pin.pinned:
                 message = f"could not pin the CPU rows ({self._pin.error})"
                 if pin_memory:

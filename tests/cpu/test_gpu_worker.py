@@ -6,6 +6,7 @@ Everything runs on the CPU fallback (same handler classes, synchronous copies) u
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,9 +164,10 @@ def make_handlers(
     device: str = "cpu",
     cpu_rows: torch.Tensor | CPUViewSource | None = None,
     pin_chunk_bytes: int = DEFAULT_PIN_CHUNK_BYTES,
+    shapes: Sequence[tuple[int, ...]] = ((4, 8), (4, 8), (2, 6)),
 ) -> CpuGpuOffloadingHandlers:
     handlers = CpuGpuOffloadingHandlers(
-        make_kv_caches(device),
+        make_kv_caches(device, shapes),
         block_size_factor=factor,
         num_cpu_blocks=NUM_CPU_BLOCKS if cpu_rows is None else None,
         group_tensors=groups,
@@ -584,7 +586,10 @@ def test_cuda_random_mappings_round_trip_exactly(transfer: Transfer) -> None:
 @pytest.mark.cuda
 @requires_cuda
 def test_cuda_pins_in_bounded_chunks_and_unregisters() -> None:
-    handlers = make_handlers(1, [[0, 1, 2]], device="cuda", pin_chunk_bytes=1000)
+    # Pages of 8, 8 and 3 KiB over 12 CPU blocks, pinned one 4 KiB page per registration:
+    # rows straddle registrations, and copies must be split there.
+    shapes = ((64, 64), (64, 64), (24, 64))
+    handlers = make_handlers(1, [[0, 1, 2]], device="cuda", pin_chunk_bytes=1000, shapes=shapes)
     assert handlers.is_pinned
     round_trip(handlers, [[0, 1, 2]], [Mapping(list(range(10)), list(range(10)), 0)], [list(range(12, 22))])
     rows = handlers.cpu_tensors[0]
@@ -618,39 +623,50 @@ class FakeCudart:
         return 0
 
 
-def test_pinning_registers_row_aligned_bounded_chunks_and_unregisters_them(
+PAGE = mmap.PAGESIZE
+
+
+def test_pinning_registers_page_aligned_bounded_chunks_and_unregisters_them(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     cudart = FakeCudart()
     monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
-    # 10 rows of 100 bytes, chunks of at most 350 bytes -> 3 rows (300 bytes) per chunk.
-    pin = HostMemoryPin(1000, 1000, row_bytes=100, chunk_bytes=350)
+    # From mid-page 10 * PAGE + 100, 10 pages long, in chunks of at most 3.5 pages -> 3 pages,
+    # cut at absolute multiples of 3 pages so no two registrations share a page.
+    start = 10 * PAGE + 100
+    pin = HostMemoryPin(start, 10 * PAGE, chunk_bytes=3 * PAGE + PAGE // 2)
     assert pin.pinned and pin.error is None
-    assert cudart.registered == {1000: 300, 1300: 300, 1600: 300, 1900: 100}
-    assert pin.boundaries == [1300, 1600, 1900]
+    assert pin.boundaries == [12 * PAGE, 15 * PAGE, 18 * PAGE]
+    assert cudart.registered == {
+        start: 12 * PAGE - start,
+        12 * PAGE: 3 * PAGE,
+        15 * PAGE: 3 * PAGE,
+        18 * PAGE: start + 10 * PAGE - 18 * PAGE,
+    }
     pin.close()
     pin.close()
     assert cudart.registered == {} and not pin.pinned
 
 
 def test_a_failed_chunk_rolls_back_the_others(monkeypatch: pytest.MonkeyPatch) -> None:
-    cudart = FakeCudart(fail_at=1650)
+    cudart = FakeCudart(fail_at=16 * PAGE)
     monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
-    pin = HostMemoryPin(1000, 1000, row_bytes=100, chunk_bytes=300)
+    pin = HostMemoryPin(10 * PAGE, 10 * PAGE, chunk_bytes=3 * PAGE)
     assert not pin.pinned
     assert pin.error is not None and "cudaError 2" in pin.error
     assert cudart.registered == {}
+    assert len([c for c in cudart.calls if c[0] == "unregister"]) == 2
 
 
 def test_memory_already_pinned_by_its_owner_is_used_as_is(monkeypatch: pytest.MonkeyPatch) -> None:
-    cudart = FakeCudart(fail_at=1000, fail_code=712)
+    cudart = FakeCudart(fail_at=10 * PAGE, fail_code=712)
     monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
-    pin = HostMemoryPin(1000, 1000, row_bytes=100, chunk_bytes=300)
+    pin = HostMemoryPin(10 * PAGE, 10 * PAGE, chunk_bytes=3 * PAGE)
     assert pin.pinned and pin.boundaries == []
     pin.close()
     assert [c[0] for c in cudart.calls] == ["register"]  # nothing of the owner's is unregistered
 
 
 def test_pin_arguments_are_validated() -> None:
-    with pytest.raises(ValueError, match="row_bytes"):
-        HostMemoryPin(0, 10, row_bytes=0)
+    with pytest.raises(ValueError, match="chunk_bytes"):
+        HostMemoryPin(0, 10, chunk_bytes=0)
