@@ -186,27 +186,40 @@ def test_capacity_never_evicts_blocks_being_read(tmp_path: Path, monkeypatch: py
 
 def test_reads_are_not_starved_by_writes() -> None:
     pool = fs_module._DualQueuePool(1, 1, "test")  # pyright: ignore[reportPrivateUsage]
-    gate = threading.Event()
+    # One gate per write, so the test decides when each write may finish (no timing races).
+    gates = [threading.Event() for _ in range(10)]
+    started = threading.Semaphore(0)
     done: list[str] = []
     lock = threading.Lock()
 
-    def task(name: str, wait: bool) -> Any:
+    def task(name: str, gate: threading.Event | None) -> Any:
         def run() -> None:
-            if wait:
-                gate.wait(5)
+            started.release()
+            if gate is not None:
+                assert gate.wait(10)
             with lock:
                 done.append(name)
 
         return fs_module._Task(run, lambda: None)  # pyright: ignore[reportPrivateUsage]
 
     for i in range(10):
-        pool.submit(task(f"w{i}", wait=True), read=False)
-    pool.submit(task("r", wait=False), read=True)
-    gate.set()
+        pool.submit(task(f"w{i}", gates[i]), read=False)
+    assert started.acquire(timeout=10) and started.acquire(timeout=10)  # both threads busy
+    pool.submit(task("r", None), read=True)
+    gates[0].set()
+    gates[1].set()
+    # The read must run next, while eight writes are still queued.
+    for _ in range(200):
+        with lock:
+            if "r" in done:
+                break
+        threading.Event().wait(0.01)
+    for gate in gates:
+        gate.set()
     pool.drain()
     pool.shutdown()
-    # Both threads were busy with writes; the read thread takes the read as soon as it is free.
-    assert done.index("r") <= 3, done
+    # Only the two writes that were already running may finish before the read.
+    assert set(done[: done.index("r")]) <= {"w0", "w1"}, done
     assert len(done) == 11
 
 
