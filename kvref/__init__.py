@@ -42,6 +42,17 @@ from kvref.tiering import (
     register_tier,
 )
 
+# transfer (torch-free; the torch handlers are in kvref.cpu.gpu_worker, imported on demand)
+from kvref.cpu.transfer_plan import TensorGeometry, TransferPlan, plan_transfer
+from kvref.worker import (
+    OffloadingHandler,
+    OffloadingWorker,
+    TransferProtocolError,
+    TransferResult,
+    TransferSpec,
+    TransferType,
+)
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -86,4 +97,14 @@ __all__ = [
     "CPUPrimaryTierOffloadingManager",
     "TieringOffloadingManager",
     "create_tiering_manager",
+    # transfer
+    "TransferSpec",
+    "TransferType",
+    "TransferResult",
+    "TransferProtocolError",
+    "OffloadingHandler",
+    "OffloadingWorker",
+    "TensorGeometry",
+    "TransferPlan",
+    "plan_transfer",
 ]
