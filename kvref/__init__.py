@@ -28,6 +28,30 @@ from kvref.cpu.policies.factory import CachePolicyName, register_cache_policy
 from kvref.cpu.policies.lru import LRUCachePolicy
 from kvref.errors import KVRefError, OffloadProtocolError
 from kvref.reuse_manager import FilterReusedOffloadingManager
+from kvref.cpu.shared_region import SharedOffloadRegion, SharedRegionError
+from kvref.tiering import (
+    CPUPrimaryTierOffloadingManager,
+    FileSystemSecondaryTier,
+    InMemorySecondaryTier,
+    JobMetadata,
+    JobResult,
+    SecondaryTierManager,
+    TieringOffloadingManager,
+    create_secondary_tier,
+    create_tiering_manager,
+    register_tier,
+)
+
+# transfer (torch-free; the torch handlers are in kvref.cpu.gpu_worker, imported on demand)
+from kvref.cpu.transfer_plan import TensorGeometry, TransferPlan, plan_transfer
+from kvref.worker import (
+    OffloadingHandler,
+    OffloadingWorker,
+    TransferProtocolError,
+    TransferResult,
+    TransferSpec,
+    TransferType,
+)
 
 __version__ = "0.1.0"
 
@@ -60,4 +84,27 @@ __all__ = [
     "ARCCachePolicy",
     "register_cache_policy",
     "FilterReusedOffloadingManager",
+    # tiering
+    "SharedOffloadRegion",
+    "SharedRegionError",
+    "SecondaryTierManager",
+    "JobMetadata",
+    "JobResult",
+    "InMemorySecondaryTier",
+    "FileSystemSecondaryTier",
+    "create_secondary_tier",
+    "register_tier",
+    "CPUPrimaryTierOffloadingManager",
+    "TieringOffloadingManager",
+    "create_tiering_manager",
+    # transfer
+    "TransferSpec",
+    "TransferType",
+    "TransferResult",
+    "TransferProtocolError",
+    "OffloadingHandler",
+    "OffloadingWorker",
+    "TensorGeometry",
+    "TransferPlan",
+    "plan_transfer",
 ]

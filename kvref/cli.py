@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from kvref import __version__
+from kvref.audit.report import OutputFormat
+
+if TYPE_CHECKING:
+    from kvref.audit.catalogue import RuleInfo
 
 __all__ = ["app"]
 
@@ -34,3 +40,107 @@ def _root(
     ] = False,
 ) -> None:
     """kvref: KV-cache offload reference and `kvref audit`."""
+
+
+# --- kvref audit / rules / explain: thin wrappers over kvref.audit.main ---
+
+
+@app.command()
+def audit(
+    paths: Annotated[
+        list[Path] | None,
+        typer.Argument(help="Files or directories to report on (default: the whole project).", show_default=False),
+    ] = None,
+    select: Annotated[
+        list[str] | None,
+        typer.Option(help="Rule codes or prefixes to enable (ALL, KVR0, KVR101); comma-separated, repeatable."),
+    ] = None,
+    ignore: Annotated[
+        list[str] | None,
+        typer.Option(help="Rule codes or prefixes to disable; comma-separated, repeatable."),
+    ] = None,
+    output_format: Annotated[
+        OutputFormat, typer.Option(help="How findings are printed on stdout.")
+    ] = OutputFormat.TEXT,
+    exit_zero: Annotated[
+        bool, typer.Option("--exit-zero", help="Exit 0 even when findings remain (errors still exit 2).")
+    ] = False,
+    baseline: Annotated[
+        Path | None, typer.Option(metavar="FILE", help="Hide the findings recorded in FILE.")
+    ] = None,
+    write_baseline: Annotated[
+        Path | None, typer.Option(metavar="FILE", help="Record the current findings in FILE and exit.")
+    ] = None,
+    fix: Annotated[bool, typer.Option("--fix", help="Apply safe fixes.")] = False,
+    unsafe_fixes: Annotated[
+        bool, typer.Option("--unsafe-fixes", help="Also apply unsafe fixes (annotation rewrites).")
+    ] = False,
+    diff: Annotated[
+        bool, typer.Option("--diff", help="Print the fixes as unified diffs; write nothing.")
+    ] = False,
+    config: Annotated[
+        Path | None, typer.Option(metavar="FILE", help="Read settings from FILE instead of pyproject.toml.")
+    ] = None,
+) -> None:
+    """Check @override use and Collection conformance across the project (exit 0 clean, 1 findings, 2 error)."""
+    from kvref.audit.main import AuditRequest, run_audit, split_selectors
+
+    request = AuditRequest(
+        paths=tuple(paths or ()),
+        select=split_selectors(select),
+        ignore=split_selectors(ignore) or (),
+        output_format=output_format,
+        exit_zero=exit_zero,
+        baseline=baseline,
+        write_baseline=write_baseline,
+        fix=fix,
+        unsafe_fixes=unsafe_fixes,
+        diff=diff,
+        config=config,
+    )
+    raise typer.Exit(run_audit(request, stdout=sys.stdout, stderr=sys.stderr))
+
+
+def _catalogue_or_exit() -> tuple[RuleInfo, ...]:
+    from kvref.audit.catalogue import load_rule_catalogue
+
+    try:
+        return load_rule_catalogue()
+    except Exception as exc:  # noqa: BLE001 - exit 2 with one line, never a traceback
+        sys.stderr.write(f"kvref: internal error: cannot load the rules: {type(exc).__name__}: {exc}\n")
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def rules() -> None:
+    """List the audit rules: code, name, on/off by default, fixable, summary."""
+    from kvref.audit.main import list_rules
+
+    raise typer.Exit(list_rules(_catalogue_or_exit(), sys.stdout))
+
+
+@app.command()
+def explain(
+    code: Annotated[str, typer.Argument(help="A rule code (KVR001) or name (missing-override).")],
+) -> None:
+    """Print one audit rule's documentation."""
+    from kvref.audit.main import explain_rule
+
+    raise typer.Exit(explain_rule(_catalogue_or_exit(), code, sys.stdout, sys.stderr))
+
+
+# --- demo (transfer area) ---
+
+
+@app.command(
+    "demo",
+    # Options are parsed by kvref.demo's own argparse parser (`kvref demo --help`).
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
+    add_help_option=False,
+)
+def _demo(ctx: typer.Context) -> None:
+    """Run the end-to-end offload demo: offload, evict, reload into other GPU blocks, verify."""
+    # Imported here: the demo needs torch, the rest of the CLI must not.
+    from kvref.demo import main as demo_main
+
+    raise typer.Exit(demo_main(ctx.args))

@@ -1,0 +1,192 @@
+"""How an override's parameter annotation relates to its base's (for KVR101 and KVR103).
+
+The collection ABCs and builtins form a lattice (`list` < `MutableSequence` < `Sequence` <
+`Collection` < `Iterable`...). An override parameter whose annotation is below or beside the
+base's in that lattice accepts fewer values than the base promises (narrowed); one above it
+accepts more (widened, legal); the same class spelled differently (`List` vs `list`) is
+drift. Only the outer collection is compared; `X | None` is unwrapped when both sides have it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from kvref.audit.context import ModuleContext, is_private_name, primary_definition
+from kvref.audit.model import Applicability, Edit, Fix
+from kvref.audit.resolve import MemberHit
+from kvref.audit.summary import FunctionSummary, Param, TypeExpr
+
+__all__ = [
+    "ParamPair",
+    "Relation",
+    "annotation_fix",
+    "compare_annotations",
+    "overridden_parameters",
+    "paired_parameters",
+]
+
+# Constructors are not called through a base-class reference: their signatures may differ.
+_LSP_EXEMPT = frozenset({"__init__", "__new__", "__init_subclass__", "__post_init__"})
+
+_ABC = "collections.abc."
+_SUPERTYPES: dict[str, tuple[str, ...]] = {
+    _ABC + "Iterator": (_ABC + "Iterable",),
+    _ABC + "Generator": (_ABC + "Iterator",),
+    _ABC + "Reversible": (_ABC + "Iterable",),
+    _ABC + "Collection": (_ABC + "Iterable", _ABC + "Container", _ABC + "Sized"),
+    _ABC + "Sequence": (_ABC + "Collection", _ABC + "Reversible"),
+    _ABC + "MutableSequence": (_ABC + "Sequence",),
+    _ABC + "Set": (_ABC + "Collection",),
+    _ABC + "MutableSet": (_ABC + "Set",),
+    _ABC + "Mapping": (_ABC + "Collection",),
+    _ABC + "MutableMapping": (_ABC + "Mapping",),
+    _ABC + "MappingView": (_ABC + "Sized",),
+    _ABC + "KeysView": (_ABC + "MappingView", _ABC + "Set"),
+    _ABC + "ItemsView": (_ABC + "MappingView", _ABC + "Set"),
+    _ABC + "ValuesView": (_ABC + "MappingView", _ABC + "Collection"),
+    "builtins.list": (_ABC + "MutableSequence",),
+    "builtins.tuple": (_ABC + "Sequence",),
+    "builtins.str": (_ABC + "Sequence",),
+    "builtins.bytes": (_ABC + "Sequence",),
+    "builtins.range": (_ABC + "Sequence",),
+    "builtins.set": (_ABC + "MutableSet",),
+    "builtins.frozenset": (_ABC + "Set",),
+    "builtins.dict": (_ABC + "MutableMapping",),
+    "collections.deque": (_ABC + "MutableSequence",),
+    "collections.OrderedDict": ("builtins.dict",),
+    "collections.defaultdict": ("builtins.dict",),
+}
+_STARRED = ("vararg", "kwarg")
+_LATTICE = frozenset(_SUPERTYPES) | {t for ts in _SUPERTYPES.values() for t in ts}
+
+
+class Relation(enum.Enum):
+    """How an override's collection annotation relates to the base's."""
+
+    SAME = "same"
+    NARROWED = "narrowed"  # a subclass of the base's collection: accepts fewer values
+    INCOMPATIBLE = "incompatible"  # neither sub- nor superclass (Set where Sequence was)
+    WIDENED = "widened"  # a superclass: legal, accepts more
+    RESPELLED = "respelled"  # the same class under another name (List / list)
+    UNKNOWN = "unknown"  # not both known collections
+
+
+@dataclass(frozen=True, slots=True)
+class ParamPair:
+    """An override's parameter with the base parameter it corresponds to."""
+
+    method: FunctionSummary
+    param: Param
+    annotation: TypeExpr
+    base_name: str
+    base_annotation: TypeExpr
+    relation: Relation
+
+
+def _ancestors(head: str) -> set[str]:
+    seen = {head}
+    stack = [head]
+    while stack:
+        for parent in _SUPERTYPES.get(stack.pop(), ()):
+            if parent not in seen:
+                seen.add(parent)
+                stack.append(parent)
+    return seen
+
+
+def _unwrap_optional(expr: TypeExpr) -> TypeExpr | None:
+    if expr.head != "typing.Union":
+        return None
+    rest = [a for a in expr.args if a.head != "None"]
+    return rest[0] if len(rest) == 1 and len(rest) < len(expr.args) else None
+
+
+def _spelling(expr: TypeExpr) -> str:
+    """The outer class's name as written (quotes and module prefixes do not count)."""
+    return expr.text.strip().strip("\"'").partition("[")[0].strip().rpartition(".")[2]
+
+
+def compare_annotations(base: TypeExpr, override: TypeExpr) -> Relation:
+    """Classify `override` against `base` (UNKNOWN when either is not a known collection)."""
+    base_inner, override_inner = _unwrap_optional(base), _unwrap_optional(override)
+    if base_inner is not None and override_inner is not None:
+        base, override = base_inner, override_inner
+    if base.head not in _LATTICE or override.head not in _LATTICE:
+        return Relation.UNKNOWN
+    if base.head == override.head:
+        if _spelling(base) != _spelling(override):
+            return Relation.RESPELLED
+        return Relation.SAME
+    if override.head in _ancestors(base.head):
+        return Relation.WIDENED
+    if base.head in _ancestors(override.head):
+        return Relation.NARROWED
+    return Relation.INCOMPATIBLE
+
+
+def paired_parameters(
+    override: FunctionSummary, hit: MemberHit
+) -> Iterator[tuple[FunctionSummary, Param, Param]]:
+    """Each annotated override parameter with the base parameter it corresponds to.
+
+    Parameters pair by name, else by position among the positional ones; the receiver
+    (`self`/`cls`) is skipped. Properties and attribute bases pair nothing.
+    """
+    if not hit.definitions or override.is_property:
+        return
+    base = primary_definition(hit.definitions)
+    if base.is_property:
+        return
+    receiver = 0 if override.is_staticmethod else 1
+    base_receiver = 0 if base.is_staticmethod else 1
+    base_params = {p.name: p for p in base.params[base_receiver:]}
+    base_positional: Sequence[Param] = [
+        p for p in base.params[base_receiver:] if p.kind in ("posonly", "arg")
+    ]
+    position = 0
+    for param in override.params[receiver:]:
+        match = base_params.get(param.name)
+        if param.kind in ("posonly", "arg"):
+            if match is None and position < len(base_positional):
+                match = base_positional[position]
+            position += 1
+        if match is None or param.annotation is None or match.annotation is None:
+            continue
+        if (match.kind in _STARRED or param.kind in _STARRED) and match.kind != param.kind:
+            continue
+        yield base, param, match
+
+
+def overridden_parameters(context: ModuleContext, *relations: Relation) -> Iterator[ParamPair]:
+    """Every override parameter in the module whose relation to the base's is in `relations`."""
+    for cls in context.classes:
+        for name, definitions in cls.info.methods.items():
+            if is_private_name(name) or name in _LSP_EXEMPT:
+                continue
+            hit = context.index.find_member(cls.info.key, name)
+            if hit is None:
+                continue
+            method = primary_definition(definitions)
+            for _, param, base_param in paired_parameters(method, hit):
+                assert param.annotation is not None and base_param.annotation is not None
+                relation = compare_annotations(base_param.annotation, param.annotation)
+                if relation in relations:
+                    yield ParamPair(
+                        method,
+                        param,
+                        param.annotation,
+                        hit.dotted(name),
+                        base_param.annotation,
+                        relation,
+                    )
+
+
+def annotation_fix(pair: ParamPair, title: str) -> Fix | None:
+    """The unsafe fix that rewrites the override's annotation to the base's spelling."""
+    span = pair.param.annotation_span
+    if span is None or "\n" in pair.base_annotation.text:
+        return None
+    edit = Edit(span.line, span.col, span.end_line, span.end_col, pair.base_annotation.text)
+    return Fix(Applicability.UNSAFE, (edit,), description=title)

@@ -1,0 +1,89 @@
+"""What a rule sees of one module: its summary, its resolved classes, the project index."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvref.audit.model import AnalysisOptions, Finding, Fix
+from kvref.audit.resolve import ClassInfo, ClassKey, ProjectIndex
+from kvref.audit.summary import FunctionSummary, ModuleSummary, Span
+
+__all__ = [
+    "ClassContext",
+    "ModuleContext",
+    "is_private_name",
+    "make_finding",
+    "param_symbol",
+    "primary_definition",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ClassContext:
+    """A class of the module whose MRO resolved completely (others get no override findings)."""
+
+    info: ClassInfo
+    mro: tuple[ClassKey, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleContext:
+    """One reported module.
+
+    Attributes:
+        path: project-relative, `/`-separated.
+        module: its primary dotted name.
+        summary: its summary.
+        classes: its classes with a resolved MRO, in source order.
+        index: the project index (for base-class lookups).
+        options: the analysis policy.
+    """
+
+    path: str
+    module: str
+    summary: ModuleSummary
+    classes: Sequence[ClassContext]
+    index: ProjectIndex
+    options: AnalysisOptions
+
+
+def is_private_name(name: str) -> bool:
+    """A class-private (mangled) name: `__x` but not `__x__`. It never overrides anything."""
+    return name.startswith("__") and not name.endswith("__")
+
+
+def primary_definition(definitions: Sequence[FunctionSummary]) -> FunctionSummary:
+    """The definition a type checker judges for a name defined several times in a class.
+
+    The implementation of an overload group (the first overload in a stub), the getter of a
+    property with accessors, otherwise the last definition (a conditional redefinition).
+    """
+    candidates = [d for d in definitions if not d.is_accessor] or list(definitions)
+    implementations = [d for d in candidates if not d.is_overload]
+    if implementations:
+        getters = [d for d in implementations if d.is_property]
+        return getters[0] if getters else implementations[-1]
+    return candidates[0]
+
+
+def make_finding(
+    path: str, code: str, message: str, span: Span, symbol: str, fix: Fix | None = None
+) -> Finding:
+    """A finding at a 0-based-column span (findings carry 1-based columns)."""
+    return Finding(
+        path=path,
+        line=span.line,
+        col=span.col + 1,
+        end_line=span.end_line,
+        end_col=span.end_col + 1,
+        code=code,
+        message=message,
+        symbol=symbol,
+        fix=fix,
+    )
+
+
+def param_symbol(function: FunctionSummary, param: str) -> str:
+    """The baseline symbol of a parameter finding: `Class.method.param`."""
+    return f"{function.qualname}.{param}"

@@ -1,0 +1,402 @@
+"""Which files `kvref audit` indexes and which it reports on.
+
+Inside a git work tree the project's files come from
+`git ls-files --cached --others --exclude-standard -z` (git's own `.gitignore`,
+`.git/info/exclude` and global-excludes semantics, no parsing here). Outside git a walker reads
+`.gitignore` files itself; it supports comments, blank lines, `!` negation, trailing `/`
+(directories only), anchoring by a leading or inner `/`, `*`, `?`, `[...]` and `**`, nested
+`.gitignore` files and `.git/info/exclude`; it does not read the global excludes file. Either
+way, built-in default excludes (virtual environments, build output, caches) and the configured
+`exclude` globs are applied on top.
+
+Explicitly named files are always audited (pre-commit passes the files it wants checked), even
+when excluded, unless `force-exclude` is set; a named directory expands to the project files
+below it. The whole project is always indexed, so bases in files that were not named resolve.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import subprocess
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvref.errors import KVRefError
+
+__all__ = [
+    "DEFAULT_EXCLUDES",
+    "Discovery",
+    "DiscoveryError",
+    "discover",
+    "matches_glob",
+    "GitignoreRule",
+    "parse_gitignore",
+    "is_gitignored",
+]
+
+DEFAULT_EXCLUDES: tuple[str, ...] = (
+    ".bzr",
+    ".direnv",
+    ".eggs",
+    ".git",
+    ".hg",
+    ".hypothesis",
+    ".ipynb_checkpoints",
+    ".kvref_cache",
+    ".mypy_cache",
+    ".nox",
+    ".pants.d",
+    ".pyenv",
+    ".pytest_cache",
+    ".pytype",
+    ".ruff_cache",
+    ".svn",
+    ".tox",
+    ".venv",
+    "__pycache__",
+    "__pypackages__",
+    "_build",
+    "buck-out",
+    "build",
+    "dist",
+    "node_modules",
+    "site-packages",
+    "venv",
+    "*.egg-info",
+)
+
+
+class DiscoveryError(KVRefError):
+    """A path given on the command line cannot be audited (missing, or outside the project)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Discovery:
+    """The outcome of file discovery.
+
+    Attributes:
+        project_files: every Python file to index (absolute paths, sorted).
+        report_files: the files to report on and fix, or None for all of `project_files`.
+        warnings: things skipped that the user may want to know about (one line each).
+        vcs_root: the top of the git work tree containing the project, if any.
+    """
+
+    project_files: tuple[Path, ...]
+    report_files: tuple[Path, ...] | None
+    warnings: tuple[str, ...]
+    vcs_root: Path | None
+
+
+# --- glob matching (config `exclude`, `per-file-ignores`, and .gitignore patterns) ---
+
+
+def _translate(pattern: str) -> str:
+    """A gitignore-style glob as a regex over '/'-separated paths (no anchors added)."""
+    out: list[str] = []
+    i, n = 0, len(pattern)
+    while i < n:
+        if pattern.startswith("**/", i) and (i == 0 or pattern[i - 1] == "/"):
+            out.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("/**", i) and i + 3 == n:
+            out.append("/.*")
+            i += 3
+        elif pattern == "**":
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            # Git treats any other run of asterisks like a single one.
+            while i < n and pattern[i] == "*":
+                i += 1
+            out.append("[^/]*")
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        elif pattern[i] == "[":
+            j = i + 1
+            if j < n and pattern[j] in "!^":
+                j += 1
+            if j < n and pattern[j] == "]":
+                j += 1
+            while j < n and pattern[j] != "]":
+                j += 1
+            if j >= n:
+                out.append(re.escape("["))
+                i += 1
+                continue
+            body = pattern[i + 1 : j]
+            negated = body[:1] in ("!", "^")
+            body = body[1:] if negated else body
+            out.append("[" + ("^/" if negated else "") + body.replace("\\", "\\\\") + "]")
+            i = j + 1
+        elif pattern[i] == "\\" and i + 1 < n:
+            out.append(re.escape(pattern[i + 1]))
+            i += 2
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return "".join(out)
+
+
+@functools.lru_cache(maxsize=512)
+def _compiled(pattern: str) -> re.Pattern[str]:
+    return re.compile(_translate(pattern), re.DOTALL)
+
+
+def matches_glob(pattern: str, rel_path: str) -> bool:
+    """Whether a project-relative '/' path matches an `exclude`/`per-file-ignores` glob.
+
+    A pattern without '/' matches any path component (`build`, `*_pb2.py`); one with '/' is
+    anchored at the project root and matches the path or any directory above it
+    (`tests/fixtures`, `src/**/generated_*.py`). `**` spans directories.
+    """
+    parts = rel_path.strip("/").split("/")
+    body = pattern.strip().rstrip("/")
+    if "/" not in body:
+        regex = _compiled(body)
+        return any(regex.fullmatch(part) for part in parts)
+    regex = _compiled(body.lstrip("/"))
+    return any(regex.fullmatch("/".join(parts[:k])) for k in range(1, len(parts) + 1))
+
+
+def _excluded(rel_path: str, excludes: Sequence[str]) -> bool:
+    return any(matches_glob(pattern, rel_path) for pattern in excludes)
+
+
+# --- .gitignore (only used outside a git work tree) ---
+
+
+@dataclass(frozen=True, slots=True)
+class GitignoreRule:
+    """One pattern line of a .gitignore file at directory `base` (root-relative, '' = root)."""
+
+    regex: re.Pattern[str]
+    negate: bool
+    dir_only: bool
+    base: str
+
+
+def parse_gitignore(text: str, base: str) -> list[GitignoreRule]:
+    """The rules of one .gitignore file whose directory is `base` (root-relative)."""
+    rules: list[GitignoreRule] = []
+    for raw in text.splitlines():
+        line = raw.rstrip("\r")
+        # Trailing spaces are ignored unless escaped with a backslash.
+        stripped = line.rstrip(" ")
+        if stripped.endswith("\\") and len(line) > len(stripped):
+            stripped += " "
+        line = stripped
+        if not line or line.startswith("#"):
+            continue
+        negate = line.startswith("!")
+        if negate:
+            line = line[1:]
+        dir_only = line.endswith("/")
+        line = line.rstrip("/")
+        if not line:
+            continue
+        if "/" in line:
+            regex = re.compile(_translate(line.lstrip("/")), re.DOTALL)
+        else:
+            regex = re.compile("(?:.*/)?" + _translate(line), re.DOTALL)
+        rules.append(GitignoreRule(regex=regex, negate=negate, dir_only=dir_only, base=base))
+    return rules
+
+
+def is_gitignored(rules: Iterable[GitignoreRule], rel_path: str, *, is_dir: bool) -> bool:
+    """Whether `rel_path` is ignored: the last matching rule wins, `!` re-includes."""
+    ignored = False
+    for rule in rules:
+        if rule.dir_only and not is_dir:
+            continue
+        if rule.base:
+            if not rel_path.startswith(rule.base + "/"):
+                continue
+            sub_path = rel_path[len(rule.base) + 1 :]
+        else:
+            sub_path = rel_path
+        if rule.regex.fullmatch(sub_path):
+            ignored = not rule.negate
+    return ignored
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+def _walk(
+    root: Path, excludes: Sequence[str], respect_gitignore: bool, warnings: list[str]
+) -> list[Path]:
+    """Python files under root, following directory symlinks once (loops are cut)."""
+    found: list[Path] = []
+    rules: list[GitignoreRule] = []
+    if respect_gitignore:
+        info_exclude = _read_text(root / ".git" / "info" / "exclude")
+        if info_exclude is not None:
+            rules.extend(parse_gitignore(info_exclude, ""))
+    visited: set[tuple[int, int]] = set()
+
+    def visit(directory: Path, rel_dir: str, inherited: list[GitignoreRule]) -> None:
+        try:
+            stat = directory.stat()
+        except OSError as exc:
+            warnings.append(f"cannot read directory {rel_dir or '.'}: {exc.strerror}")
+            return
+        if (stat.st_dev, stat.st_ino) in visited:
+            return  # a symlink loop, or a second link to a directory already walked
+        visited.add((stat.st_dev, stat.st_ino))
+        local = list(inherited)
+        if respect_gitignore:
+            text = _read_text(directory / ".gitignore")
+            if text is not None:
+                local.extend(parse_gitignore(text, rel_dir))
+        try:
+            entries = sorted(os.scandir(directory), key=lambda entry: entry.name)
+        except OSError as exc:
+            warnings.append(f"cannot read directory {rel_dir or '.'}: {exc.strerror}")
+            return
+        for entry in entries:
+            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+            try:
+                is_dir = entry.is_dir()  # follows symlinks; a dangling link is neither
+                is_file = not is_dir and entry.is_file()
+            except OSError:
+                continue
+            if _excluded(rel, excludes) or is_gitignored(local, rel, is_dir=is_dir):
+                continue
+            if is_dir:
+                visit(Path(entry.path), rel, local)
+            elif is_file and entry.name.endswith(".py"):
+                found.append(Path(entry.path))
+
+    visit(root, "", rules)
+    return found
+
+
+# --- git ---
+
+
+def _git_toplevel(root: Path) -> Path | None:
+    try:
+        completed = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--show-toplevel"],
+            capture_output=True,
+            check=False,
+            timeout=60,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if completed.returncode != 0:
+        return None
+    return Path(os.fsdecode(completed.stdout.strip()))
+
+
+def _git_files(root: Path, excludes: Sequence[str]) -> list[Path] | None:
+    try:
+        completed = subprocess.run(
+            ["git", "-C", str(root), "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+            capture_output=True,
+            check=False,
+            timeout=300,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if completed.returncode != 0:
+        return None
+    found: list[Path] = []
+    for raw in completed.stdout.split(b"\0"):
+        rel = os.fsdecode(raw)
+        if not rel.endswith(".py") or _excluded(rel, excludes):
+            continue
+        path = root / rel
+        # --cached also lists tracked files deleted from the work tree.
+        if path.is_file():
+            found.append(path)
+    return sorted(found)
+
+
+# --- explicit paths ---
+
+
+def _is_python_file(path: Path) -> bool:
+    if path.suffix == ".py":
+        return True
+    try:
+        with path.open("rb") as handle:
+            first_line = handle.readline(200)
+    except OSError:
+        return False
+    return first_line.startswith(b"#!") and b"python" in first_line
+
+
+def _relative(path: Path, root: Path) -> str | None:
+    try:
+        return path.relative_to(root).as_posix()
+    except ValueError:
+        return None
+
+
+def discover(
+    root: Path,
+    paths: Sequence[Path] = (),
+    *,
+    cwd: Path | None = None,
+    excludes: Sequence[str] = DEFAULT_EXCLUDES,
+    respect_gitignore: bool = True,
+    force_exclude: bool = False,
+) -> Discovery:
+    """Find the project's Python files under `root` and the subset named by `paths`.
+
+    Args:
+        root: the project root (absolute).
+        paths: files or directories given on the command line (absolute or relative to
+            `cwd`, default the current directory); empty means "the whole project".
+        excludes: globs never indexed (see `matches_glob`).
+        respect_gitignore: skip files git ignores.
+        force_exclude: apply `excludes` to explicitly named files too.
+
+    Returns:
+        The discovery; `report_files` is None when `paths` is empty.
+
+    Raises:
+        DiscoveryError: a path does not exist or lies outside `root`.
+    """
+    root = Path(os.path.abspath(root))
+    warnings: list[str] = []
+    vcs_root = _git_toplevel(root)
+    project: list[Path] | None = None
+    if vcs_root is not None and respect_gitignore:
+        project = _git_files(root, excludes)
+    if project is None:
+        project = _walk(root, excludes, respect_gitignore, warnings)
+    if not paths:
+        return Discovery(tuple(sorted(set(project))), None, tuple(warnings), vcs_root)
+
+    indexed = set(project)
+    report: list[Path] = []
+    for given in paths:
+        path = Path(os.path.abspath(given if cwd is None else cwd / given))
+        rel = _relative(path, root)
+        if rel is None:
+            raise DiscoveryError(f"{given}: outside the project root {root}")
+        if not path.exists():
+            raise DiscoveryError(f"{given}: no such file or directory")
+        if path.is_dir():
+            below = [file for file in project if file == path or path in file.parents]
+            report.extend(below)
+        elif force_exclude and _excluded(rel, excludes):
+            continue
+        elif _is_python_file(path):
+            report.append(path)
+            indexed.add(path)
+        else:
+            warnings.append(f"{rel}: not a Python file, skipped")
+    return Discovery(
+        tuple(sorted(indexed)), tuple(sorted(set(report))), tuple(warnings), vcs_root
+    )

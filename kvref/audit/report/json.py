@@ -1,0 +1,102 @@
+"""`--output-format json`: one JSON document on stdout.
+
+Shape (format version 1; lines and columns are 1-based, `end_col` is the column just after the
+last character, edit positions likewise):
+
+    {"version": 1, "tool": {"name": "kvref", "version": "0.1.0"},
+     "positions": "1-based lines and columns; end columns are exclusive",
+     "findings": [{"code", "name", "message", "symbol", "path", "line", "col", "end_line",
+                   "end_col", "fixable", "fix": null | {"applicability": "safe" | "unsafe",
+                   "description", "edits": [{"line", "col", "end_line", "end_col", "content"}]}}],
+     "errors": [{"path", "line", "col", "message"}],
+     "summary": {"findings", "fixable", "errors", "files_analyzed", "files_reported", "fixed",
+                 "baselined", "suppressed", "stale_baseline": [...], "unresolved_bases": {...}}}
+
+`fixable` says whether `--fix` would fix the finding with the flags given (unsafe fixes count
+only with `--unsafe-fixes`); `fix` is present whenever the rule offers one.
+"""
+
+from __future__ import annotations
+
+import json
+
+from kvref.audit.model import Finding
+from kvref.audit.report import Report, is_fixable
+
+__all__ = ["JSON_FORMAT_VERSION", "render_json", "finding_to_json"]
+
+JSON_FORMAT_VERSION = 1
+
+JSONValue = None | bool | int | str | list["JSONValue"] | dict[str, "JSONValue"]
+
+
+def finding_to_json(finding: Finding, *, name: str, unsafe_fixes: bool) -> dict[str, JSONValue]:
+    """One finding as a JSON object."""
+    fix: JSONValue = None
+    if finding.fix is not None:
+        fix = {
+            "applicability": finding.fix.applicability.value,
+            "description": finding.fix.description,
+            "edits": [
+                {
+                    "line": edit.start_line,
+                    "col": edit.start_col + 1,
+                    "end_line": edit.end_line,
+                    "end_col": edit.end_col + 1,
+                    "content": edit.text,
+                }
+                for edit in finding.fix.edits
+            ],
+        }
+    return {
+        "code": finding.code,
+        "name": name,
+        "message": finding.message,
+        "symbol": finding.symbol,
+        "path": finding.path,
+        "line": finding.line,
+        "col": finding.col,
+        "end_line": finding.end_line,
+        "end_col": finding.end_col,
+        "fixable": is_fixable(finding, unsafe_fixes=unsafe_fixes),
+        "fix": fix,
+    }
+
+
+def render_json(report: Report) -> str:
+    """The whole report as one JSON document (ends with a newline)."""
+    names = {rule.code: rule.name for rule in report.rules}
+    summary = report.summary
+    document: dict[str, JSONValue] = {
+        "version": JSON_FORMAT_VERSION,
+        "tool": {"name": "kvref", "version": report.tool_version},
+        "positions": "1-based lines and columns; end columns are exclusive",
+        "findings": [
+            finding_to_json(
+                finding, name=names.get(finding.code, ""), unsafe_fixes=summary.unsafe_fixes
+            )
+            for finding in report.findings
+        ],
+        "errors": [
+            {"path": error.path, "line": error.line, "col": error.col, "message": error.message}
+            for error in report.errors
+        ],
+        "summary": {
+            "findings": len(report.findings),
+            "fixable": sum(
+                is_fixable(finding, unsafe_fixes=summary.unsafe_fixes) for finding in report.findings
+            ),
+            "errors": len(report.errors),
+            "files_analyzed": summary.files_analyzed,
+            "files_reported": summary.files_reported,
+            "fixed": summary.fixed,
+            "baselined": summary.baselined,
+            "suppressed": summary.suppressed,
+            "stale_baseline": [
+                {"path": path, "code": code, "symbol": symbol, "count": count}
+                for (path, code, symbol), count in summary.stale_baseline
+            ],
+            "unresolved_bases": dict(sorted(summary.unresolved_bases.items())),
+        },
+    }
+    return json.dumps(document, indent=2, ensure_ascii=False) + "\n"

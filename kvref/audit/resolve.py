@@ -1,0 +1,679 @@
+"""The project index: module names, import resolution, classes and their C3 MROs.
+
+`ProjectIndex` answers "which class does this base expression name?" across the project,
+then the extra search roots (installed packages, `.pyi` stubs preferred), then the running
+interpreter's standard library source (parsed lazily with `summarize`, cached per process),
+and `builtins` plus already-loaded C modules by introspection (nothing is imported).
+
+Anything that cannot be followed to a class (an uninstalled package, a base computed by a
+call) is `Unresolved`; a class whose MRO contains one has an unresolved MRO, and the rules
+report nothing on it. MROs and member lookups are computed on demand and cached.
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import sys
+import sysconfig
+import types
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+from kvref.audit.summary import (
+    Binding,
+    ClassSummary,
+    FunctionSummary,
+    ModuleSummary,
+    SummaryError,
+    summarize,
+)
+
+__all__ = [
+    "BUILTINS",
+    "ClassInfo",
+    "ClassKey",
+    "MemberHit",
+    "ModuleTarget",
+    "ProjectIndex",
+    "Unresolved",
+    "module_names_for",
+]
+
+BUILTINS = "builtins"
+_STDLIB = Path(sysconfig.get_paths()["stdlib"])
+_STDLIB_NAMES = frozenset(sys.stdlib_module_names)
+# typing names whose runtime class lives elsewhere (`typing.Mapping` is an alias object).
+_TYPING_REDIRECTS: dict[str, tuple[str, str]] = {
+    **{
+        name: ("collections.abc", name)
+        for name in (
+            "AsyncGenerator", "AsyncIterable", "AsyncIterator", "Awaitable", "ByteString",
+            "Callable", "Collection", "Container", "Coroutine", "Generator", "Hashable",
+            "ItemsView", "Iterable", "Iterator", "KeysView", "Mapping", "MappingView",
+            "MutableMapping", "MutableSequence", "MutableSet", "Reversible", "Sequence",
+            "Sized", "ValuesView",
+        )
+    },
+    "AbstractSet": ("collections.abc", "Set"),
+    "List": (BUILTINS, "list"),
+    "Dict": (BUILTINS, "dict"),
+    "Set": (BUILTINS, "set"),
+    "FrozenSet": (BUILTINS, "frozenset"),
+    "Tuple": (BUILTINS, "tuple"),
+    "Type": (BUILTINS, "type"),
+    "Text": (BUILTINS, "str"),
+    "NamedTuple": (BUILTINS, "tuple"),
+    "TypedDict": (BUILTINS, "dict"),
+    "DefaultDict": ("collections", "defaultdict"),
+    "OrderedDict": ("collections", "OrderedDict"),
+    "Counter": ("collections", "Counter"),
+    "ChainMap": ("collections", "ChainMap"),
+    "Deque": ("collections", "deque"),
+    "ContextManager": ("contextlib", "AbstractContextManager"),
+    "AsyncContextManager": ("contextlib", "AbstractAsyncContextManager"),
+}
+_PROTOCOL = ("typing", "Protocol")
+# Process-wide cache of parsed standard-library and search-path files (they do not change).
+_FILE_CACHE: dict[str, ModuleSummary | None] = {}
+
+
+class ClassKey(NamedTuple):
+    """A class by the module that defines it and its qualified name there.
+
+    A named tuple rather than a dataclass: keys are hashed millions of times on big trees.
+    """
+
+    module: str
+    qualname: str
+
+    @property
+    def dotted(self) -> str:
+        """The class's full dotted name."""
+        return f"{self.module}.{self.qualname}"
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleTarget:
+    """A name that resolved to a module."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Unresolved:
+    """Something that could not be followed to a class; `names` are dotted, for the summary."""
+
+    names: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class _NotAClass:
+    """A name bound to something other than a class or module (a function, a value)."""
+
+    dotted: str
+
+
+_Target = ClassKey | ModuleTarget | Unresolved | _NotAClass
+
+
+@dataclass(slots=True)
+class ClassInfo:
+    """A class as the rules see it.
+
+    Attributes:
+        key: its identity.
+        summary: its source summary, or None for an introspected (C-implemented) class.
+        members: every name its body binds (methods and attributes).
+        methods: each method name's definitions in source order (several with overloads,
+            property accessors or conditional definitions).
+        bases: the resolved direct bases (ClassKey) or what failed (Unresolved).
+        is_protocol: it lists `typing.Protocol` among its bases.
+        module_summary: the summary of its module (None for introspected classes).
+    """
+
+    key: ClassKey
+    summary: ClassSummary | None
+    members: frozenset[str]
+    methods: dict[str, list[FunctionSummary]]
+    bases: tuple[ClassKey | Unresolved, ...]
+    is_protocol: bool
+    module_summary: ModuleSummary | None
+
+
+@dataclass(frozen=True, slots=True)
+class MemberHit:
+    """The nearest base class (in MRO order) that binds a name."""
+
+    owner: ClassInfo
+    definitions: tuple[FunctionSummary, ...]
+
+    @property
+    def is_method(self) -> bool:
+        """The base binds the name with `def` (not an attribute)."""
+        return bool(self.definitions)
+
+    @property
+    def is_abstract(self) -> bool:
+        """The base declares it abstract."""
+        return any(d.is_abstract for d in self.definitions)
+
+    def dotted(self, name: str) -> str:
+        """The member's full dotted name, e.g. `kvref.base.OffloadingManager.lookup`."""
+        return f"{self.owner.key.dotted}.{name}"
+
+
+def module_names_for(
+    path: Path, root: Path, is_package: Callable[[Path], bool]
+) -> tuple[str, ...]:
+    """The dotted names a file is importable as, the primary (used for relative imports) first.
+
+    A file in a regular package has one name, following the `__init__.py` chain up. Any
+    other file (a script, a namespace package) is named by its path relative to `root/src`
+    (a src layout) and to the root.
+
+    Args:
+        path: the file (absolute).
+        root: the project root (absolute).
+        is_package: whether a directory holds an `__init__.py`/`.pyi`.
+    """
+    stem_parts = list(path.parts[:-1])
+    stem = path.name.rsplit(".", 1)[0]
+    names: list[str] = []
+
+    def dotted(parts: Sequence[str]) -> str:
+        return ".".join(parts)
+
+    chain: list[str] = [] if stem == "__init__" else [stem]
+    directory = path.parent
+    while directory != directory.parent and is_package(directory):
+        chain.insert(0, directory.name)
+        directory = directory.parent
+    try:
+        relative = list(path.parent.relative_to(root).parts)
+    except ValueError:
+        relative = None
+    if is_package(path.parent) and chain:
+        # A regular package is importable only through its `__init__` chain: a root-relative
+        # name would be wrong when the root lies inside the package (and could shadow the
+        # standard library, like torch/types.py as `types`).
+        return (dotted(chain),)
+    if relative is not None:
+        own = relative + ([] if stem == "__init__" else [stem])
+        if relative[:1] == ["src"] and len(own) > 1:
+            names.append(dotted(own[1:]))
+        if own:
+            names.append(dotted(own))
+    if not names and chain:
+        names.append(dotted(chain))
+    if not names:
+        names.append(dotted([*stem_parts[-1:], stem]))
+    return tuple(dict.fromkeys(n for n in names if n))
+
+
+class ProjectIndex:
+    """Resolves names and classes across the project's modules; see the module docstring."""
+
+    def __init__(
+        self,
+        modules: Mapping[str, ModuleSummary],
+        *,
+        aliases: Mapping[str, str] | None = None,
+        packages: Iterable[str] = (),
+        search_paths: Sequence[Path] = (),
+    ) -> None:
+        """Build the index.
+
+        Args:
+            modules: primary dotted module name -> summary, for every project file.
+            aliases: every other name a project file is importable as -> its primary name
+                (see `module_names_for`), so one class never gets two identities.
+            packages: the names of the project modules that are packages (`__init__` files),
+                so their relative imports resolve from the package itself.
+            search_paths: extra roots for installed packages, searched after the project.
+        """
+        self._modules: dict[str, ModuleSummary | None] = dict(modules)
+        self._aliases = dict(aliases or {})
+        # Every proper prefix of a project module is importable (a namespace package at least).
+        self._namespaces = {
+            name.rsplit(".", depth)[0]
+            for name in [*modules, *self._aliases]
+            for depth in range(1, name.count(".") + 1)
+        }
+        self._packages = set(packages)
+        self._search_paths = tuple(search_paths)
+        self._symbols: dict[str, dict[str, tuple[Binding, ...]]] = {}
+        self._classes: dict[str, dict[str, ClassSummary]] = {}
+        self._infos: dict[ClassKey, ClassInfo | None] = {}
+        self._mros: dict[ClassKey, tuple[ClassKey, ...] | Unresolved] = {}
+        self._in_progress: set[ClassKey] = set()
+        self._names: dict[tuple[str, str, str], _Target] = {}
+        self._live: dict[ClassKey, type] = {}
+        self._base_infos: dict[ClassKey, list[ClassInfo]] = {}
+        self._hits: dict[tuple[ClassKey, str], MemberHit | None] = {}
+        self._resolving: set[tuple[str, str]] = set()
+
+    # --- modules --------------------------------------------------------------------------
+
+    def module(self, name: str) -> ModuleSummary | None:
+        """The summary of a module by dotted name (project, search paths, stdlib)."""
+        name = self._aliases.get(name, name)
+        if name in self._modules:
+            return self._modules[name]
+        found: ModuleSummary | None = None
+        top = name.partition(".")[0]
+        roots = (_STDLIB, *self._search_paths) if top in _STDLIB_NAMES else (*self._search_paths, _STDLIB)
+        for root in roots:
+            found = _summarize_from(root, name)
+            if found is not None:
+                if found.path.endswith(("__init__.py", "__init__.pyi")):
+                    self._packages.add(name)
+                break
+        self._modules[name] = found
+        return found
+
+    def _module_exists(self, name: str) -> bool:
+        return (
+            name in self._namespaces
+            or self.module(name) is not None
+            or _loaded_extension(name) is not None
+        )
+
+    def _symbol_table(self, name: str, summary: ModuleSummary) -> dict[str, tuple[Binding, ...]]:
+        table = self._symbols.get(name)
+        if table is None:
+            table = dict(summary.symbols)
+            self._symbols[name] = table
+            self._classes[name] = {c.qualname: c for c in summary.classes}
+        return table
+
+    def _class_table(self, name: str, summary: ModuleSummary) -> dict[str, ClassSummary]:
+        self._symbol_table(name, summary)
+        return self._classes[name]
+
+    def absolute_module(self, module: str, imported: str, level: int) -> str:
+        """The absolute name of `from <level dots><imported> import ...` inside `module`."""
+        if level == 0:
+            return imported
+        module = self._aliases.get(module, module)
+        parts = module.split(".")
+        if module not in self._packages:
+            parts = parts[:-1]
+        if level > 1:
+            parts = parts[: len(parts) - (level - 1)] if level - 1 <= len(parts) else []
+        base = ".".join(parts)
+        return f"{base}.{imported}" if base and imported else base or imported
+
+    # --- names ----------------------------------------------------------------------------
+
+    def resolve(self, module: str, dotted: str, scope: str = "") -> _Target:
+        """What a dotted expression written in `module` (inside class `scope`) refers to."""
+        head, *rest = dotted.split(".")
+        target = self._resolve_name(module, head, scope)
+        for attribute in rest:
+            target = self._member(target, attribute)
+        return target
+
+    def resolve_class(self, module: str, dotted: str, scope: str = "") -> ClassKey | Unresolved:
+        """Like `resolve`, but anything that is not a class becomes `Unresolved`."""
+        if not dotted:
+            return Unresolved(frozenset({"<expression>"}))
+        target = self.resolve(module, dotted, scope)
+        if isinstance(target, ClassKey | Unresolved):
+            return target
+        name = target.dotted if isinstance(target, _NotAClass) else target.name
+        return Unresolved(frozenset({name}))
+
+    def _resolve_name(self, module: str, name: str, scope: str) -> _Target:
+        module = self._aliases.get(module, module)
+        cache_key = (module, name, scope)
+        cached = self._names.get(cache_key)
+        if cached is None:
+            cached = self._resolve_name_uncached(module, name, scope)
+            self._names[cache_key] = cached
+        return cached
+
+    def _resolve_name_uncached(
+        self, module: str, name: str, scope: str, defining: str = ""
+    ) -> _Target:
+        if module == BUILTINS or (summary := self.module(module)) is None:
+            return self._introspected_member(module, name)
+        classes = self._class_table(module, summary)
+        while scope:
+            if f"{scope}.{name}" in classes and f"{scope}.{name}" != defining:
+                return ClassKey(module, f"{scope}.{name}")
+            scope = classes[scope].scope if scope in classes else ""
+        guard = (module, name)
+        if guard in self._resolving:
+            return Unresolved(frozenset({f"{module}.{name}"}))
+        self._resolving.add(guard)
+        try:
+            found = self._resolve_global(module, summary, name, defining)
+        finally:
+            self._resolving.discard(guard)
+        if not isinstance(found, ClassKey | ModuleTarget) and _is_loaded_stdlib(module):
+            # `types.ModuleType = type(sys)`: the source cannot tell, the loaded module can.
+            live = self._introspected_member(module, name, sys.modules[module])
+            if isinstance(live, ClassKey):
+                return live
+        return found
+
+    def _resolve_base(self, key: ClassKey, cls: ClassSummary, dotted: str) -> ClassKey | Unresolved:
+        """A base expression of `cls`; `class Thread(Thread):` means the name bound before."""
+        head, _, rest = dotted.partition(".")
+        if head != cls.name:
+            return self.resolve_class(key.module, dotted, cls.scope)
+        target = self._resolve_name_uncached(key.module, head, cls.scope, defining=key.qualname)
+        for attribute in rest.split(".") if rest else ():
+            target = self._member(target, attribute)
+        if isinstance(target, ClassKey | Unresolved):
+            return target
+        return Unresolved(frozenset({dotted}))
+
+    def _resolve_global(
+        self, module: str, summary: ModuleSummary, name: str, defining: str = ""
+    ) -> _Target:
+        bindings = self._symbol_table(module, summary).get(name, ())
+        if defining:
+            bindings = tuple(b for b in bindings if not (b.kind == "class" and b.target == defining))
+        first: _Target | None = None
+        for binding in bindings:
+            target = self._follow(module, binding, name)
+            if isinstance(target, ClassKey | ModuleTarget):
+                return target
+            first = first or target
+        if first is not None:
+            return first
+        for star_module, level in summary.star_imports:
+            source = self.absolute_module(module, star_module, level)
+            exported = self.module(source)
+            if exported is not None and self._exports(source, exported, name):
+                return self._resolve_name(source, name, "")
+            if exported is None and _loaded_extension(source) is not None:
+                target = self._introspected_member(source, name)
+                if not isinstance(target, Unresolved):
+                    return target
+        if hasattr(builtins, name):
+            return self._introspected_member(BUILTINS, name)
+        return Unresolved(frozenset({f"{module}.{name}"}))
+
+    def _exports(self, module: str, summary: ModuleSummary, name: str) -> bool:
+        if summary.all_names is not None:
+            return name in summary.all_names
+        table = self._symbol_table(module, summary)
+        return not name.startswith("_") and (
+            name in table or any(self._star_exports(module, summary, name))
+        )
+
+    def _star_exports(self, module: str, summary: ModuleSummary, name: str) -> Iterable[bool]:
+        for star_module, level in summary.star_imports:
+            source = self.absolute_module(module, star_module, level)
+            exported = self.module(source)
+            yield exported is not None and source != module and self._exports(source, exported, name)
+
+    def _follow(self, module: str, binding: Binding, name: str) -> _Target:
+        if binding.kind == "class":
+            return ClassKey(module, binding.target)
+        if binding.kind == "module":
+            if self._module_exists(binding.target):
+                return ModuleTarget(binding.target)
+            return Unresolved(frozenset({binding.target}))
+        if binding.kind == "import":
+            source = self.absolute_module(module, binding.module, binding.level)
+            if source in ("typing", "typing_extensions"):
+                redirected = self._typing_member(binding.target)
+                if redirected is not None:
+                    return redirected
+            if not self._module_exists(source):
+                submodule = f"{source}.{binding.target}" if source else binding.target
+                if self._module_exists(submodule):
+                    return ModuleTarget(submodule)
+                return Unresolved(frozenset({f"{source}.{binding.target}"}))
+            return self._member(ModuleTarget(source), binding.target)
+        if binding.kind == "alias" and binding.target:
+            return self.resolve(module, binding.target)
+        return _NotAClass(f"{module}.{name}")
+
+    def _typing_member(self, name: str) -> _Target | None:
+        if name in _TYPING_REDIRECTS:
+            module, attribute = _TYPING_REDIRECTS[name]
+            return self._resolve_name(module, attribute, "")
+        if name in ("Protocol", "Generic"):
+            return self._resolve_name("typing", name, "") if self.module("typing") else None
+        if name == "Any":
+            return Unresolved(frozenset({"typing.Any"}))
+        return None
+
+    def _member(self, target: _Target, attribute: str) -> _Target:
+        if isinstance(target, ModuleTarget):
+            target = ModuleTarget(self._aliases.get(target.name, target.name))
+            if target.name in ("typing", "typing_extensions"):
+                redirected = self._typing_member(attribute)
+                if redirected is not None:
+                    return redirected
+            summary = self.module(target.name)
+            submodule = f"{target.name}.{attribute}"
+            if summary is not None:
+                table = self._symbol_table(target.name, summary)
+                if attribute in table or any(self._star_exports(target.name, summary, attribute)):
+                    found = self._resolve_name(target.name, attribute, "")
+                    # `from torch import nn` inside torch/__init__.py: the submodule.
+                    if isinstance(found, ClassKey | ModuleTarget) or not self._module_exists(
+                        submodule
+                    ):
+                        return found
+                    return ModuleTarget(submodule)
+                if self._module_exists(submodule):
+                    return ModuleTarget(submodule)
+                return Unresolved(frozenset({submodule}))
+            if self._module_exists(submodule):
+                return ModuleTarget(submodule)
+            return self._introspected_member(target.name, attribute)
+        if isinstance(target, ClassKey):
+            info = self.class_info(target)
+            nested = f"{target.qualname}.{attribute}"
+            if info is not None and info.module_summary is not None:
+                if nested in self._class_table(target.module, info.module_summary):
+                    return ClassKey(target.module, nested)
+            return _NotAClass(f"{target.dotted}.{attribute}")
+        if isinstance(target, Unresolved):
+            return Unresolved(frozenset(f"{n}.{attribute}" for n in target.names))
+        return _NotAClass(f"{target.dotted}.{attribute}")
+
+    def _introspected_member(
+        self, module: str, name: str, loaded: types.ModuleType | None = None
+    ) -> _Target:
+        if loaded is None:
+            loaded = builtins if module == BUILTINS else _loaded_extension(module)
+        value = getattr(loaded, name, None) if loaded is not None else None
+        if isinstance(value, type):
+            return self._live_key(value)
+        if isinstance(value, types.ModuleType):
+            return ModuleTarget(value.__name__)
+        if value is not None:
+            return _NotAClass(f"{module}.{name}")
+        return Unresolved(frozenset({f"{module}.{name}"}))
+
+    # --- classes --------------------------------------------------------------------------
+
+    def class_info(self, key: ClassKey) -> ClassInfo | None:
+        """The class behind a key (None when the key names no class)."""
+        if key in self._infos:
+            return self._infos[key]
+        self._infos[key] = None  # a cycle through bases resolves to "unknown"
+        info = self._build_info(key)
+        self._infos[key] = info
+        return info
+
+    def _build_info(self, key: ClassKey) -> ClassInfo | None:
+        summary = None if key.module == BUILTINS else self.module(key.module)
+        if summary is None:
+            return self._introspected_info(key)
+        cls = self._class_table(key.module, summary).get(key.qualname)
+        if cls is None:
+            return self._introspected_info(key)
+        methods: dict[str, list[FunctionSummary]] = {}
+        for method in cls.methods:
+            methods.setdefault(method.name, []).append(method)
+        bases: list[ClassKey | Unresolved] = [
+            self._resolve_base(key, cls, base.dotted) if base.dotted
+            else Unresolved(frozenset({base.text}))
+            for base in cls.bases
+        ]
+        if not bases and key != ClassKey(BUILTINS, "object"):
+            bases.append(ClassKey(BUILTINS, "object"))
+        return ClassInfo(
+            key=key,
+            summary=cls,
+            members=frozenset(methods) | frozenset(cls.attributes),
+            methods=methods,
+            bases=tuple(bases),
+            is_protocol=any(b == ClassKey(*_PROTOCOL) for b in bases),
+            module_summary=summary,
+        )
+
+    def _live_key(self, value: type) -> ClassKey:
+        """The key of a live class, remembered: `types.ModuleType` says it is `builtins.module`."""
+        key = ClassKey(value.__module__, value.__qualname__)
+        self._live.setdefault(key, value)
+        return key
+
+    def _introspected_info(self, key: ClassKey) -> ClassInfo | None:
+        value: object = self._live.get(key)
+        if value is None:
+            value = builtins if key.module == BUILTINS else sys.modules.get(key.module)
+            for part in key.qualname.split(".") if value is not None else ():
+                value = getattr(value, part, None)
+        if not isinstance(value, type):
+            return None
+        bases = tuple(self._live_key(b) for b in value.__bases__)
+        return ClassInfo(
+            key=key,
+            summary=None,
+            members=frozenset(value.__dict__),
+            methods={},
+            bases=bases,
+            is_protocol=False,
+            module_summary=None,
+        )
+
+    def mro(self, key: ClassKey) -> tuple[ClassKey, ...] | Unresolved:
+        """The C3 linearization, or `Unresolved` naming what blocked it."""
+        cached = self._mros.get(key)
+        if cached is not None:
+            return cached
+        if key in self._in_progress:
+            return Unresolved(frozenset({f"{key.dotted} (circular bases)"}))
+        self._in_progress.add(key)
+        try:
+            result = self._compute_mro(key)
+        finally:
+            self._in_progress.discard(key)
+        self._mros[key] = result
+        return result
+
+    def _compute_mro(self, key: ClassKey) -> tuple[ClassKey, ...] | Unresolved:
+        info = self.class_info(key)
+        if info is None:
+            return Unresolved(frozenset({key.dotted}))
+        missing: set[str] = set()
+        sequences: list[list[ClassKey]] = []
+        for base in info.bases:
+            base_mro = base if isinstance(base, Unresolved) else self.mro(base)
+            if isinstance(base_mro, Unresolved):
+                missing |= base_mro.names
+            else:
+                sequences.append(list(base_mro))
+        if missing:
+            return Unresolved(frozenset(missing))
+        sequences.append([b for b in info.bases if isinstance(b, ClassKey)])
+        merged = _c3_merge(sequences)
+        if merged is None:
+            return Unresolved(frozenset({f"{key.dotted} (inconsistent MRO)"}))
+        return (key, *merged)
+
+    def find_member(self, key: ClassKey, name: str) -> MemberHit | None:
+        """The nearest class after `key` in its MRO that binds `name` (None: none does).
+
+        The MRO must be resolved (callers check `mro` first).
+        """
+        cache_key = (key, name)
+        if cache_key in self._hits:
+            return self._hits[cache_key]
+        bases = self._base_infos.get(key)
+        if bases is None:
+            linearization = self.mro(key)
+            bases = [] if isinstance(linearization, Unresolved) else [
+                info for base in linearization[1:] if (info := self.class_info(base)) is not None
+            ]
+            self._base_infos[key] = bases
+        hit = None
+        for info in bases:
+            if name in info.members:
+                hit = MemberHit(info, tuple(info.methods.get(name, ())))
+                break
+        self._hits[cache_key] = hit
+        return hit
+
+
+def _c3_merge(sequences: list[list[ClassKey]]) -> list[ClassKey] | None:
+    result: list[ClassKey] = []
+    sequences = [s for s in sequences if s]
+    while sequences:
+        for sequence in sequences:
+            candidate = sequence[0]
+            if not any(candidate in other[1:] for other in sequences):
+                break
+        else:
+            return None
+        result.append(candidate)
+        sequences = [[c for c in s if c != candidate] for s in sequences]
+        sequences = [s for s in sequences if s]
+    return result
+
+
+def _is_loaded_stdlib(name: str) -> bool:
+    """A standard-library module this process already imported (introspecting it is free)."""
+    return name.partition(".")[0] in _STDLIB_NAMES and name in sys.modules
+
+
+def _loaded_extension(name: str) -> types.ModuleType | None:
+    """An already-imported module without Python source (a C extension or builtin module)."""
+    module = sys.modules.get(name)
+    if module is None:
+        return None
+    file = getattr(module, "__file__", None)
+    if file is None or not str(file).endswith((".py", ".pyc")):
+        return module
+    return None
+
+
+def _summarize_from(root: Path, name: str) -> ModuleSummary | None:
+    """Find `name` under one search root (stubs first, PEP 561 `-stubs` packages too)."""
+    parts = name.split(".")
+    candidates: list[Path] = []
+    for top, suffixes in ((f"{parts[0]}-stubs", (".pyi",)), (parts[0], (".pyi", ".py"))):
+        base = root.joinpath(top, *parts[1:])
+        for suffix in suffixes:
+            candidates.append(base / f"__init__{suffix}")
+            if len(parts) > 1 or top == parts[0]:
+                candidates.append(base.with_name(base.name + suffix))
+    for candidate in candidates:
+        key = str(candidate)
+        if key in _FILE_CACHE:
+            if _FILE_CACHE[key] is not None:
+                return _FILE_CACHE[key]
+            continue
+        if not os.path.isfile(key):
+            _FILE_CACHE[key] = None
+            continue
+        try:
+            summary = summarize(key, candidate.read_bytes())
+        except (OSError, SummaryError):
+            summary = None
+        _FILE_CACHE[key] = summary
+        if summary is not None:
+            return summary
+    return None

@@ -1,0 +1,102 @@
+"""KVR001 missing-override: a method overrides a base class's member without `@override`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from typing_extensions import override
+
+from kvref.audit.context import ModuleContext, is_private_name, primary_definition
+from kvref.audit.model import AnalysisOptions, Applicability, Edit, Finding, Fix
+from kvref.audit.resolve import BUILTINS, MemberHit
+from kvref.audit.rules import Rule
+from kvref.audit.summary import FunctionSummary, ModuleSummary
+
+__all__ = ["MissingOverride"]
+
+
+class MissingOverride(Rule):
+    """Reports a method that overrides a base-class member but is not decorated `@override`.
+
+    What it does:
+        Finds every method whose name is bound by a class later in the MRO (anywhere in the
+        project, the standard library or `builtins`) and that carries no `@override`
+        (`typing.override` or `typing_extensions.override`, under any alias).
+
+    Why is this bad?
+        Without the decorator nothing connects the method to the one it replaces: when the
+        base method is renamed or removed, the override silently becomes dead code and
+        callers get the base behaviour. With `@override` a type checker (and KVR002) flags
+        the rename.
+
+    Policy (the defaults follow pyright's `reportImplicitOverride` and mypy's
+    `explicit-override`): `__init__`, `__new__`, `__init_subclass__` and `__post_init__` are
+    exempt; overrides of `object`'s methods (`__repr__`, `__eq__`), implementations of
+    abstract methods and members of Protocol bases are reported; class-private `__names`
+    never override. A class with an unresolved base gets no finding.
+
+    Example:
+        class Tier(Base):
+            def lookup(self, keys): ...
+
+    Use instead:
+        class Tier(Base):
+            @override
+            def lookup(self, keys): ...
+
+    Fix safety:
+        Safe: `@override` is inserted as the innermost decorator with the def's indentation
+        (it only sets `__override__` on the function) and the import is added or merged.
+    """
+
+    code = "KVR001"
+    name = "missing-override"
+    message = 'Method "{method}" overrides "{base}" but is not decorated with @override'
+    fixable = True
+    fix_title = "Add @override"
+
+    @override
+    def check(self, context: ModuleContext) -> Iterator[Finding]:
+        options = context.options
+        for cls in context.classes:
+            attributes = set(cls.info.summary.attributes) if cls.info.summary else set[str]()
+            for name, definitions in cls.info.methods.items():
+                if is_private_name(name) or name in options.exempt_names or name in attributes:
+                    continue
+                if any(d.has_override for d in definitions):
+                    continue
+                if all(d.is_accessor for d in definitions):
+                    continue  # `@Base.prop.setter` alone keeps the base's getter: not judged
+                hit = context.index.find_member(cls.info.key, name)
+                if hit is None or not _required(hit, options):
+                    continue
+                target = primary_definition(definitions)
+                yield self.report(
+                    context,
+                    target.name_span,
+                    target.qualname,
+                    _insert_override(context.summary, target),
+                    method=target.qualname,
+                    base=hit.dotted(name),
+                )
+
+
+def _required(hit: MemberHit, options: AnalysisOptions) -> bool:
+    if hit.owner.key.module == BUILTINS and hit.owner.key.qualname == "object":
+        return options.object_dunders
+    if hit.is_abstract and not options.abstract_implementations:
+        return False
+    return options.protocol_members or not hit.owner.is_protocol
+
+
+def _insert_override(summary: ModuleSummary, target: FunctionSummary) -> Fix | None:
+    if target.indent is None:  # `class A: def f(self): ...` on one line: no room for a line
+        return None
+    spelling = summary.import_facts.bound_override
+    text = f"{target.indent}@{spelling or 'override'}{summary.newline}"
+    return Fix(
+        applicability=Applicability.SAFE,
+        edits=(Edit(target.def_line, 0, target.def_line, 0, text),),
+        needs_override_import=not spelling,
+        description=MissingOverride.fix_title,
+    )

@@ -1,0 +1,73 @@
+"""KVR101 narrowed-collection-parameter: an override accepts a narrower collection."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from typing_extensions import override
+
+from kvref.audit.annotations import Relation, annotation_fix, overridden_parameters
+from kvref.audit.context import ModuleContext, param_symbol
+from kvref.audit.model import Finding
+from kvref.audit.rules import Rule
+
+__all__ = ["NarrowedCollectionParameter"]
+
+
+class NarrowedCollectionParameter(Rule):
+    """Reports an override parameter annotated with a narrower collection than the base's.
+
+    What it does:
+        Compares each parameter of an overriding method with the base method's (the nearest
+        in the MRO; paired by name, else by position). It reports when the base accepts a
+        collection ABC (`Iterable[X]`, `Collection[X]`, `Sequence[X]`...) and the override
+        asks for something narrower or unrelated: `Sequence[X]`, `list[X]`, `set[X]`,
+        `tuple[X, ...]`, `AbstractSet[X]`, `Mapping[X, V]`...
+
+    Why is this bad?
+        Callers that only know the base pass any value the base accepts: a set where the
+        override indexes a sequence, a generator where it takes `len`. The override breaks
+        the Liskov substitution principle and fails only for some callers.
+
+    Example:
+        class Base:
+            def touch(self, keys: Collection[Key]) -> None: ...
+
+        class Tier(Base):
+            @override
+            def touch(self, keys: Sequence[Key]) -> None: ...
+
+    Use instead:
+        class Tier(Base):
+            @override
+            def touch(self, keys: Collection[Key]) -> None: ...
+
+    Fix safety:
+        Unsafe: the annotation is rewritten to the base's spelling, but the body may rely on
+        the narrower type (indexing, `len`), and the base's names may not be imported in
+        the override's module.
+    """
+
+    code = "KVR101"
+    name = "narrowed-collection-parameter"
+    message = (
+        'Parameter "{param}" of "{method}" narrows "{base_annotation}" of "{base}" to '
+        '"{annotation}": callers of the base may pass values the override cannot take'
+    )
+    fixable = True
+    fix_title = "Annotate the parameter as the base method does"
+
+    @override
+    def check(self, context: ModuleContext) -> Iterator[Finding]:
+        for pair in overridden_parameters(context, Relation.NARROWED, Relation.INCOMPATIBLE):
+            yield self.report(
+                context,
+                pair.param.annotation_span or pair.param.span,
+                param_symbol(pair.method, pair.param.name),
+                annotation_fix(pair, self.fix_title),
+                param=pair.param.name,
+                method=pair.method.qualname,
+                base=pair.base_name,
+                annotation=pair.annotation.text,
+                base_annotation=pair.base_annotation.text,
+            )

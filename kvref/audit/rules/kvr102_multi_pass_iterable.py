@@ -1,0 +1,72 @@
+"""KVR102 multi-pass-iterable: an `Iterable`/`Iterator` parameter consumed more than once."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from typing_extensions import override
+
+from kvref.audit.context import ModuleContext, param_symbol
+from kvref.audit.model import Finding
+from kvref.audit.rules import Rule
+from kvref.audit.summary import FunctionSummary
+
+__all__ = ["MultiPassIterable"]
+
+
+class MultiPassIterable(Rule):
+    """Reports a parameter annotated `Iterable[...]`/`Iterator[...]` that the body consumes twice.
+
+    What it does:
+        Counts the passes a function makes over such a parameter: `for` loops,
+        comprehensions, `in` tests, unpacking, `*args` spreading, `yield from`, and calls that
+        consume their argument (`len`, `list`, `tuple`, `set`, `sorted`, `sum`, `any`, `all`,
+        `min`, `max`, `zip`, `str.join`, `list.extend`, `set.update`...). A pass inside a loop
+        body counts as several; of `if`/`match` arms the worst one counts; rebinding the name
+        starts over; nested functions are not followed.
+
+    Why is this bad?
+        The annotation promises that any iterable will do, but a generator or an iterator is
+        exhausted after the first pass: the second loop silently sees nothing and the result
+        is wrong, with no error.
+
+    Example:
+        def total_and_count(values: Iterable[int]) -> tuple[int, int]:
+            return sum(values), len(list(values))
+
+    Use instead:
+        def total_and_count(values: Collection[int]) -> tuple[int, int]:
+            return sum(values), len(values)
+
+    Fix safety:
+        No fix: widening the callers' obligation to `Collection` (or materializing the
+        iterable once with `list(...)`) is a design decision for the author.
+    """
+
+    code = "KVR102"
+    name = "multi-pass-iterable"
+    message = (
+        'Parameter "{param}" of "{function}" is annotated "{annotation}" but consumed more '
+        "than once (lines {first} and {second}); a generator is empty on the second pass: "
+        "annotate it Collection"
+    )
+
+    @override
+    def check(self, context: ModuleContext) -> Iterator[Finding]:
+        functions: list[FunctionSummary] = list(context.summary.functions)
+        for cls in context.summary.classes:
+            functions.extend(cls.methods)
+        for function in functions:
+            params = {p.name: p for p in function.params}
+            for fact in function.multi_pass:
+                param = params[fact.param]
+                yield self.report(
+                    context,
+                    param.span,
+                    param_symbol(function, param.name),
+                    param=param.name,
+                    function=function.qualname,
+                    annotation=fact.annotation,
+                    first=fact.first_line,
+                    second=fact.second_line,
+                )

@@ -1,0 +1,72 @@
+"""KVR103 override-annotation-drift: an override spells a parameter's collection differently."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from typing_extensions import override
+
+from kvref.audit.annotations import Relation, annotation_fix, overridden_parameters
+from kvref.audit.context import ModuleContext, param_symbol
+from kvref.audit.model import Finding
+from kvref.audit.rules import Rule
+
+__all__ = ["OverrideAnnotationDrift"]
+
+
+class OverrideAnnotationDrift(Rule):
+    """Reports an override parameter whose collection annotation legally differs from the base's.
+
+    What it does:
+        Compares each parameter of an overriding method with the base method's and reports
+        when the override widens the collection (`Iterable[X]` where the base says
+        `Collection[X]`) or names the same class differently (`List[X]` against `list[X]`).
+        Off by default: select it with `--select KVR103`.
+
+    Why is this bad?
+        It is type-correct, but the family of signatures is no longer uniform: readers
+        cannot tell which contract holds, and the next override copies the odd one out
+        (vLLM's `CachePolicy.touch(Iterable)` against `OffloadingManager.touch(Collection)`).
+
+    Example:
+        class Base:
+            def touch(self, keys: Collection[Key]) -> None: ...
+
+        class Tier(Base):
+            @override
+            def touch(self, keys: Iterable[Key]) -> None: ...
+
+    Use instead:
+        class Tier(Base):
+            @override
+            def touch(self, keys: Collection[Key]) -> None: ...
+
+    Fix safety:
+        Unsafe: rewriting a widened annotation to the base's narrows what direct callers of
+        the override may pass, and the base's names may not be imported in this module.
+    """
+
+    code = "KVR103"
+    name = "override-annotation-drift"
+    message = (
+        'Parameter "{param}" of "{method}" is annotated "{annotation}" but "{base}" '
+        'declares "{base_annotation}"'
+    )
+    default_enabled = False
+    fixable = True
+    fix_title = "Annotate the parameter as the base method does"
+
+    @override
+    def check(self, context: ModuleContext) -> Iterator[Finding]:
+        for pair in overridden_parameters(context, Relation.WIDENED, Relation.RESPELLED):
+            yield self.report(
+                context,
+                pair.param.annotation_span or pair.param.span,
+                param_symbol(pair.method, pair.param.name),
+                annotation_fix(pair, self.fix_title),
+                param=pair.param.name,
+                method=pair.method.qualname,
+                base=pair.base_name,
+                annotation=pair.annotation.text,
+                base_annotation=pair.base_annotation.text,
+            )

@@ -1,0 +1,870 @@
+"""One module's facts for the audit, extracted in a single parse and one targeted walk.
+
+`summarize(path, source)` turns a file into a `ModuleSummary`: its import bindings, classes
+(with bases as dotted names, methods, decorators, parameters and their annotations), module
+functions, the KVR102 multi-pass facts of every parameter annotated `Iterable`/`Iterator`,
+and where the fixer may add the `override` import. A summary holds only frozen dataclasses,
+tuples, strings, ints and bools (no `ast` objects), so it pickles and can be cached on disk.
+
+Positions: lines are 1-based, `Span` columns 0-based characters (not UTF-8 bytes), end
+exclusive, the convention of `kvref.audit.model.Edit`.
+
+Only what runs when the module is imported is walked: module and class bodies, through
+`if`/`try`/`with` blocks. Function bodies are entered only for KVR102, and only when a
+parameter is annotated `Iterable`/`Iterator`; classes defined inside functions are not indexed.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import io
+import re
+import tokenize
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from kvref.audit.passes import count_passes
+from kvref.errors import KVRefError
+
+__all__ = [
+    "Binding",
+    "BaseRef",
+    "ClassSummary",
+    "FunctionSummary",
+    "ImportFacts",
+    "ModuleSummary",
+    "MultiPass",
+    "Param",
+    "Span",
+    "SummaryError",
+    "TypeExpr",
+    "canonical_type_name",
+    "decode_source",
+    "detect_newline",
+    "import_facts",
+    "split_lines",
+    "summarize",
+]
+
+OVERRIDE_MODULES = frozenset({"typing", "typing_extensions"})
+_ABSTRACT_DECORATORS = frozenset(
+    {"abstractmethod", "abstractproperty", "abstractclassmethod", "abstractstaticmethod"}
+)
+# typing spellings of the collection ABCs and builtins, so `typing.Sequence` and
+# `collections.abc.Sequence` compare equal.
+_TYPING_ABCS = frozenset(
+    {
+        "AbstractSet", "AsyncGenerator", "AsyncIterable", "AsyncIterator", "Awaitable",
+        "ByteString", "Callable", "Collection", "Container", "Coroutine", "Generator",
+        "Hashable", "ItemsView", "Iterable", "Iterator", "KeysView", "Mapping", "MappingView",
+        "MutableMapping", "MutableSequence", "MutableSet", "Reversible", "Sequence", "Sized",
+        "ValuesView",
+    }
+)
+_TYPING_BUILTINS = {
+    "List": "builtins.list", "Dict": "builtins.dict", "Set": "builtins.set",
+    "FrozenSet": "builtins.frozenset", "Tuple": "builtins.tuple", "Type": "builtins.type",
+    "Text": "builtins.str",
+}
+_BUILTIN_NAMES = frozenset(dir(builtins))
+_DEF_NAME = re.compile(r"(?:async\s+)?def\s+|class\s+")
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
+
+class SummaryError(KVRefError):
+    """A file that cannot be summarized: undecodable or not valid Python.
+
+    Attributes:
+        line, col: 1-based position of the problem (1, 1 when unknown).
+        message: what went wrong, one line.
+    """
+
+    def __init__(self, message: str, line: int = 1, col: int = 1) -> None:
+        super().__init__(f"{line}:{col}: {message}")
+        self.message = message
+        self.line = line
+        self.col = col
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """A source range: 1-based lines, 0-based character columns, end exclusive."""
+
+    line: int
+    col: int
+    end_line: int
+    end_col: int
+
+
+@dataclass(frozen=True, slots=True)
+class TypeExpr:
+    """A normalized annotation: a head name and its subscript arguments.
+
+    `head` is canonical where the name is known (`collections.abc.Sequence` for both
+    `typing.Sequence` and `collections.abc.Sequence`, `builtins.list` for `List` and `list`,
+    `typing.Union` for `X | Y` and `Optional[X]`, `None`), else the dotted name as written,
+    or "" for an expression that is not a name. `text` is the source spelling.
+    """
+
+    head: str
+    args: tuple[TypeExpr, ...] = ()
+    text: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    """One parameter: kind is `posonly`, `arg`, `vararg`, `kwonly` or `kwarg`."""
+
+    name: str
+    kind: str
+    span: Span
+    annotation: TypeExpr | None = None
+    annotation_span: Span | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MultiPass:
+    """A parameter annotated Iterable/Iterator that the body consumes more than once."""
+
+    param: str
+    annotation: str
+    first_line: int
+    second_line: int
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionSummary:
+    """One `def` (a method, or a module-level function).
+
+    Attributes:
+        name_span: the function's name.
+        def_line: the line of `def` (a new innermost decorator is inserted before it).
+        indent: the text before `def` on that line, or None when it is not only whitespace
+            (then no decorator can be inserted).
+        decorators: each decorator as a dotted name (a call `@f(x)` gives `f`; "" when the
+            expression is not a name).
+        has_override: one decorator is `override` from typing/typing_extensions, imported
+            under any alias or used as a module attribute (`te.override`).
+    """
+
+    name: str
+    qualname: str
+    name_span: Span
+    def_line: int
+    indent: str | None
+    decorators: tuple[str, ...]
+    has_override: bool
+    is_overload: bool
+    is_property: bool
+    is_accessor: bool
+    is_staticmethod: bool
+    is_classmethod: bool
+    is_abstract: bool
+    params: tuple[Param, ...]
+    multi_pass: tuple[MultiPass, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class BaseRef:
+    """One base-class expression: its dotted name (subscripts stripped), "" if not a name."""
+
+    dotted: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClassSummary:
+    """One class statement at module level or nested in a class body.
+
+    Attributes:
+        scope: the qualified name of the enclosing class ("" at module level): the scope its
+            base expressions are evaluated in before the module's globals.
+        attributes: names the class body binds other than by `def` (assignments, annotated
+            declarations, nested classes, `__slots__` entries), so `__hash__ = None` counts.
+        metaclass: the dotted `metaclass=` keyword, if any.
+        declares_protocol: a base is spelled `Protocol`/`Protocol[...]` (a syntactic hint;
+            the index decides by resolving the base).
+        declares_abstract: the class looks like an ABC: an `ABC` base, an `ABCMeta`
+            metaclass or an abstract method.
+    """
+
+    name: str
+    qualname: str
+    scope: str
+    name_span: Span
+    bases: tuple[BaseRef, ...]
+    metaclass: str | None
+    decorators: tuple[str, ...]
+    methods: tuple[FunctionSummary, ...]
+    attributes: tuple[str, ...]
+    declares_protocol: bool = False
+    declares_abstract: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Binding:
+    """What a module-level name is bound to.
+
+    kind: `class` (target = qualname), `import` (`from module import target`, with the
+    relative `level`), `module` (`import module [as name]`: target = module), `alias`
+    (`Name = dotted.name`: target = the dotted text) or `other`. `type_only` marks a binding
+    made under `if TYPE_CHECKING:` (absent at run time).
+    """
+
+    kind: str
+    target: str = ""
+    module: str = ""
+    level: int = 0
+    type_only: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ImportFacts:
+    """Where the fixer can put the `override` import.
+
+    Attributes:
+        insert_line: the line a new import statement goes before (after the module
+            docstring and `from __future__` imports).
+        merge_points: for `typing` and `typing_extensions`, the end of the last imported
+            name of the first unconditional top-level `from M import ...` (line, col).
+        bound_override: the local name under which `override` is already importable at run
+            time ("" if none), e.g. `override`, `ovr`, `te.override`.
+    """
+
+    insert_line: int
+    merge_points: tuple[tuple[str, int, int], ...]
+    bound_override: str
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleSummary:
+    """Everything the audit needs from one file; see the module docstring.
+
+    Attributes:
+        symbols: each module-level name with its bindings, the one to try first first.
+        star_imports: `(module, level)` of each `from module import *`.
+        all_names: a literal `__all__`, else None.
+        classes: module-level and nested classes, in source order.
+        functions: the module-level functions with KVR102 facts (no other rule looks at
+            module functions, so the rest are not kept).
+    """
+
+    path: str
+    encoding: str
+    bom: bool
+    newline: str
+    is_stub: bool
+    symbols: tuple[tuple[str, tuple[Binding, ...]], ...]
+    star_imports: tuple[tuple[str, int], ...]
+    all_names: tuple[str, ...] | None
+    classes: tuple[ClassSummary, ...]
+    functions: tuple[FunctionSummary, ...]
+    import_facts: ImportFacts
+    line_count: int = 0
+
+
+def split_lines(text: str) -> list[str]:
+    """Split on the line breaks Python's tokenizer knows (not form feeds or U+2028)."""
+    if "\r" not in text:
+        return text.split("\n")
+    return _LINE_BREAK.split(text)
+
+
+def detect_newline(text: str) -> str:
+    """The file's line ending: that of its first line ("\n" when it has none)."""
+    match = _LINE_BREAK.search(text)
+    return match.group() if match else "\n"
+
+
+def decode_source(source: bytes) -> tuple[str, str, bool]:
+    """Decode per PEP 263 (BOM, coding cookie, else UTF-8): returns (text, encoding, bom)."""
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(source).readline)
+    except SyntaxError as error:
+        # Either a bad cookie, or a first line that is not UTF-8: find which, and where.
+        encoding = "utf-8"
+        message = error.msg.partition(" for ")[0]
+        try:
+            source.decode(encoding)
+        except UnicodeDecodeError:
+            pass
+        else:
+            raise SummaryError(f"cannot decode: {message}", error.lineno or 1, 1) from None
+    bom = encoding == "utf-8-sig"
+    try:
+        text = source.decode(encoding)
+    except UnicodeDecodeError as error:
+        line = source.count(b"\n", 0, error.start) + 1
+        col = error.start - (source.rfind(b"\n", 0, error.start) + 1) + 1
+        raise SummaryError(f"cannot decode as {encoding}: {error.reason}", line, col) from None
+    except LookupError:
+        raise SummaryError(f"unknown encoding {encoding!r}") from None
+    return text, ("utf-8" if bom else encoding), bom
+
+
+def canonical_type_name(dotted: str) -> str:
+    """Map typing spellings to the runtime classes: `typing.List` -> `builtins.list`."""
+    module, _, name = dotted.rpartition(".")
+    if module in OVERRIDE_MODULES:
+        if name in _TYPING_ABCS:
+            return "collections.abc.Set" if name == "AbstractSet" else f"collections.abc.{name}"
+        if name in _TYPING_BUILTINS:
+            return _TYPING_BUILTINS[name]
+        return f"typing.{name}"
+    if module == "collections.abc" and name == "AbstractSet":
+        return "collections.abc.Set"
+    return dotted
+
+
+def dotted_name(node: ast.expr) -> str:
+    """`a.b.c` for a Name/Attribute chain, the callee of a call, the value of `X[T]`."""
+    parts: list[str] = []
+    while True:
+        if isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        elif isinstance(node, ast.Name):
+            parts.append(node.id)
+            return ".".join(reversed(parts))
+        elif isinstance(node, ast.Call | ast.Subscript) and not parts:
+            node = node.func if isinstance(node, ast.Call) else node.value
+        else:
+            return ""
+
+
+def import_facts(tree: ast.Module, lines: Sequence[str]) -> ImportFacts:
+    """Find the `override` import's place, merge points and existing binding (top level).
+
+    Args:
+        tree: the parsed module.
+        lines: its source lines (from `split_lines`), to turn byte columns into characters.
+    """
+    body = tree.body
+    insert_line = 1
+    index = 0
+    if body and _is_docstring(body[0]):
+        insert_line = (body[0].end_lineno or body[0].lineno) + 1
+        index = 1
+    while index < len(body):
+        statement = body[index]
+        if not (isinstance(statement, ast.ImportFrom) and statement.module == "__future__"):
+            break
+        insert_line = (statement.end_lineno or statement.lineno) + 1
+        index += 1
+    if index == 0 and body:
+        first = body[0]
+        decorators: list[ast.expr] = getattr(first, "decorator_list", [])
+        insert_line = min([first.lineno, *(d.lineno for d in decorators)])
+    elif index == 0:
+        insert_line = len(lines) + 1  # an empty module: append
+    merge: dict[str, tuple[int, int]] = {}
+    bound = attribute = ""
+    statements = list(body)
+    for statement in body:
+        if isinstance(statement, ast.Try):  # try: from typing import override / except: ...
+            statements.extend(statement.body)
+    for statement in statements:
+        if isinstance(statement, ast.ImportFrom) and statement.level == 0:
+            module = statement.module or ""
+            if module not in OVERRIDE_MODULES:
+                continue
+            last = statement.names[-1]
+            top_level = statement in body
+            if top_level and module not in merge and all(a.name != "*" for a in statement.names):
+                line = last.end_lineno or statement.lineno
+                merge[module] = (line, _char_col(lines, line, last.end_col_offset or 0))
+            for alias in statement.names:
+                if alias.name == "override" and not bound:
+                    bound = alias.asname or "override"
+        elif isinstance(statement, ast.Import) and not attribute:
+            for alias in statement.names:
+                if alias.name in OVERRIDE_MODULES:
+                    attribute = f"{alias.asname or alias.name}.override"
+    return ImportFacts(
+        insert_line,
+        tuple((module, line, col) for module, (line, col) in sorted(merge.items())),
+        bound or attribute,  # a plain name reads best: prefer it to `te.override`
+    )
+
+
+def _char_col(lines: Sequence[str], line: int, byte_col: int) -> int:
+    """The character column of a UTF-8 byte column (what `ast` reports)."""
+    text = lines[line - 1] if 0 < line <= len(lines) else ""
+    if text.isascii():
+        return byte_col
+    return len(text.encode("utf-8")[:byte_col].decode("utf-8", "replace"))
+
+
+def _is_docstring(statement: ast.stmt) -> bool:
+    return (
+        isinstance(statement, ast.Expr)
+        and isinstance(statement.value, ast.Constant)
+        and isinstance(statement.value.value, str)
+    )
+
+
+def summarize(path: str, source: bytes) -> ModuleSummary:
+    """Summarize one file's source.
+
+    Args:
+        path: the path recorded in the summary (the engine passes it project-relative).
+        source: the file's bytes, decoded per PEP 263.
+
+    Returns:
+        The module's summary.
+
+    Raises:
+        SummaryError: the source cannot be decoded or does not parse (with its position).
+    """
+    text, encoding, bom = decode_source(source)
+    try:
+        tree = ast.parse(text, filename=path, type_comments=False)
+    except SyntaxError as error:
+        raise SummaryError(
+            f"syntax error: {error.msg}", error.lineno or 1, error.offset or 1
+        ) from None
+    except (ValueError, RecursionError) as error:  # NUL bytes, absurd nesting
+        raise SummaryError(f"cannot parse: {error}") from None
+    newline = detect_newline(text)
+    lines = split_lines(text)
+    walker = _ModuleWalker(lines, path.endswith(".pyi"))
+    walker.walk_body(tree.body, "", None)
+    return walker.finish(path, encoding, bom, newline, import_facts(tree, lines))
+
+
+@dataclass(slots=True)
+class _ClassBuilder:
+    node: ast.ClassDef
+    qualname: str
+    scope: str
+    methods: list[tuple[ast.FunctionDef | ast.AsyncFunctionDef, str]] = field(
+        default_factory=lambda: []
+    )
+    attributes: list[str] = field(default_factory=lambda: [])
+
+
+class _ModuleWalker:
+    """Collects bindings, classes and functions from the statements that run at import."""
+
+    def __init__(self, lines: list[str], is_stub: bool) -> None:
+        self.lines = lines
+        self.is_stub = is_stub
+        self.primary: dict[str, list[Binding]] = {}
+        self.fallback: dict[str, list[Binding]] = {}
+        self.stars: list[tuple[str, int]] = []
+        self.all_names: tuple[str, ...] | None = None
+        self.classes: list[_ClassBuilder] = []
+        self.functions: list[ast.FunctionDef | ast.AsyncFunctionDef] = []
+        self.symbols: dict[str, tuple[Binding, ...]] = {}
+
+    # --- walking --------------------------------------------------------------------------
+
+    def walk_body(
+        self, body: Sequence[ast.stmt], mode: str, owner: _ClassBuilder | None
+    ) -> None:
+        """Walk statements; mode is "" (runs), "type" (TYPE_CHECKING) or "fallback"."""
+        for statement in body:
+            if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef):
+                if owner is not None:
+                    owner.methods.append((statement, mode))
+                else:
+                    self.functions.append(statement)
+                    self._bind(statement.name, Binding("other"), mode)
+            elif isinstance(statement, ast.ClassDef):
+                self._walk_class(statement, mode, owner)
+            elif isinstance(statement, ast.If):
+                body_mode, else_mode = mode, mode
+                checking = _type_checking_test(statement.test)
+                if checking is True:
+                    body_mode, else_mode = "type", "fallback"
+                elif checking is False:
+                    body_mode, else_mode = "fallback", "type"
+                self.walk_body(statement.body, body_mode, owner)
+                self.walk_body(statement.orelse, else_mode, owner)
+            elif isinstance(statement, ast.Try | ast.TryStar):
+                self.walk_body(statement.body, mode, owner)
+                for handler in statement.handlers:
+                    self.walk_body(handler.body, "fallback", owner)
+                self.walk_body(statement.orelse, mode, owner)
+                self.walk_body(statement.finalbody, mode, owner)
+            elif isinstance(statement, ast.With | ast.AsyncWith):
+                self.walk_body(statement.body, mode, owner)
+            elif owner is not None:
+                owner.attributes.extend(_assigned_names(statement, slots=True))
+            else:
+                self._module_statement(statement, mode)
+
+    def _walk_class(self, node: ast.ClassDef, mode: str, owner: _ClassBuilder | None) -> None:
+        scope = owner.qualname if owner is not None else ""
+        qualname = f"{scope}.{node.name}" if scope else node.name
+        builder = _ClassBuilder(node, qualname, scope)
+        self.classes.append(builder)
+        if owner is not None:
+            owner.attributes.append(node.name)
+        else:
+            self._bind(node.name, Binding("class", qualname), mode)
+        self.walk_body(node.body, "", builder)
+
+    def _module_statement(self, statement: ast.stmt, mode: str) -> None:
+        if isinstance(statement, ast.Import):
+            for alias in statement.names:
+                if alias.asname:
+                    self._bind(alias.asname, Binding("module", alias.name), mode)
+                else:
+                    head = alias.name.partition(".")[0]
+                    self._bind(head, Binding("module", head), mode)
+        elif isinstance(statement, ast.ImportFrom):
+            module = statement.module or ""
+            for alias in statement.names:
+                if alias.name == "*":
+                    self.stars.append((module, statement.level))
+                else:
+                    binding = Binding("import", alias.name, module, statement.level)
+                    self._bind(alias.asname or alias.name, binding, mode)
+        elif isinstance(statement, ast.Assign | ast.AnnAssign):
+            value = statement.value
+            targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+            for target in targets:
+                if isinstance(target, ast.Name) and target.id == "__all__":
+                    self.all_names = _literal_strings(value)
+                elif isinstance(target, ast.Name) and value is not None:
+                    dotted = dotted_name(value) if isinstance(value, ast.Name | ast.Attribute) else ""
+                    self._bind(target.id, Binding("alias", dotted) if dotted else Binding("other"), mode)
+            for name in _assigned_names(statement, slots=False):
+                if name not in self.primary and name not in self.fallback:
+                    self._bind(name, Binding("other"), mode)
+        else:
+            for name in _assigned_names(statement, slots=False):
+                self._bind(name, Binding("other"), mode)
+
+    def _bind(self, name: str, binding: Binding, mode: str) -> None:
+        if mode == "type":
+            binding = Binding(binding.kind, binding.target, binding.module, binding.level, True)
+        if mode == "fallback":
+            self.fallback.setdefault(name, []).append(binding)
+        else:
+            self.primary.setdefault(name, []).append(binding)
+
+    # --- freezing -------------------------------------------------------------------------
+
+    def finish(
+        self, path: str, encoding: str, bom: bool, newline: str, facts: ImportFacts
+    ) -> ModuleSummary:
+        symbols: dict[str, tuple[Binding, ...]] = {}
+        for name in {**self.primary, **self.fallback}:
+            # The latest unconditional binding wins; except-handler and TYPE_CHECKING-else
+            # alternatives are only tried after it.
+            ordered = [*reversed(self.primary.get(name, ())), *self.fallback.get(name, ())]
+            symbols[name] = tuple(ordered)
+        self.symbols = symbols
+        # A class defined twice (`if`/`else`, `try`/`except`): the last definition keeps its
+        # name (names resolve to it); earlier ones get a unique `Name@line` qualname.
+        last_line = {builder.qualname: builder.node.lineno for builder in self.classes}
+        for builder in self.classes:
+            if last_line[builder.qualname] != builder.node.lineno:
+                builder.qualname = f"{builder.qualname}@{builder.node.lineno}"
+        classes = tuple(self._freeze_class(builder) for builder in self.classes)
+        # Module functions matter only to KVR102: skip those with no Iterable/Iterator hint.
+        functions = tuple(
+            summary
+            for node in self.functions
+            if _mentions_iteration(node.args)
+            and (summary := self._freeze_function(node, node.name, False)).multi_pass
+        )
+        return ModuleSummary(
+            path=path,
+            encoding=encoding,
+            bom=bom,
+            newline=newline,
+            is_stub=self.is_stub,
+            symbols=tuple(sorted(symbols.items())),
+            star_imports=tuple(self.stars),
+            all_names=self.all_names,
+            classes=classes,
+            functions=functions,
+            import_facts=facts,
+            line_count=len(self.lines),
+        )
+
+    def _freeze_class(self, builder: _ClassBuilder) -> ClassSummary:
+        node = builder.node
+        metaclass = None
+        for keyword in node.keywords:
+            if keyword.arg == "metaclass":
+                metaclass = dotted_name(keyword.value) or "<expression>"
+        bases = tuple(
+            BaseRef(dotted_name(base) if not isinstance(base, ast.Call) else "", self._text(base))
+            for base in node.bases
+        )
+        display = builder.qualname.split("@")[0]
+        methods = tuple(
+            self._freeze_function(method, f"{display}.{method.name}", True)
+            for method, _ in builder.methods
+        )
+        return ClassSummary(
+            name=node.name,
+            qualname=builder.qualname,
+            scope=builder.scope,
+            name_span=self._name_span(node),
+            bases=bases,
+            metaclass=metaclass,
+            decorators=tuple(dotted_name(d) for d in node.decorator_list),
+            methods=methods,
+            attributes=tuple(dict.fromkeys(builder.attributes)),
+            declares_protocol=any(b.dotted.rpartition(".")[2] == "Protocol" for b in bases),
+            declares_abstract=(metaclass or "").rpartition(".")[2] == "ABCMeta"
+            or any(b.dotted.rpartition(".")[2] == "ABC" for b in bases)
+            or any(m.is_abstract for m in methods),
+        )
+
+    def _freeze_function(
+        self, node: ast.FunctionDef | ast.AsyncFunctionDef, qualname: str, is_method: bool
+    ) -> FunctionSummary:
+        decorators = tuple(dotted_name(d) for d in node.decorator_list)
+        lasts = {d.rpartition(".")[2] for d in decorators}
+        line_text = self.lines[node.lineno - 1]
+        prefix = line_text[: self._char_col(node.lineno, node.col_offset)]
+        params = self._params(node.args)
+        multi = ()
+        if any(
+            p.annotation is not None
+            and p.annotation.head in ("collections.abc.Iterable", "collections.abc.Iterator")
+            and p.kind not in ("vararg", "kwarg")
+            for p in params
+        ):
+            multi = _count_passes(node, params)
+        return FunctionSummary(
+            name=node.name,
+            qualname=qualname,
+            name_span=self._name_span(node),
+            def_line=node.lineno,
+            indent=prefix if not prefix.strip() else None,
+            decorators=decorators,
+            has_override=any(self._is_override(d) for d in decorators),
+            is_overload=any(self._resolves_to(d, "overload") for d in decorators),
+            is_property="property" in lasts or "cached_property" in lasts,
+            is_accessor=any(d.endswith((".setter", ".deleter", ".getter")) for d in decorators),
+            is_staticmethod="staticmethod" in decorators,
+            is_classmethod="classmethod" in decorators,
+            is_abstract=bool(lasts & _ABSTRACT_DECORATORS),
+            params=params,
+            multi_pass=multi,
+        )
+
+    def _params(self, args: ast.arguments) -> tuple[Param, ...]:
+        result: list[Param] = []
+        groups: list[tuple[str, list[ast.arg]]] = [
+            ("posonly", args.posonlyargs),
+            ("arg", args.args),
+            ("vararg", [args.vararg] if args.vararg else []),
+            ("kwonly", args.kwonlyargs),
+            ("kwarg", [args.kwarg] if args.kwarg else []),
+        ]
+        for kind, arguments in groups:
+            for argument in arguments:
+                annotation = argument.annotation
+                result.append(
+                    Param(
+                        name=argument.arg,
+                        kind=kind,
+                        span=self._span(argument, len(argument.arg)),
+                        annotation=self._type(annotation) if annotation is not None else None,
+                        annotation_span=self._span(annotation) if annotation is not None else None,
+                    )
+                )
+        return tuple(result)
+
+    # --- names and types ------------------------------------------------------------------
+
+    def _lookup(self, name: str) -> Binding | None:
+        bindings = self.symbols.get(name)
+        return bindings[0] if bindings else None
+
+    def _qualify(self, dotted: str) -> str:
+        """The absolute dotted name of a local spelling, as far as this module knows it."""
+        head, _, rest = dotted.partition(".")
+        binding = self._lookup(head)
+        if binding is None:
+            if head in _BUILTIN_NAMES or head == "None":
+                return f"builtins.{dotted}" if head != "None" else "None"
+            for module, level in self.stars:
+                if level == 0 and module in OVERRIDE_MODULES:
+                    return f"{module}.{dotted}"
+            return dotted
+        if binding.kind == "import":
+            base = "." * binding.level + binding.module
+            qualified = f"{base}.{binding.target}" if base and not base.endswith(".") else base + binding.target
+        elif binding.kind == "module":
+            qualified = binding.target
+        else:
+            return dotted
+        return f"{qualified}.{rest}" if rest else qualified
+
+    def _resolves_to(self, dotted: str, name: str) -> bool:
+        """Whether `dotted` names typing(_extensions).`name` here."""
+        module, _, last = self._qualify(dotted).rpartition(".")
+        return last == name and module in OVERRIDE_MODULES
+
+    def _is_override(self, dotted: str) -> bool:
+        """`override` from typing(_extensions) under any alias, or any bound `...override`.
+
+        A project's own compatibility shim (`from mypkg.compat import override`, or a local
+        `def override(f)`) counts too: the name says what the author meant.
+        """
+        if not dotted or self._resolves_to(dotted, "override"):
+            return bool(dotted)
+        bound = self._lookup(dotted.partition(".")[0]) is not None
+        return bound and self._qualify(dotted).rpartition(".")[2] == "override"
+
+    def _type(self, node: ast.expr, depth: int = 0, quoted: bool = False) -> TypeExpr:
+        """Normalize an annotation; `quoted` parts come from a string (no usable positions)."""
+        text = ast.unparse(node) if quoted else self._text(node)
+        if depth > 8:
+            return TypeExpr("", (), text)
+        if isinstance(node, ast.Constant):
+            if node.value is None:
+                return TypeExpr("None", (), text)
+            if isinstance(node.value, str) and not quoted:
+                try:
+                    inner = ast.parse(node.value.strip(), mode="eval").body
+                except SyntaxError:
+                    return TypeExpr("", (), text)
+                parsed = self._type(inner, depth + 1, quoted=True)
+                return TypeExpr(parsed.head, parsed.args, text)
+            if node.value is Ellipsis:
+                return TypeExpr("...", (), text)
+            return TypeExpr("", (), text)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+            members = [self._type(node.left, depth + 1, quoted), self._type(node.right, depth + 1, quoted)]
+            return TypeExpr("typing.Union", _flatten_union(members), text)
+        if isinstance(node, ast.Subscript):
+            head = self._head(node.value)
+            items = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+            args = tuple(self._type(item, depth + 1, quoted) for item in items)
+            if head == "typing.Optional":
+                return TypeExpr("typing.Union", _flatten_union([*args, TypeExpr("None")]), text)
+            if head == "typing.Union":
+                return TypeExpr(head, _flatten_union(list(args)), text)
+            return TypeExpr(head, args, text)
+        if isinstance(node, ast.Name | ast.Attribute):
+            return TypeExpr(self._head(node), (), text)
+        if isinstance(node, ast.List):
+            return TypeExpr("", tuple(self._type(e, depth + 1, quoted) for e in node.elts), text)
+        return TypeExpr("", (), text)
+
+    def _head(self, node: ast.expr) -> str:
+        dotted = dotted_name(node) if isinstance(node, ast.Name | ast.Attribute) else ""
+        return canonical_type_name(self._qualify(dotted)) if dotted else ""
+
+    # --- positions ------------------------------------------------------------------------
+
+    def _char_col(self, line: int, byte_col: int) -> int:
+        return _char_col(self.lines, line, byte_col)
+
+    def _span(self, node: ast.expr | ast.arg, length: int | None = None) -> Span:
+        col = self._char_col(node.lineno, node.col_offset)
+        if length is not None:
+            return Span(node.lineno, col, node.lineno, col + length)
+        end_line = node.end_lineno or node.lineno
+        return Span(node.lineno, col, end_line, self._char_col(end_line, node.end_col_offset or 0))
+
+    def _name_span(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> Span:
+        col = self._char_col(node.lineno, node.col_offset)
+        match = _DEF_NAME.match(self.lines[node.lineno - 1], col)
+        start = match.end() if match else col
+        return Span(node.lineno, start, node.lineno, start + len(node.name))
+
+    def _text(self, node: ast.expr) -> str:
+        span = self._span(node)
+        if span.line == span.end_line:
+            return self.lines[span.line - 1][span.col : span.end_col]
+        parts = [self.lines[span.line - 1][span.col :]]
+        parts.extend(self.lines[span.line : span.end_line - 1])
+        parts.append(self.lines[span.end_line - 1][: span.end_col])
+        return "\n".join(parts)
+
+
+def _mentions_iteration(args: ast.arguments) -> bool:
+    """A cheap pre-check: some parameter annotation names `...Iter...` (maybe quoted)."""
+    for argument in (*args.posonlyargs, *args.args, *args.kwonlyargs):
+        annotation = argument.annotation
+        if isinstance(annotation, ast.Subscript):
+            annotation = annotation.value
+        if isinstance(annotation, ast.Name) and "Iter" in annotation.id:
+            return True
+        if isinstance(annotation, ast.Attribute) and "Iter" in annotation.attr:
+            return True
+        if isinstance(annotation, ast.Constant) and "Iter" in str(annotation.value):
+            return True
+    return False
+
+
+def _count_passes(
+    node: ast.FunctionDef | ast.AsyncFunctionDef, params: tuple[Param, ...]
+) -> tuple[MultiPass, ...]:
+    tracked = {
+        p.name: p.annotation.text
+        for p in params
+        if p.annotation is not None
+        and p.annotation.head in ("collections.abc.Iterable", "collections.abc.Iterator")
+        and p.kind not in ("vararg", "kwarg")
+    }
+    return tuple(
+        MultiPass(name, tracked[name], first, second)
+        for name, (first, second) in count_passes(node.body, set(tracked)).items()
+    )
+
+
+def _flatten_union(members: list[TypeExpr]) -> tuple[TypeExpr, ...]:
+    flat: list[TypeExpr] = []
+    for member in members:
+        flat.extend(member.args if member.head == "typing.Union" else (member,))
+    return tuple(flat)
+
+
+def _type_checking_test(test: ast.expr) -> bool | None:
+    """True for `if TYPE_CHECKING:`, False for `if not TYPE_CHECKING:`, else None."""
+    negated = False
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        negated, test = True, test.operand
+    if dotted_name(test).rpartition(".")[2] == "TYPE_CHECKING" and not isinstance(
+        test, ast.Call | ast.Subscript
+    ):
+        return not negated
+    return None
+
+
+def _literal_strings(node: ast.expr | None) -> tuple[str, ...] | None:
+    if isinstance(node, ast.List | ast.Tuple | ast.Set):
+        names = [e.value for e in node.elts if isinstance(e, ast.Constant)]
+        strings = tuple(n for n in names if isinstance(n, str))
+        return strings if len(strings) == len(node.elts) else None
+    return None
+
+
+def _target_names(target: ast.expr) -> Iterator[str]:
+    if isinstance(target, ast.Name):
+        yield target.id
+    elif isinstance(target, ast.Tuple | ast.List):
+        for element in target.elts:
+            yield from _target_names(element)
+    elif isinstance(target, ast.Starred):
+        yield from _target_names(target.value)
+
+
+def _assigned_names(statement: ast.stmt, *, slots: bool) -> Iterator[str]:
+    """Names a simple statement binds (in a class body, `__slots__` entries too)."""
+    if isinstance(statement, ast.Assign):
+        for target in statement.targets:
+            yield from _target_names(target)
+            if slots and isinstance(target, ast.Name) and target.id == "__slots__":
+                yield from _literal_strings(statement.value) or ()
+    elif isinstance(statement, ast.AnnAssign | ast.AugAssign):
+        yield from _target_names(statement.target)
+    elif isinstance(statement, ast.Import | ast.ImportFrom):
+        for alias in statement.names:
+            if alias.name != "*":
+                yield alias.asname or alias.name.partition(".")[0]
+    elif isinstance(statement, ast.For | ast.AsyncFor):
+        yield from _target_names(statement.target)

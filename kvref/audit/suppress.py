@@ -1,0 +1,93 @@
+"""Inline suppression: `# kvref: ignore[KVR001]` or `# noqa: KVR001` on the finding's line.
+
+A finding's line is its `def` line (where the method's name is). Codes are separated by commas
+and/or spaces; `noqa` is matched case-insensitively, codes are not case-sensitive either. A
+bare `# noqa` or `# kvref: ignore` suppresses nothing: kvref has no blanket suppression, so a
+suppression always says what it accepts.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import tokenize
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from kvref.audit.model import Finding
+
+__all__ = ["suppressions_by_line", "codes_in_comment", "SuppressionFilter"]
+
+_CODE = r"[A-Za-z]+[0-9]+"
+_CODES = rf"{_CODE}(?:[\s,]+{_CODE})*"
+_NOQA = re.compile(rf"#\s*noqa\s*:\s*(?P<codes>{_CODES})", re.IGNORECASE)
+_KVREF_IGNORE = re.compile(r"#\s*kvref\s*:\s*ignore\[(?P<codes>[^\]]*)\]", re.IGNORECASE)
+
+
+def codes_in_comment(comment: str) -> frozenset[str]:
+    """The codes a comment suppresses (upper-case), empty when it names none."""
+    codes: set[str] = set()
+    for pattern in (_NOQA, _KVREF_IGNORE):
+        for match in pattern.finditer(comment):
+            codes.update(code.upper() for code in re.split(r"[\s,]+", match.group("codes")) if code)
+    return frozenset(codes)
+
+
+def suppressions_by_line(source: bytes) -> dict[int, frozenset[str]]:
+    """Suppressed codes for each 1-based line that carries a suppression comment.
+
+    Comments are found with `tokenize`, so a `# noqa` inside a string does not count; a file
+    that does not tokenize falls back to a line-by-line scan.
+    """
+    found: dict[int, frozenset[str]] = {}
+    try:
+        for token in tokenize.tokenize(io.BytesIO(source).readline):
+            if token.type == tokenize.COMMENT:
+                codes = codes_in_comment(token.string)
+                if codes:
+                    found[token.start[0]] = found.get(token.start[0], frozenset()) | codes
+        return found
+    except (tokenize.TokenError, SyntaxError, UnicodeDecodeError):
+        found.clear()
+    text = source.decode("utf-8", errors="replace")
+    for number, line in enumerate(text.splitlines(), start=1):
+        if "#" in line:
+            codes = codes_in_comment(line[line.index("#") :])
+            if codes:
+                found[number] = codes
+    return found
+
+
+@dataclass(slots=True)
+class SuppressionFilter:
+    """Drops suppressed findings, reading each file's comments once.
+
+    Attributes:
+        read_source: returns a project-relative file's bytes, or None when unreadable.
+        suppressed: how many findings were dropped so far.
+    """
+
+    read_source: Callable[[str], bytes | None]
+    suppressed: int = 0
+    _cache: dict[str, dict[int, frozenset[str]]] | None = None
+
+    def is_suppressed(self, finding: Finding) -> bool:
+        """Whether the finding's line suppresses its code."""
+        if self._cache is None:
+            self._cache = {}
+        by_line = self._cache.get(finding.path)
+        if by_line is None:
+            source = self.read_source(finding.path)
+            by_line = suppressions_by_line(source) if source is not None else {}
+            self._cache[finding.path] = by_line
+        return finding.code.upper() in by_line.get(finding.line, frozenset())
+
+    def keep(self, findings: Iterable[Finding]) -> list[Finding]:
+        """The findings that are not suppressed (counting the others in `suppressed`)."""
+        kept: list[Finding] = []
+        for finding in findings:
+            if self.is_suppressed(finding):
+                self.suppressed += 1
+            else:
+                kept.append(finding)
+        return kept

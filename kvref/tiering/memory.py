@@ -1,0 +1,134 @@
+"""`InMemorySecondaryTier`: the simplest correct secondary tier (tests, docs, a template).
+
+It keeps a copy of each block in a Python `bytes` object. Jobs are queued by `submit_*` and
+carried out, in submission order, when the tiering manager collects results with
+`get_finished_jobs`, so the submitting calls never copy and a block written by a store is not
+visible (lookup answers None) until its job was collected. An optional capacity evicts the
+least recently used blocks.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict, deque
+from collections.abc import Collection, Iterable
+
+from typing_extensions import override
+
+from kvref.base import OffloadingEvent, OffloadKey, ReqContext
+from kvref.tiering.base import JobMetadata, JobResult, PrimaryBlocks, SecondaryTierManager
+
+__all__ = ["InMemorySecondaryTier"]
+
+
+class InMemorySecondaryTier(SecondaryTierManager):
+    """Secondary tier holding block copies in memory.
+
+    Args:
+        primary_kv_view: the primary's `(num_blocks, block_bytes)` memoryview.
+        capacity_blocks: at most this many blocks are kept (least recently used evicted first);
+            None for no limit.
+        name: the medium named in events.
+        enable_events: buffer stored/removed events for `take_events`.
+
+    Raises:
+        ValueError: `capacity_blocks` < 1, or an unusable `primary_kv_view`.
+    """
+
+    def __init__(
+        self,
+        primary_kv_view: memoryview,
+        *,
+        capacity_blocks: int | None = None,
+        name: str = "memory",
+        enable_events: bool = False,
+    ) -> None:
+        if capacity_blocks is not None and capacity_blocks < 1:
+            raise ValueError(f"capacity_blocks must be None or >= 1, got {capacity_blocks}")
+        self.medium = name
+        self._primary = PrimaryBlocks(primary_kv_view)
+        self._capacity = capacity_blocks
+        self._blocks: OrderedDict[OffloadKey, bytes] = OrderedDict()
+        self._pending_stores: Counter[OffloadKey] = Counter()
+        self._queue: deque[JobMetadata] = deque()
+        self._events: list[OffloadingEvent] | None = [] if enable_events else None
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._blocks
+
+    @override
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
+        if key in self._blocks:
+            return True
+        return None if key in self._pending_stores else False
+
+    @override
+    def submit_store(self, job: JobMetadata) -> None:
+        self._pending_stores.update(job.keys)
+        self._queue.append(job)
+
+    @override
+    def submit_load(self, job: JobMetadata) -> None:
+        self._queue.append(job)
+
+    @override
+    def get_finished_jobs(self) -> Iterable[JobResult]:
+        results: list[JobResult] = []
+        while self._queue:
+            job = self._queue.popleft()
+            success = self._load(job) if job.is_promotion else self._store(job)
+            results.append(JobResult(job.job_id, success))
+        return results
+
+    def _store(self, job: JobMetadata) -> bool:
+        self._pending_stores.subtract(job.keys)
+        self._pending_stores = +self._pending_stores  # drop the keys that reached 0
+        stored: list[OffloadKey] = []
+        for key, block_id in zip(job.keys, job.block_ids):
+            if key in self._blocks:
+                continue
+            self._blocks[key] = bytes(self._primary.row(block_id))
+            stored.append(key)
+        if self._events is not None and stored:
+            self._events.append(OffloadingEvent(stored, self.medium, removed=False))
+        self._evict_over_capacity()
+        return True
+
+    def _evict_over_capacity(self) -> None:
+        if self._capacity is None or len(self._blocks) <= self._capacity:
+            return
+        evicted: list[OffloadKey] = []
+        while len(self._blocks) > self._capacity:
+            key, _ = self._blocks.popitem(last=False)
+            evicted.append(key)
+        if self._events is not None:
+            self._events.append(OffloadingEvent(evicted, self.medium, removed=True))
+
+    def _load(self, job: JobMetadata) -> bool:
+        if any(key not in self._blocks for key in job.keys):
+            return False
+        for key, block_id in zip(job.keys, job.block_ids):
+            self._primary.row(block_id)[:] = self._blocks[key]
+        return True
+
+    @override
+    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        # Reversed, so the request's first block ends up the most recently used.
+        for key in reversed(list(keys)):
+            if key in self._blocks:
+                self._blocks.move_to_end(key)
+
+    @override
+    def take_events(self) -> Iterable[OffloadingEvent]:
+        if self._events is None:
+            return ()
+        events, self._events = self._events, []
+        return events
+
+    @override
+    def shutdown(self) -> None:
+        self._queue.clear()
+        self._pending_stores.clear()
+        self._primary.release()

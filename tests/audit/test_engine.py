@@ -1,0 +1,119 @@
+"""analyze: file errors, report selection, ordering, the summarize_many hook, positions."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from kvref.audit import FileError, ModuleSummary, analyze, summarize, summarize_file
+from kvref.audit.summary import SummaryError
+
+BASE = "class Base:\n    def run(self) -> None: ...\n"
+CHILD = "from base import Base\n\n\nclass Child(Base):\n    def run(self) -> None: ...\n"
+
+
+def write(root: Path, files: Mapping[str, str | bytes]) -> list[Path]:
+    paths: list[Path] = []
+    for name, content in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content, encoding="utf-8")
+        paths.append(path)
+    return paths
+
+
+def test_cross_file_override_is_found_with_relative_path_and_1_based_columns(tmp_path: Path) -> None:
+    files = write(tmp_path, {"base.py": BASE, "child.py": CHILD})
+    result = analyze(files, root=tmp_path)
+    [finding] = result.findings
+    assert (finding.path, finding.line, finding.col, finding.end_col) == ("child.py", 5, 9, 12)
+    assert finding.symbol == "Child.run"
+    assert result.files_analyzed == 2
+
+
+def test_broken_files_become_errors_and_the_rest_is_audited(tmp_path: Path) -> None:
+    files = write(
+        tmp_path,
+        {
+            "base.py": BASE,
+            "child.py": CHILD,
+            "syntax.py": "def f(:\n",
+            "bytes.py": b"x = '\xff\xfe'\n",
+            "cookie.py": b"# -*- coding: klingon -*-\nx = 1\n",
+        },
+    )
+    missing = tmp_path / "missing.py"
+    result = analyze([*files, missing], root=tmp_path)
+    errors = {e.path: e for e in result.errors}
+    assert sorted(errors) == ["bytes.py", "cookie.py", "missing.py", "syntax.py"]
+    assert (errors["syntax.py"].line, errors["syntax.py"].col) == (1, 7)
+    assert (errors["bytes.py"].line, errors["bytes.py"].col) == (1, 6)
+    assert "cannot read" in errors["missing.py"].message
+    assert [f.code for f in result.findings] == ["KVR001"]
+    assert result.files_analyzed == 2
+
+
+def test_errors_are_reported_only_for_report_files(tmp_path: Path) -> None:
+    files = write(tmp_path, {"base.py": BASE, "child.py": CHILD, "broken.py": "def (\n"})
+    result = analyze(files, root=tmp_path, report_files=[tmp_path / "child.py"])
+    assert result.errors == []
+    assert [f.path for f in result.findings] == ["child.py"]
+
+
+def test_findings_are_sorted_by_path_line_col_code(tmp_path: Path) -> None:
+    body = "class A(Base):\n    def run(self) -> None: ...\n"
+    files = write(
+        tmp_path,
+        {"base.py": BASE, "z.py": "from base import Base\n" + body, "a.py": "from base import Base\n" + body * 2},
+    )
+    findings = analyze(files, root=tmp_path).findings
+    keys = [(f.path, f.line, f.col, f.code) for f in findings]
+    assert keys == sorted(keys) and len(keys) == 3
+
+
+def test_summarize_many_is_used_for_every_file(tmp_path: Path) -> None:
+    files = write(tmp_path, {"base.py": BASE, "child.py": CHILD})
+    seen: list[Path] = []
+
+    def many(paths: Sequence[Path]) -> Mapping[Path, ModuleSummary | FileError]:
+        seen.extend(paths)
+        return {p: summarize_file(p, tmp_path) for p in paths}
+
+    result = analyze(files, root=tmp_path, summarize_many=many)
+    assert sorted(seen) == sorted(Path(os.path.abspath(p)) for p in files)
+    assert len(result.findings) == 1
+
+
+def test_summaries_pickle_and_compare_equal() -> None:
+    summary = summarize("child.py", CHILD.encode())
+    assert pickle.loads(pickle.dumps(summary)) == summary
+
+
+def test_bom_and_cookie_decode_and_columns_count_characters() -> None:
+    source = "\ufeffclass Ünïcode(Base):\n    def rün(self): ...\n".encode("utf-8")
+    summary = summarize("u.py", source)
+    assert summary.bom and summary.encoding == "utf-8"
+    method = summary.classes[0].methods[0]
+    assert (method.name_span.col, method.name_span.end_col) == (8, 11)
+    latin = "# coding: latin-1\nclass É: pass\n".encode("latin-1")
+    assert summarize("l.py", latin).classes[0].name == "É"
+
+
+def test_summary_error_carries_the_position() -> None:
+    with pytest.raises(SummaryError) as raised:
+        summarize("x.py", b"x = 1\n  y = 2\n")
+    assert raised.value.line == 2
+
+
+def test_kvref_itself_has_no_findings() -> None:
+    package = Path(__file__).resolve().parents[2] / "kvref"
+    result = analyze(sorted(package.rglob("*.py")), root=package.parent)
+    assert result.errors == []
+    assert result.findings == [], [f"{f.path}:{f.line} {f.code}" for f in result.findings]

@@ -1,0 +1,77 @@
+"""Multi-file fixture projects: the cross-file cases, markers as in the single-file fixtures.
+
+Each directory under `fixtures/projects/` is one project (its own root). Every `# KVRnnn`
+marker must be found and nothing else; the unresolved bases are named and counted.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from kvref.audit import analyze
+
+PROJECTS = Path(__file__).parent / "fixtures" / "projects"
+_MARKER = re.compile(r"#\s*((?:KVR\d{3}\s*)+)$")
+
+# Project name -> (its root inside the directory, extra search roots, expected unresolved).
+CASES: dict[str, tuple[str, tuple[str, ...], dict[str, int]]] = {
+    "reexport": (".", (), {}),
+    "diamond": (".", (), {"shapes.bottom.Inconsistent (inconsistent MRO)": 1}),
+    "generic": (".", (), {}),
+    "stdlib": (".", (), {}),
+    "thirdparty": (
+        ".",
+        (),
+        {"torch.nn.Module": 2, "torch.nn.Linear": 1, "not_installed.make_base()": 1},
+    ),
+    "conditional": (".", (), {}),
+    "srclayout": (".", (), {}),
+    "namespace": (".", (), {}),
+    "installed": ("project", ("site",), {}),
+}
+
+
+def markers(root: Path) -> list[tuple[str, int, str]]:
+    expected: list[tuple[str, int, str]] = []
+    for path in sorted(root.rglob("*.py")):
+        relative = path.relative_to(root).as_posix()
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            match = _MARKER.search(line)
+            if match:
+                expected.extend((relative, number, code) for code in match.group(1).split())
+    return sorted(expected)
+
+
+def test_every_project_directory_has_a_case() -> None:
+    assert sorted(p.name for p in PROJECTS.iterdir() if p.is_dir()) == sorted(CASES)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_project_findings_match_markers(name: str) -> None:
+    root_name, search, unresolved = CASES[name]
+    root = PROJECTS / name / root_name
+    files = sorted([*root.rglob("*.py"), *root.rglob("*.pyi")])
+    result = analyze(files, root=root, search_paths=[PROJECTS / name / s for s in search])
+    assert result.errors == []
+    assert sorted((f.path, f.line, f.code) for f in result.findings) == markers(root)
+    assert dict(result.unresolved_bases) == unresolved
+
+
+def test_installed_bases_are_unresolved_without_search_paths() -> None:
+    root = PROJECTS / "installed" / "project"
+    result = analyze(sorted(root.rglob("*.py")), root=root)
+    assert result.findings == []
+    assert dict(result.unresolved_bases) == {"stubbed.Gadget": 1, "vendored.Widget": 1}
+
+
+def test_only_report_files_are_reported_but_all_are_indexed() -> None:
+    root = PROJECTS / "reexport"
+    files = sorted(root.rglob("*.py"))
+    relative = root / "pkg" / "sub" / "relative.py"
+    result = analyze(files, root=root, report_files=[relative])
+    assert {f.path for f in result.findings} == {"pkg/sub/relative.py"}
+    assert len(result.findings) == 2
+    assert result.files_analyzed == len(files)

@@ -1,0 +1,90 @@
+"""Tiering base types (JobMetadata, PrimaryBlocks) and the secondary-tier factory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvref.base import ReqContext
+from kvref.tiering.base import JobMetadata, PrimaryBlocks, SecondaryTierManager
+from kvref.tiering.factory import create_secondary_tier, register_tier, registered_tier_types
+from kvref.tiering.fs import FileSystemSecondaryTier
+from kvref.tiering.memory import InMemorySecondaryTier
+from tests.tiering.helpers import make_view, to_keys
+
+CTX = ReqContext(req_id="r1")
+
+
+def test_job_metadata_keys_and_block_ids_are_co_indexed() -> None:
+    with pytest.raises(ValueError, match=r"keys \(2\) and block_ids \(1\) must be co-indexed"):
+        JobMetadata(1, tuple(to_keys([1, 2])), (0,), False, CTX)
+
+
+def test_primary_blocks_rows() -> None:
+    view = make_view(3, 8)
+    blocks = PrimaryBlocks(view)
+    assert (blocks.num_blocks, blocks.block_bytes) == (3, 8)
+    blocks.row(2)[:] = b"abcdefgh"
+    assert view[2, 7] == ord("h")
+    with pytest.raises(IndexError, match=r"block id 3 not in \[0, 3\)"):
+        blocks.row(3)
+    assert repr(blocks) == "PrimaryBlocks(num_blocks=3, block_bytes=8)"
+    blocks.release()
+
+
+@pytest.mark.parametrize(
+    ("view", "message"),
+    [
+        (memoryview(bytearray(8)), "C-contiguous 2-D memoryview"),
+        (memoryview(bytearray(16)).cast("B", (4, 4))[::2], "C-contiguous 2-D memoryview"),
+        (memoryview(bytearray(16)).cast("i", (2, 2)), "one-byte format"),
+    ],
+)
+def test_primary_blocks_rejects_unusable_views(view: memoryview, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        PrimaryBlocks(view)
+
+
+def test_builtin_tier_types(tmp_path: Path) -> None:
+    assert {"fs", "memory"} <= set(registered_tier_types())
+    memory = create_secondary_tier({"type": "memory", "capacity_blocks": 2}, make_view(2))
+    assert isinstance(memory, InMemorySecondaryTier)
+    disk = create_secondary_tier(
+        {"type": "fs", "root_dir": str(tmp_path)}, make_view(2), enable_events=True
+    )
+    assert isinstance(disk, FileSystemSecondaryTier) and disk.medium == "fs"
+    disk.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({}, r"'type' is missing; registered types: .*fs, memory"),
+        ({"type": "tape"}, r"'type' is 'tape', which is not registered; registered types:"),
+        ({"type": "memory", "size": 3}, r"invalid options for secondary tier type 'memory'"),
+    ],
+)
+def test_bad_configs(config: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        create_secondary_tier(config, make_view(1))
+
+
+def test_register_custom_tier() -> None:
+    def build(primary_kv_view: memoryview, *, label: str) -> SecondaryTierManager:
+        return InMemorySecondaryTier(primary_kv_view, name=label)
+
+    register_tier("test-custom", build)
+    try:
+        tier = create_secondary_tier({"type": "test-custom", "label": "x"}, make_view(1))
+        assert tier.medium == "x"
+        with pytest.raises(ValueError, match="already registered"):
+            register_tier("test-custom", build)
+        register_tier("test-custom", build, replace=True)
+        with pytest.raises(ValueError, match="non-empty"):
+            register_tier("", build)
+    finally:
+        from kvref.tiering import factory
+
+        factory._registry.pop("test-custom")  # pyright: ignore[reportPrivateUsage]

@@ -1,0 +1,503 @@
+"""FileSystemSecondaryTier: round trips, the on-disk index, capacity, and fault injection.
+
+Faults are injected by monkeypatching the `os` functions the I/O threads call (tests run as
+root, so chmod would not deny anything). Whatever the fault, the scheduler-side calls never
+raise, and a load either reports success with the exact bytes or reports failure.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvref.base import OffloadingEvent, OffloadKey, ReqContext
+from kvref.tiering import fs as fs_module
+from kvref.tiering.base import JobMetadata, JobResult
+from kvref.tiering.fs import CONFIG_FILE_NAME, RECORD_HEADER_BYTES, FileSystemSecondaryTier
+from tests.tiering.helpers import BLOCK_BYTES, content, make_view, to_key, to_keys
+
+CTX = ReqContext(req_id="r1")
+NUM_BLOCKS = 8
+RECORD = RECORD_HEADER_BYTES + 12 + BLOCK_BYTES  # one record of a 12-byte test key
+
+
+class Harness:
+    """A tier over a bytearray primary, with helpers to run jobs to completion."""
+
+    def __init__(self, root: Path, **kwargs: Any) -> None:
+        self.root = root
+        self.view = make_view(NUM_BLOCKS)
+        self.rows = self.view.cast("B")
+        kwargs.setdefault("n_read_threads", 2)
+        kwargs.setdefault("n_write_threads", 2)
+        kwargs.setdefault("enable_events", True)
+        self.tier = FileSystemSecondaryTier(self.view, root, **kwargs)
+        self.job_ids = 0
+
+    def row(self, block_id: int) -> bytes:
+        return bytes(self.rows[block_id * BLOCK_BYTES : (block_id + 1) * BLOCK_BYTES])
+
+    def fill(self, keys: list[OffloadKey], block_ids: list[int]) -> None:
+        for key, block_id in zip(keys, block_ids):
+            self.rows[block_id * BLOCK_BYTES : (block_id + 1) * BLOCK_BYTES] = content(key)
+
+    def job(self, keys: list[OffloadKey], block_ids: list[int], promotion: bool) -> JobMetadata:
+        self.job_ids += 1
+        return JobMetadata(self.job_ids, tuple(keys), tuple(block_ids), promotion, CTX)
+
+    def store(self, keys: list[OffloadKey], block_ids: list[int] | None = None) -> bool:
+        block_ids = block_ids if block_ids is not None else list(range(len(keys)))
+        self.fill(keys, block_ids)
+        self.tier.submit_store(self.job(keys, block_ids, promotion=False))
+        return self.finish()
+
+    def load(self, keys: list[OffloadKey], block_ids: list[int]) -> bool:
+        for block_id in block_ids:
+            self.rows[block_id * BLOCK_BYTES : (block_id + 1) * BLOCK_BYTES] = bytes(BLOCK_BYTES)
+        self.tier.submit_load(self.job(keys, block_ids, promotion=True))
+        return self.finish()
+
+    def finish(self) -> bool:
+        self.tier.drain_jobs()
+        results = list(self.tier.get_finished_jobs())
+        assert results == [JobResult(self.job_ids, results[0].success)]
+        return results[0].success
+
+    def files(self, suffix: str = ".kvs") -> list[Path]:
+        return sorted(path for path in self.root.rglob(f"*{suffix}") if path.is_file())
+
+    def close(self) -> None:
+        self.tier.shutdown()
+        self.rows.release()
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Iterator[Harness]:
+    h = Harness(tmp_path / "fs")
+    yield h
+    h.close()
+
+
+def file_of(h: Harness, key: OffloadKey) -> Path:
+    location = h.tier.location(key)
+    assert location is not None
+    return Path(location[0])
+
+
+def record_of(h: Harness, key: OffloadKey) -> tuple[Path, int, int]:
+    location = h.tier.location(key)
+    assert location is not None
+    return Path(location[0]), location[1], location[2]
+
+
+# --- normal operation ---
+
+
+def test_store_then_load_round_trip(harness: Harness) -> None:
+    k1, k2 = to_keys([1, 2])
+    assert harness.tier.lookup(k1, CTX) is False
+    assert harness.store([k1, k2], [0, 1])
+    assert harness.tier.lookup(k1, CTX) is True
+    assert len(harness.files()) == 1  # one segment per store job
+    assert record_of(harness, k2)[1:] == (RECORD, RECORD)
+    # fan-out: root/<ff>/<ff>/<generation>.kvs
+    assert all(len(p.relative_to(harness.root).parts) == 3 for p in harness.files())
+    assert harness.load([k2, k1], [5, 6])
+    assert harness.row(5) == content(k2) and harness.row(6) == content(k1)
+    assert harness.tier.take_events() == [OffloadingEvent([k1, k2], "fs", removed=False)]
+
+
+def test_pending_write_answers_none_and_lookup_never_waits(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = threading.Event()
+    real_replace = os.replace
+
+    def slow_replace(src: str, dst: str) -> None:
+        gate.wait(5)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", slow_replace)
+    k1 = to_key(1)
+    harness.fill([k1], [0])
+    harness.tier.submit_store(harness.job([k1], [0], promotion=False))
+    assert harness.tier.lookup(k1, CTX) is None  # the write is stuck in an I/O thread
+    assert list(harness.tier.get_finished_jobs()) == []
+    gate.set()
+    harness.tier.drain_jobs()
+    assert list(harness.tier.get_finished_jobs()) == [JobResult(harness.job_ids, True)]
+    assert harness.tier.lookup(k1, CTX) is True
+
+
+def test_stored_keys_are_not_written_twice(harness: Harness) -> None:
+    k1, k2 = to_keys([1, 2])
+    assert harness.store([k1])
+    first = harness.files()
+    assert harness.store([k1, k2, k2], [0, 1, 2])
+    assert len(harness.files()) == 2 and first[0] in harness.files()
+
+
+def test_load_of_a_missing_block_fails_without_io(harness: Harness) -> None:
+    k1, k2 = to_keys([1, 2])
+    assert harness.store([k1])
+    assert not harness.load([k1, k2], [3, 4])
+    assert harness.tier.lookup(k1, CTX) is True  # k1 itself is fine
+
+
+def test_capacity_evicts_least_recently_used_segments(tmp_path: Path) -> None:
+    h = Harness(tmp_path / "fs", capacity_bytes=2 * RECORD)
+    k1, k2, k3 = to_keys([1, 2, 3])
+    assert h.store([k1], [0]) and h.store([k2], [1])
+    h.tier.touch([k1], CTX)
+    h.tier.take_events()
+    assert h.store([k3], [2])
+    assert [h.tier.lookup(k, CTX) for k in (k1, k2, k3)] == [True, False, True]
+    assert h.tier.take_events() == [
+        OffloadingEvent([k2], "fs", removed=True),
+        OffloadingEvent([k3], "fs", removed=False),
+    ]
+    h.tier.drain_jobs()
+    assert len(h.files()) == 2 and h.tier.used_bytes == 2 * RECORD
+    h.close()
+
+
+def test_store_jobs_are_split_into_segments(tmp_path: Path) -> None:
+    h = Harness(tmp_path / "fs", max_segment_bytes=2 * RECORD)
+    keys = to_keys(range(5))
+    assert h.store(keys)
+    assert h.tier.num_segments == 3 and len(h.files()) == 3
+    assert h.load(keys, [3, 4, 5, 6, 7])
+    assert [h.row(i) for i in range(3, 8)] == [content(key) for key in keys]
+    h.close()
+
+
+def test_capacity_never_evicts_blocks_being_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    h = Harness(tmp_path / "fs", capacity_bytes=RECORD)
+    k1, k2 = to_keys([1, 2])
+    assert h.store([k1])
+    gate = threading.Event()
+    real_preadv = os.preadv
+
+    def slow_preadv(fd: int, buffers: list[memoryview], offset: int) -> int:
+        gate.wait(5)
+        return real_preadv(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", slow_preadv)
+    h.tier.submit_load(h.job([k1], [3], promotion=True))
+    load_id = h.job_ids
+    h.tier.submit_store(h.job([k2], [1], promotion=False))  # k1 is being read: no room
+    gate.set()
+    h.tier.drain_jobs()
+    assert sorted(h.tier.get_finished_jobs(), key=lambda r: r.job_id) == [
+        JobResult(load_id, True),
+        JobResult(h.job_ids, False),
+    ]
+    assert h.tier.lookup(k1, CTX) is True and h.tier.lookup(k2, CTX) is False
+    h.close()
+
+
+def test_reads_are_not_starved_by_writes() -> None:
+    pool = fs_module._DualQueuePool(1, 1, "test")  # pyright: ignore[reportPrivateUsage]
+    # One gate per write, so the test decides when each write may finish (no timing races).
+    gates = [threading.Event() for _ in range(10)]
+    started = threading.Semaphore(0)
+    done: list[str] = []
+    lock = threading.Lock()
+
+    def task(name: str, gate: threading.Event | None) -> Any:
+        def run() -> None:
+            started.release()
+            if gate is not None:
+                assert gate.wait(10)
+            with lock:
+                done.append(name)
+
+        return fs_module._Task(run, lambda: None)  # pyright: ignore[reportPrivateUsage]
+
+    for i in range(10):
+        pool.submit(task(f"w{i}", gates[i]), read=False)
+    assert started.acquire(timeout=10) and started.acquire(timeout=10)  # both threads busy
+    pool.submit(task("r", None), read=True)
+    gates[0].set()
+    gates[1].set()
+    # The read must run next, while eight writes are still queued.
+    for _ in range(200):
+        with lock:
+            if "r" in done:
+                break
+        threading.Event().wait(0.01)
+    for gate in gates:
+        gate.set()
+    pool.drain()
+    pool.shutdown()
+    # Only the two writes that were already running may finish before the read.
+    assert set(done[: done.index("r")]) <= {"w0", "w1"}, done
+    assert len(done) == 11
+
+
+def test_shutdown_fails_queued_jobs_and_later_submits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    h = Harness(tmp_path / "fs", n_read_threads=1, n_write_threads=1, max_segment_bytes=RECORD)
+    gate = threading.Event()
+    real_replace = os.replace
+    monkeypatch.setattr(os, "replace", lambda src, dst: (gate.wait(5), real_replace(src, dst)))  # pyright: ignore[reportUnknownLambdaType, reportUnknownArgumentType]
+    keys = to_keys(range(6))
+    h.fill(keys, list(range(6)))
+    h.tier.submit_store(h.job(keys, list(range(6)), promotion=False))
+    threading.Timer(0.05, gate.set).start()
+    h.tier.shutdown()  # two blocks are being written, four queued: cancelled
+    assert list(h.tier.get_finished_jobs()) == [JobResult(h.job_ids, False)]
+    h.tier.submit_store(h.job([to_key(9)], [0], promotion=False))
+    assert list(h.tier.get_finished_jobs()) == [JobResult(h.job_ids, False)]
+    h.tier.shutdown()  # idempotent
+    h.rows.release()
+
+
+# --- restart ---
+
+
+def test_blocks_survive_a_restart(tmp_path: Path) -> None:
+    keys = to_keys([1, 2, 3])
+    first = Harness(tmp_path / "fs")
+    assert first.store(keys)
+    first.close()
+    second = Harness(tmp_path / "fs")
+    assert [second.tier.lookup(key, CTX) for key in keys] == [True, True, True]
+    assert second.load(keys, [5, 6, 7])
+    assert [second.row(i) for i in (5, 6, 7)] == [content(key) for key in keys]
+    second.close()
+
+
+def test_restart_removes_stale_temp_files_and_keeps_the_newest_copy(tmp_path: Path) -> None:
+    k1, k2 = to_keys([1, 2])
+    first = Harness(tmp_path / "fs")
+    assert first.store([k1, k2])
+    path = file_of(first, k1)
+    first.close()
+    # A crash mid-write leaves a temp file; a crash mid-eviction can leave an older copy.
+    stale = path.with_name(f"{'f' * 16}.kvs.tmp")
+    stale.write_bytes(b"partial")
+    older = path.with_name(f"{0:016x}.kvs")
+    older.write_bytes(path.read_bytes())
+    second = Harness(tmp_path / "fs")
+    assert not stale.exists() and not older.exists() and path.exists()
+    assert second.tier.lookup(k1, CTX) is True and len(second.tier) == 2
+    assert second.tier.num_segments == 1
+    second.close()
+
+
+def test_restart_skips_damaged_records_and_unknown_names(tmp_path: Path) -> None:
+    k1, k2 = to_keys([1, 2])
+    first = Harness(tmp_path / "fs")
+    assert first.store([k1, k2])
+    path = file_of(first, k1)
+    first.close()
+    path.write_bytes(path.read_bytes()[:-1])  # k2's record is cut short
+    (path.parent / "notes.txt").write_text("not a block")
+    (path.parent / "zz.kvs").write_text("not hex")
+    second = Harness(tmp_path / "fs")
+    assert second.tier.lookup(k1, CTX) is True
+    assert second.tier.lookup(k2, CTX) is False
+    assert second.load([k1], [4]) and second.row(4) == content(k1)
+    second.close()
+
+
+def test_restart_drops_segments_of_another_block_size(tmp_path: Path) -> None:
+    k1 = to_key(1)
+    first = Harness(tmp_path / "fs")
+    assert first.store([k1])
+    path = file_of(first, k1)
+    first.close()
+    data = bytearray(path.read_bytes())
+    data[16:24] = (BLOCK_BYTES * 2).to_bytes(8, "little") # payload length field
+    path.write_bytes(bytes(data) + bytes(BLOCK_BYTES))
+    second = Harness(tmp_path / "fs")
+    assert second.tier.lookup(k1, CTX) is False and not path.exists()
+    second.close()
+
+
+def test_restart_with_another_block_size_is_refused(tmp_path: Path) -> None:
+    Harness(tmp_path / "fs").close()
+    with pytest.raises(ValueError, match=r"root_dir .* is not usable: it holds blocks written as"):
+        FileSystemSecondaryTier(make_view(2, 128), tmp_path / "fs")
+
+
+def test_restart_over_capacity_evicts_the_oldest(tmp_path: Path) -> None:
+    keys = to_keys([1, 2, 3])
+    first = Harness(tmp_path / "fs")
+    for i, key in enumerate(keys):
+        assert first.store([key], [i])
+        os.utime(file_of(first, key), (1000 - i, 1000 - i))  # the first stored is the newest
+    first.close()
+    second = Harness(tmp_path / "fs", capacity_bytes=2 * RECORD)
+    assert [second.tier.lookup(key, CTX) for key in keys] == [True, True, False]
+    second.close()
+
+
+# --- construction errors ---
+
+
+def test_root_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match=r"root_dir '.*file' is not usable"):
+        FileSystemSecondaryTier(make_view(2), tmp_path / "file")
+    with pytest.raises(ValueError, match=r"root_dir '.*sub' is not usable"):
+        FileSystemSecondaryTier(make_view(2), tmp_path / "file" / "sub")
+
+
+def test_unwritable_root_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def deny(self: Path, data: str) -> int:
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(Path, "write_text", deny)
+    with pytest.raises(ValueError, match=r"root_dir .* is not usable: Permission denied"):
+        FileSystemSecondaryTier(make_view(2), tmp_path / "fs")
+
+
+def test_corrupt_config_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "fs").mkdir()
+    (tmp_path / "fs" / CONFIG_FILE_NAME).write_text("{not json")
+    with pytest.raises(ValueError, match="is not valid JSON"):
+        FileSystemSecondaryTier(make_view(2), tmp_path / "fs")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"n_read_threads": 0}, "n_read_threads and n_write_threads must be >= 1"),
+        ({"capacity_bytes": 10}, "capacity_bytes must be None or at least one block"),
+        ({"max_segment_bytes": 0}, "max_segment_bytes must be >= 1"),
+    ],
+)
+def test_invalid_arguments(tmp_path: Path, kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        FileSystemSecondaryTier(make_view(2), tmp_path / "fs", **kwargs)
+
+
+# --- fault injection: the scheduler side never raises and never gets wrong bytes ---
+
+
+def flip(path: Path, position: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[position] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def corrupt_payload(path: Path, offset: int, size: int) -> None:
+    flip(path, offset + size - 1)
+
+
+def corrupt_header(path: Path, offset: int, size: int) -> None:
+    flip(path, offset)
+
+
+def truncate(path: Path, offset: int, size: int) -> None:
+    os.truncate(path, offset + size // 2)
+
+
+def other_key(path: Path, offset: int, size: int) -> None:
+    # Right size, right checksum, another key: a record that is not the one indexed.
+    flip(path, offset + RECORD_HEADER_BYTES + 7)
+
+
+@pytest.mark.parametrize("damage", [corrupt_payload, corrupt_header, truncate, other_key])
+def test_damaged_record_fails_the_load_and_becomes_a_miss(harness: Harness, damage: Any) -> None:
+    k1, k2 = to_keys([1, 2])
+    assert harness.store([k1, k2])
+    harness.tier.take_events()
+    damage(*record_of(harness, k2))  # k2 is the segment's second (last) record
+    assert not harness.load([k1, k2], [4, 5])
+    assert harness.row(4) == content(k1)
+    assert harness.tier.lookup(k2, CTX) is False  # never offered again
+    assert harness.tier.lookup(k1, CTX) is True
+    assert harness.tier.take_events() == [OffloadingEvent([k2], "fs", removed=True)]
+    # The block can be stored again and then loads correctly.
+    assert harness.store([k2], [0])
+    assert harness.load([k2], [6]) and harness.row(6) == content(k2)
+
+
+def test_vanished_segment_fails_the_load_and_is_forgotten(harness: Harness) -> None:
+    k1, k2 = to_keys([1, 2])
+    assert harness.store([k1, k2])
+    file_of(harness, k1).unlink()
+    assert not harness.load([k1, k2], [4, 5])
+    assert [harness.tier.lookup(k, CTX) for k in (k1, k2)] == [False, False]
+    assert harness.tier.num_segments == 0 and harness.tier.used_bytes == 0
+
+
+def test_crash_between_write_and_rename(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    def crash(src: str, dst: str) -> None:
+        raise OSError(errno.EIO, "simulated crash before rename")
+
+    monkeypatch.setattr(os, "replace", crash)
+    k1 = to_key(1)
+    assert not harness.store([k1])
+    assert harness.tier.lookup(k1, CTX) is False
+    assert harness.files() == [] and harness.files(".tmp") == []
+    monkeypatch.undo()
+    assert harness.store([k1])
+
+
+def test_disk_full_fails_the_store(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    def full(fd: int, buffers: list[memoryview]) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "writev", full)
+    keys = to_keys([1, 2, 3])
+    assert not harness.store(keys)
+    assert [harness.tier.lookup(key, CTX) for key in keys] == [False, False, False]
+    assert harness.files(".tmp") == [] and harness.tier.used_bytes == 0
+    assert harness.tier.take_events() == []  # never announced
+    monkeypatch.undo()
+    assert harness.store(keys)
+
+
+def test_partial_writes_are_completed(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_writev = os.writev
+
+    def short_writev(fd: int, buffers: list[memoryview]) -> int:
+        return real_writev(fd, [bytes(buffers[0])[:5]])  # 5 bytes at a time
+
+    monkeypatch.setattr(os, "writev", short_writev)
+    k1 = to_key(1)
+    assert harness.store([k1])
+    monkeypatch.undo()
+    assert harness.load([k1], [3]) and harness.row(3) == content(k1)
+
+
+def test_permission_denied_on_write_and_read(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_open = os.open
+    root = str(harness.root)
+    denied = {"write": True, "read": False}
+
+    def guarded_open(path: str, flags: int, mode: int = 0o777) -> int:
+        writing = bool(flags & os.O_WRONLY)
+        if str(path).startswith(root) and denied["write" if writing else "read"]:
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        return real_open(path, flags, mode)
+
+    monkeypatch.setattr(os, "open", guarded_open)
+    k1, k2 = to_keys([1, 2])
+    assert not harness.store([k1])
+    assert harness.tier.lookup(k1, CTX) is False
+    denied.update(write=False, read=True)
+    assert harness.store([k2])
+    assert not harness.load([k2], [4])
+    assert harness.tier.lookup(k2, CTX) is False  # an unreadable block is a miss afterwards
+
+
+def test_partial_reads_are_completed(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_preadv = os.preadv
+
+    def short_preadv(fd: int, buffers: list[memoryview], offset: int) -> int:
+        return real_preadv(fd, [buffers[0][:7]], offset)  # 7 bytes at a time
+
+    k1 = to_key(1)
+    assert harness.store([k1])
+    monkeypatch.setattr(os, "preadv", short_preadv)
+    assert harness.load([k1], [3]) and harness.row(3) == content(k1)

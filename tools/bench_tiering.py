@@ -1,0 +1,341 @@
+"""Benchmark the filesystem tier and the tiering manager's cost on the scheduler thread.
+
+Part 1, throughput: for each block size, store N blocks from a shared-memory primary into a
+`FileSystemSecondaryTier` and load them back, next to a plain sequential write/read of the
+same bytes to one file in the same directory (one `os.write`/`os.preadv` per block), measured
+in the same run. The ratio tier/plain is the figure of merit (target >= 0.8 at 1 MiB).
+
+Page cache: by default both sides write into the page cache (no fsync) and read back what is
+probably still cached, i.e. memory-speed figures. `--fsync` fsyncs every tier block and the
+plain file; `--cold` additionally syncs and drops every written file from the page cache
+(`posix_fadvise(DONTNEED)`, per file) before the reads, so reads hit the device. Between timed
+phases the files of the previous phase are fsynced (untimed), so no phase pays for another's
+write-back.
+
+Part 2, scheduler-thread cost: drive a `TieringOffloadingManager` (CPU primary + fs tier) with
+steps of prepare_store/complete_store (which submits cascades), lookups of evicted blocks (which
+stage promotions) and end_step (which submits them), while the tier's I/O threads are busy, and
+report p50/p99/max wall time per call. Baseline: the same calls on a plain
+`CPUOffloadingManager` (no tiers, no I/O). "Never blocked on I/O" means the max stays far below
+the time of one block's I/O.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from kvref.base import OffloadingManager, OffloadKey, ReqContext, make_offload_key
+from kvref.cpu.manager import CPUOffloadingManager
+from kvref.cpu.shared_region import DEFAULT_REGION_DIR, SharedOffloadRegion
+from kvref.tiering.base import JobMetadata
+from kvref.tiering.fs import FileSystemSecondaryTier
+from kvref.tiering.manager import CPUPrimaryTierOffloadingManager, TieringOffloadingManager
+
+__all__ = ["main"]
+
+_SIZES = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+CTX = ReqContext(req_id="bench")
+
+
+def parse_size(text: str) -> int:
+    text = text.strip().upper().removesuffix("IB").removesuffix("B")
+    if text and text[-1] in _SIZES:
+        return int(float(text[:-1]) * _SIZES[text[-1]])
+    return int(text)
+
+
+def human(size: int) -> str:
+    for unit, factor in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= factor and size % factor == 0:
+            return f"{size // factor} {unit}"
+    return f"{size} B"
+
+
+def key_of(i: int) -> OffloadKey:
+    return make_offload_key(i.to_bytes(32, "big"), 0)
+
+
+def fill(rows: memoryview) -> None:
+    # Random bytes (so no layer can compress or dedupe), generated once and repeated.
+    chunk = os.urandom(min(len(rows), 8 << 20))
+    for start in range(0, len(rows), len(chunk)):
+        end = min(start + len(chunk), len(rows))
+        rows[start:end] = chunk[: end - start]
+
+
+def drop_from_page_cache(paths: Sequence[str]) -> None:
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def block_files(root: Path) -> list[str]:
+    return [str(path) for path in root.rglob("*.kvs")]
+
+
+def settle(paths: Sequence[str]) -> None:
+    """Write back the files of the previous phase (untimed), so no phase pays for another's."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def plain_write(path: Path, rows: memoryview, block_bytes: int, fsync: bool) -> float:
+    start = time.perf_counter()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for offset in range(0, len(rows), block_bytes):
+            os.write(fd, rows[offset : offset + block_bytes])
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    return time.perf_counter() - start
+
+
+def plain_read(path: Path, rows: memoryview, block_bytes: int) -> float:
+    start = time.perf_counter()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for offset in range(0, len(rows), block_bytes):
+            os.preadv(fd, [rows[offset : offset + block_bytes]], offset)
+    finally:
+        os.close(fd)
+    return time.perf_counter() - start
+
+
+def run_jobs(
+    tier: FileSystemSecondaryTier, num_blocks: int, job_blocks: int, promotion: bool, first_id: int
+) -> tuple[float, bool]:
+    start = time.perf_counter()
+    job_id = first_id
+    for first in range(0, num_blocks, job_blocks):
+        ids = list(range(first, min(first + job_blocks, num_blocks)))
+        job = JobMetadata(job_id, tuple(key_of(i) for i in ids), ids, promotion, CTX)
+        (tier.submit_load if promotion else tier.submit_store)(job)
+        job_id += 1
+    tier.drain_jobs()
+    results = list(tier.get_finished_jobs())
+    elapsed = time.perf_counter() - start
+    return elapsed, len(results) == job_id - first_id and all(r.success for r in results)
+
+
+def bench_throughput(args: argparse.Namespace, work_dir: Path) -> list[tuple[int, float, float]]:
+    print(
+        f"\n== fs tier throughput: {human(args.total)} per block size, {args.read_threads} read + "
+        f"{args.write_threads} write threads, jobs of {args.job_blocks} blocks, "
+        f"fsync={'yes' if args.fsync else 'no'}, reads={'cold' if args.cold else 'page cache'} =="
+    )
+    print(
+        f"{'block':>8} | {'plain write':>11} {'tier store':>10} {'ratio':>6} | "
+        f"{'plain read':>10} {'tier load':>9} {'ratio':>6}   (GB/s)"
+    )
+    ratios: list[tuple[int, float, float]] = []
+    for block_bytes in args.block_sizes:
+        num_blocks = max(1, args.total // block_bytes)
+        total = num_blocks * block_bytes
+        root = work_dir / f"tier-{block_bytes}"
+        plain = work_dir / f"plain-{block_bytes}.bin"
+        with SharedOffloadRegion(
+            f"bench{os.getpid()}_{block_bytes}", num_blocks, block_bytes, directory=args.region_dir
+        ) as region:
+            view = region.create_kv_memoryview()
+            rows = view.cast("B")
+            fill(rows)
+            expected_head = bytes(rows[:4096])
+            tier = FileSystemSecondaryTier(
+                view,
+                root,
+                n_read_threads=args.read_threads,
+                n_write_threads=args.write_threads,
+                fsync=args.fsync,
+            )
+            best = {"pw": 0.0, "ts": 0.0, "pr": 0.0, "tl": 0.0}
+            for repeat in range(args.repeats):
+                # Fresh files each repeat: the tier skips blocks it already holds.
+                if repeat:
+                    tier.shutdown()
+                    shutil.rmtree(root)
+                    tier = FileSystemSecondaryTier(
+                        view,
+                        root,
+                        n_read_threads=args.read_threads,
+                        n_write_threads=args.write_threads,
+                        fsync=args.fsync,
+                    )
+                best["pw"] = max(best["pw"], total / plain_write(plain, rows, block_bytes, args.fsync))
+                settle([str(plain)])
+                elapsed, ok = run_jobs(tier, num_blocks, args.job_blocks, False, 0)
+                assert ok, "tier store failed"
+                best["ts"] = max(best["ts"], total / elapsed)
+                settle(block_files(root))
+                if args.cold:
+                    drop_from_page_cache([str(plain), *block_files(root)])
+                best["pr"] = max(best["pr"], total / plain_read(plain, rows, block_bytes))
+                if args.cold:
+                    drop_from_page_cache([str(plain), *block_files(root)])
+                rows[: len(expected_head)] = bytes(len(expected_head))
+                elapsed, ok = run_jobs(tier, num_blocks, args.job_blocks, True, 1 << 30)
+                assert ok, "tier load failed"
+                assert bytes(rows[:4096]) == expected_head, "tier load returned other bytes"
+                best["tl"] = max(best["tl"], total / elapsed)
+            tier.shutdown()
+            rows.release()
+        shutil.rmtree(root, ignore_errors=True)
+        plain.unlink(missing_ok=True)
+        write_ratio = best["ts"] / best["pw"]
+        read_ratio = best["tl"] / best["pr"]
+        ratios.append((block_bytes, write_ratio, read_ratio))
+        print(
+            f"{human(block_bytes):>8} | {best['pw'] / 1e9:11.2f} {best['ts'] / 1e9:10.2f} "
+            f"{write_ratio:6.2f} | {best['pr'] / 1e9:10.2f} {best['tl'] / 1e9:9.2f} {read_ratio:6.2f}"
+        )
+    return ratios
+
+
+def timed(samples: dict[str, list[float]], name: str, call: Callable[[], object]) -> object:
+    start = time.perf_counter_ns()
+    result = call()
+    samples.setdefault(name, []).append((time.perf_counter_ns() - start) / 1e3)
+    return result
+
+
+def drive(manager: OffloadingManager, steps: int, keys_per_step: int, lookups: int) -> dict[str, list[float]]:
+    """Steps of: store new blocks (cascade), look up old ones (promotion), end the step."""
+    samples: dict[str, list[float]] = {}
+    next_key = 0
+    for step in range(steps):
+        keys = [key_of(i) for i in range(next_key, next_key + keys_per_step)]
+        next_key += keys_per_step
+        output = timed(samples, "prepare_store", lambda: manager.prepare_store(keys, CTX))
+        if output is not None:
+            timed(samples, "complete_store", lambda: manager.complete_store(keys, CTX))
+        for j in range(lookups):
+            old = key_of((step * 7919 + j * 104729) % max(1, next_key))
+            timed(samples, "lookup", lambda: manager.lookup(old, CTX))
+        if isinstance(manager, TieringOffloadingManager):
+            timed(samples, "end_step", manager.end_step)
+    return samples
+
+
+def bench_scheduler(args: argparse.Namespace, work_dir: Path) -> None:
+    block_bytes = args.sched_block
+    num_blocks = max(64, args.total // block_bytes)
+    print(
+        f"\n== scheduler-thread cost per call (us): {args.steps} steps x ({args.keys_per_step} "
+        f"stores + {args.lookups} lookups), {human(block_bytes)} blocks, primary of {num_blocks} "
+        f"blocks, fs tier I/O in flight =="
+    )
+    baseline = drive(CPUOffloadingManager(num_blocks), args.steps, args.keys_per_step, args.lookups)
+    with SharedOffloadRegion(
+        f"benchsched{os.getpid()}", num_blocks, block_bytes, directory=args.region_dir
+    ) as region:
+        primary = CPUPrimaryTierOffloadingManager(region)
+        tier = FileSystemSecondaryTier(
+            primary.get_kv_memoryview(),
+            work_dir / "sched-tier",
+            n_read_threads=args.read_threads,
+            n_write_threads=args.write_threads,
+            fsync=args.fsync,
+        )
+        manager = TieringOffloadingManager(primary, [tier])
+        io_start = time.perf_counter()
+        tiering = drive(manager, args.steps, args.keys_per_step, args.lookups)
+        drive_s = time.perf_counter() - io_start
+        inflight_at_end = manager.num_inflight_jobs
+        tier.drain_jobs()
+        io_s = time.perf_counter() - io_start
+        manager.shutdown()
+    print(
+        f"(driving took {drive_s * 1e3:.0f} ms, the tier's I/O {io_s * 1e3:.0f} ms; "
+        f"{inflight_at_end} jobs still in flight when driving ended)"
+    )
+    print(f"{'call':>15} | {'cpu p50':>8} {'p99':>8} {'max':>8} | {'tiering p50':>11} {'p99':>8} {'max':>8} | p99 ratio")
+    for name in ("prepare_store", "complete_store", "lookup", "end_step"):
+        ours = tiering.get(name, [])
+        if not ours:
+            continue
+        base = baseline.get(name, [])
+        base_cols = (
+            f"{statistics.median(base):8.1f} {percentile(base, 99):8.1f} {max(base):8.1f}"
+            if base
+            else f"{'-':>8} {'-':>8} {'-':>8}"
+        )
+        ratio = f"{percentile(ours, 99) / percentile(base, 99):8.1f}x" if base else "        -"
+        print(
+            f"{name:>15} | {base_cols} | {statistics.median(ours):11.1f} "
+            f"{percentile(ours, 99):8.1f} {max(ours):8.1f} | {ratio}"
+        )
+    one_block_us = block_bytes / 2e9 * 1e6
+    print(f"(for scale: one {human(block_bytes)} block at 2 GB/s takes {one_block_us:.0f} us of I/O)")
+
+
+def percentile(values: list[float], pct: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * pct / 100))]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dir", type=Path, default=None, help="where block files go (default: a temp dir under /tmp)")
+    parser.add_argument("--region-dir", default=DEFAULT_REGION_DIR, help="where the primary's shared region lives")
+    parser.add_argument("--total", type=parse_size, default=parse_size("256M"), help="bytes per block size (default 256M)")
+    parser.add_argument(
+        "--block-sizes",
+        type=lambda text: [parse_size(part) for part in text.split(",")],
+        default=[parse_size(s) for s in ("64K", "256K", "1M", "4M")],
+        help="comma-separated block sizes (default 64K,256K,1M,4M)",
+    )
+    parser.add_argument("--read-threads", type=int, default=4)
+    parser.add_argument("--write-threads", type=int, default=4)
+    parser.add_argument("--job-blocks", type=int, default=16, help="blocks per submitted job")
+    parser.add_argument("--repeats", type=int, default=3, help="best of N runs per figure")
+    parser.add_argument("--fsync", action="store_true", help="fsync tier blocks and the plain file")
+    parser.add_argument("--cold", action="store_true", help="drop written files from the page cache before reads")
+    parser.add_argument("--steps", type=int, default=300, help="scheduler benchmark steps")
+    parser.add_argument("--keys-per-step", type=int, default=8)
+    parser.add_argument("--lookups", type=int, default=32, help="lookups per step")
+    parser.add_argument("--sched-block", type=parse_size, default=parse_size("1M"), help="block size of the scheduler benchmark")
+    parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--skip-scheduler", action="store_true")
+    args = parser.parse_args(argv)
+    if args.cold:
+        args.fsync = True
+
+    work_dir = Path(tempfile.mkdtemp(prefix="kvref-bench-", dir=args.dir))
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, files under {work_dir}")
+    try:
+        if not args.skip_throughput:
+            ratios = bench_throughput(args, work_dir)
+            at_1m = [r for r in ratios if r[0] == 1 << 20]
+            if at_1m:
+                _, write_ratio, read_ratio = at_1m[0]
+                verdict = "met" if min(write_ratio, read_ratio) >= 0.8 else "NOT met"
+                print(f"target >= 0.8x of plain I/O at 1 MiB: {verdict} (store {write_ratio:.2f}x, load {read_ratio:.2f}x)")
+        if not args.skip_scheduler:
+            bench_scheduler(args, work_dir)
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
