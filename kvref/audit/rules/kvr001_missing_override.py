@@ -71,6 +71,8 @@ class MissingOverride(Rule):
                     continue
                 if any(d.has_override for d in definitions):
                     continue
+                if all(d.is_accessor for d in definitions):
+                    continue  # `@Base.prop.setter` alone keeps the base's getter: not judged
                 hit = context.index.find_known_member(info.key, name)
                 if hit is None or not _required(hit, options):
                     continue
