@@ -81,9 +81,23 @@ def audit(
     config: Annotated[
         Path | None, typer.Option(metavar="FILE", help="Read settings from FILE instead of pyproject.toml.")
     ] = None,
+    no_cache: Annotated[
+        bool, typer.Option("--no-cache", help="Neither read nor write the analysis cache.")
+    ] = False,
+    cache_dir: Annotated[
+        Path | None, typer.Option(metavar="DIR", help="Cache location (default: .kvref_cache in the project root).")
+    ] = None,
+    python: Annotated[
+        Path | None,
+        typer.Option(metavar="PATH", help="Interpreter or venv whose installed packages resolve base classes."),
+    ] = None,
+    jobs: Annotated[
+        int | None, typer.Option(metavar="N", min=1, help="Worker processes (default: all CPUs).")
+    ] = None,
 ) -> None:
     """Check @override use and Collection conformance across the project (exit 0 clean, 1 findings, 2 error)."""
     from kvref.audit.main import AuditRequest, run_audit, split_selectors
+    from kvref.audit.scale import ScaleSettings
 
     request = AuditRequest(
         paths=tuple(paths or ()),
@@ -97,6 +111,7 @@ def audit(
         unsafe_fixes=unsafe_fixes,
         diff=diff,
         config=config,
+        scale=ScaleSettings(cache=not no_cache, cache_dir=cache_dir, python=python, jobs=jobs),
     )
     raise typer.Exit(run_audit(request, stdout=sys.stdout, stderr=sys.stderr))
 

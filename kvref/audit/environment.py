@@ -22,7 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-__all__ = ["Environment", "discover_environment", "interpreter_path"]
+from kvref.errors import KVRefError
+
+__all__ = ["Environment", "InterpreterError", "discover_environment", "interpreter_path"]
 
 # Runs in the target interpreter: standard library only, prints one JSON object.
 _QUERY = (
@@ -32,6 +34,10 @@ _QUERY = (
     "'executable': sys.executable}))"
 )
 _QUERY_TIMEOUT_S = 30.0
+
+
+class InterpreterError(KVRefError, ValueError):
+    """`--python` names no working interpreter (the message names the option)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,18 +63,18 @@ def interpreter_path(python: Path) -> Path:
     """The interpreter a `--python` value names: an executable, or a venv/prefix directory.
 
     Raises:
-        ValueError: no interpreter exists at `python`.
+        InterpreterError: no interpreter exists at `python`.
     """
     if python.is_dir():
         for candidate in ("bin/python3", "bin/python", "Scripts/python.exe", "python.exe"):
             if (python / candidate).is_file():
                 return python / candidate
-        raise ValueError(
+        raise InterpreterError(
             f"--python: {python} is a directory without bin/python (give an interpreter or a "
             "virtual environment)"
         )
     if not python.is_file() or not os.access(python, os.X_OK):
-        raise ValueError(f"--python: {python} is not an executable Python interpreter")
+        raise InterpreterError(f"--python: {python} is not an executable Python interpreter")
     return python
 
 
@@ -113,16 +119,16 @@ def _query(python: Path) -> dict[str, object]:
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as error:
-        raise ValueError(f"--python: cannot run {python}: {error}") from None
+        raise InterpreterError(f"--python: cannot run {python}: {error}") from None
     if completed.returncode != 0:
         last = (completed.stderr.strip().splitlines() or ["no output"])[-1]
-        raise ValueError(f"--python: {python} failed to report its sys.path: {last}")
+        raise InterpreterError(f"--python: {python} failed to report its sys.path: {last}")
     try:
         answer = cast(object, json.loads(completed.stdout.strip().splitlines()[-1]))
     except (ValueError, IndexError):
-        raise ValueError(f"--python: {python} is not a Python interpreter kvref understands") from None
+        raise InterpreterError(f"--python: {python} is not a Python interpreter kvref understands") from None
     if not isinstance(answer, dict):
-        raise ValueError(f"--python: {python} is not a Python interpreter kvref understands")
+        raise InterpreterError(f"--python: {python} is not a Python interpreter kvref understands")
     return cast(dict[str, object], answer)
 
 
@@ -140,7 +146,8 @@ def discover_environment(
         The environment.
 
     Raises:
-        ValueError: `python` is not a working interpreter (the message names `--python`).
+        InterpreterError: `python` is not a working interpreter (the message names
+            `--python`).
     """
     if python is None:
         paths = sysconfig.get_paths()
@@ -165,9 +172,9 @@ def discover_environment(
         stdlib = str(answer["stdlib"])
         platstdlib = str(answer["platstdlib"])
     except (KeyError, TypeError, ValueError):
-        raise ValueError(f"--python: {python} is not a Python interpreter kvref understands") from None
+        raise InterpreterError(f"--python: {python} is not a Python interpreter kvref understands") from None
     if len(version) != 3:
-        raise ValueError(f"--python: {python} reported a malformed version {version!r}")
+        raise InterpreterError(f"--python: {python} reported a malformed version {version!r}")
     # `python -c` puts '' (the cwd) first; _select drops empty entries.
     return Environment(
         python=interpreter,

@@ -38,7 +38,9 @@ from kvref.audit.config import (
 from kvref.audit.discover import Discovery, discover, matches_glob
 from kvref.audit.model import AnalysisOptions, AnalysisResult, FileError, Finding
 from kvref.audit.report import OutputFormat, Report, Summary, render
+from kvref.audit.progress import progress_enabled
 from kvref.audit.report.text import render_summary, use_color
+from kvref.audit.scale import ScaleSettings
 from kvref.audit.suppress import SuppressionFilter
 from kvref.errors import KVRefError
 
@@ -84,6 +86,21 @@ class AnalyzeFn(Protocol):
     ) -> AnalysisResult: ...
 
 
+class ScaledAnalyzeFn(Protocol):
+    """`kvref.audit.scale.analyze_at_scale`."""
+
+    def __call__(
+        self,
+        project_files: Sequence[Path],
+        *,
+        root: Path,
+        report_files: Collection[Path] | None = None,
+        options: AnalysisOptions = ...,
+        settings: ScaleSettings = ...,
+        progress: TextIO | None = None,
+    ) -> AnalysisResult: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Backend:
     """The engine pieces the runner uses (tests substitute small fakes).
@@ -99,14 +116,17 @@ class Backend:
     apply_fixes: ApplyFixesFn
     fix_error: type[Exception]
     rules: tuple[RuleInfo, ...]
+    # The cached, parallel driver of `analyze` (kvref.audit.scale); fakes leave it None.
+    analyze_at_scale: ScaledAnalyzeFn | None = None
 
 
 def real_backend() -> Backend:
     """The real engine, imported only when an audit runs."""
     from kvref.audit.engine import analyze
     from kvref.audit.fixer import FixError, apply_fixes
+    from kvref.audit.scale import analyze_at_scale
 
-    return Backend(analyze, apply_fixes, FixError, load_rule_catalogue())
+    return Backend(analyze, apply_fixes, FixError, load_rule_catalogue(), analyze_at_scale)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +146,7 @@ class AuditRequest:
         unsafe_fixes: also apply (and count as fixable) unsafe fixes.
         diff: print the fixes as unified diffs instead of writing them.
         config: `--config FILE` instead of the nearest pyproject.toml.
+        scale: `--no-cache`, `--cache-dir`, `--python`, `--jobs`.
     """
 
     paths: tuple[Path, ...] = ()
@@ -139,6 +160,7 @@ class AuditRequest:
     unsafe_fixes: bool = False
     diff: bool = False
     config: Path | None = None
+    scale: ScaleSettings = ScaleSettings()
 
 
 def split_selectors(values: Sequence[str] | None) -> tuple[str, ...] | None:
@@ -214,12 +236,25 @@ class _Runner:
         self, config: AuditConfig, discovery: Discovery, selected: frozenset[str]
     ) -> _Analysis:
         root = config.root
-        result = self.backend.analyze(
-            list(discovery.project_files),
-            root=root,
-            report_files=discovery.report_files,
-            options=config.options,
-        )
+        if self.backend.analyze_at_scale is not None:
+            show_progress = progress_enabled(
+                self.stderr, output_format=self.request.output_format.value
+            )
+            result = self.backend.analyze_at_scale(
+                list(discovery.project_files),
+                root=root,
+                report_files=discovery.report_files,
+                options=config.options,
+                settings=self.request.scale,
+                progress=self.stderr if show_progress else None,
+            )
+        else:
+            result = self.backend.analyze(
+                list(discovery.project_files),
+                root=root,
+                report_files=discovery.report_files,
+                options=config.options,
+            )
         reported = self._reported(config, discovery)
         ignored_codes: dict[str, set[str]] = {}
 
@@ -540,6 +575,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--unsafe-fixes", action="store_true", help="also apply unsafe fixes")
     parser.add_argument("--diff", action="store_true", help="print fixes as diffs, write nothing")
     parser.add_argument("--config", type=Path, metavar="FILE", help="use FILE instead of pyproject.toml")
+    parser.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
+    parser.add_argument("--cache-dir", type=Path, metavar="DIR", help="cache location (.kvref_cache)")
+    parser.add_argument(
+        "--python", type=Path, metavar="PATH", help="interpreter or venv whose packages resolve bases"
+    )
+    parser.add_argument("--jobs", type=int, metavar="N", help="worker processes (default: all CPUs)")
     return parser
 
 
@@ -566,5 +607,8 @@ def main(
         unsafe_fixes=args.unsafe_fixes,
         diff=args.diff,
         config=args.config,
+        scale=ScaleSettings(
+            cache=not args.no_cache, cache_dir=args.cache_dir, python=args.python, jobs=args.jobs
+        ),
     )
     return run_audit(request, backend=backend)

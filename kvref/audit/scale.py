@@ -1,0 +1,165 @@
+"""`kvref audit` at scale: the engine driven with the cache, the process pool and the target
+environment's installed packages, with a progress bar for long runs.
+
+`analyze_at_scale` has the engine's inputs plus `ScaleSettings` (`--no-cache`, `--cache-dir`,
+`--python`, `--jobs`) and returns the engine's `AnalysisResult`. In order:
+
+1. the import roots of the target interpreter (`kvref.audit.environment`);
+2. the previous run's whole result, when no project file, option, import root or engine
+   source changed since it was stored (`ResultCache`): a warm run with nothing to do;
+3. otherwise per-file summaries from the summary cache, the rest summarised across processes
+   (`kvref.audit.parallel`), then one resolve-and-check pass in this process;
+4. both caches saved atomically (a read-only checkout just runs uncached).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from kvref.audit.cache import ResultCache, SummaryCache, default_cache_dir, version_stamp
+from kvref.audit.environment import InterpreterError, discover_environment
+from kvref.audit.model import AnalysisOptions, AnalysisResult, FileError
+from kvref.audit.parallel import summarize_many
+from kvref.audit.progress import ProgressBar
+from kvref.audit.summary import ModuleSummary, summarize
+
+__all__ = ["ScaleSettings", "analyze_at_scale", "InterpreterError"]
+
+_AUDIT_DIR = Path(__file__).resolve().parent
+# The summaries' meaning depends on these two modules only; the result on the whole engine.
+_SUMMARY_SCHEMA = (_AUDIT_DIR / "summary.py", _AUDIT_DIR / "model.py")
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleSettings:
+    """How to run the analysis (none of it changes the findings).
+
+    Attributes:
+        cache: use the on-disk caches (`--no-cache` turns them off).
+        cache_dir: where they live (default `$KVREF_CACHE_DIR` or `<root>/.kvref_cache`).
+        python: the interpreter whose installed packages resolve bases (None: the running one).
+        jobs: worker processes (None: every CPU this process may use).
+    """
+
+    cache: bool = True
+    cache_dir: Path | None = None
+    python: Path | None = None
+    jobs: int | None = None
+
+
+def _engine_sources() -> list[Path]:
+    return sorted(path for path in _AUDIT_DIR.rglob("*.py") if "__pycache__" not in path.parts)
+
+
+def _stats(files: Sequence[Path]) -> list[tuple[str, int, int]] | None:
+    rows: list[tuple[str, int, int]] = []
+    for path in files:
+        try:
+            stat = os.stat(path)
+        except OSError:
+            return None  # an unreadable file is reported by the full run
+        rows.append((str(path), stat.st_size, stat.st_mtime_ns))
+    return rows
+
+
+def _options_key(options: AnalysisOptions) -> tuple[object, ...]:
+    return (
+        options.object_dunders,
+        options.abstract_implementations,
+        options.protocol_members,
+        tuple(sorted(options.exempt_names)),
+        options.override_import,
+    )
+
+
+def analyze_at_scale(
+    project_files: Sequence[Path],
+    *,
+    root: Path,
+    report_files: Collection[Path] | None = None,
+    options: AnalysisOptions = AnalysisOptions(),
+    settings: ScaleSettings = ScaleSettings(),
+    progress: TextIO | None = None,
+) -> AnalysisResult:
+    """Run the engine with caching, parallel summarising and the target environment.
+
+    Args:
+        project_files, root, report_files, options: as for `kvref.audit.engine.analyze`.
+        settings: cache, interpreter and parallelism choices.
+        progress: a terminal to draw a progress bar on (after a second), or None.
+
+    Returns:
+        The engine's result.
+
+    Raises:
+        InterpreterError: `settings.python` is not a working interpreter.
+        ValueError: `settings.jobs` is below 1.
+    """
+    from kvref.audit.engine import analyze
+
+    if settings.jobs is not None and settings.jobs < 1:
+        raise ValueError(f"--jobs must be at least 1, got {settings.jobs}")
+    root = Path(os.path.abspath(root))
+    environment = discover_environment(settings.python, project_root=root)
+    files = [Path(os.path.abspath(path)) for path in project_files]
+    reported = None if report_files is None else sorted(os.path.abspath(p) for p in report_files)
+
+    cache_dir = (settings.cache_dir or default_cache_dir(root)) if settings.cache else None
+    results: ResultCache | None = None
+    key: bytes = b""
+    if cache_dir is not None:
+        stats = _stats(files)
+        if stats is not None:
+            results = ResultCache(cache_dir, version_stamp(_engine_sources()))
+            roots = [
+                (str(path), path.stat().st_mtime_ns if path.is_dir() else 0)
+                for path in environment.search_paths
+            ]
+            key, newest = results.key(
+                stats, [str(root), reported, _options_key(options), roots, str(environment.stdlib)]
+            )
+            cached = results.load(key, newest)
+            if cached is not None:
+                return cached
+
+    summaries: SummaryCache[ModuleSummary | FileError] | None = None
+    if cache_dir is not None:
+        summaries = SummaryCache(cache_dir, version_stamp(_SUMMARY_SCHEMA) + f"@{root}")
+        summaries.load()
+    bar = ProgressBar(len(files), progress) if progress is not None else None
+
+    def summarize_batch(paths: Sequence[Path]) -> Mapping[Path, ModuleSummary | FileError]:
+        return summarize_many(
+            paths,
+            root=root,
+            jobs=settings.jobs,
+            cache=summaries,
+            summarize=summarize,
+            on_progress=bar.advance if bar is not None else None,
+        )
+
+    try:
+        result = analyze(
+            files,
+            root=root,
+            report_files=report_files,
+            options=options,
+            search_paths=environment.search_paths,
+            summarize_many=summarize_batch,
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+    try:
+        if summaries is not None:
+            summaries.forget_missing(files)
+            summaries.save()
+        if results is not None:
+            results.save(key, result)
+    except OSError:
+        pass  # a read-only checkout: the next run is simply uncached too
+    return result

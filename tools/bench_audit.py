@@ -1,0 +1,243 @@
+"""Benchmark `kvref audit` on a published sdist against the floor of parsing every file once.
+
+    python tools/bench_audit.py [--corpus vllm==0.33.0] [--corpus transformers==5.25.0]
+
+For each corpus, in one run and each in a fresh process:
+
+- floor: read and `ast.parse` every file of the package in a single process (no startup
+  counted): the least work any AST-based checker must do without parallelism or a cache;
+- cold: `kvref audit PACKAGE --output-format json --exit-zero` with an empty cache directory
+  (parse in parallel, resolve, check, write the cache);
+- warm: the same command again, twice (the better time counts), reusing the cache.
+
+Prints wall seconds, the ratio to the floor, and peak memory: the largest single process
+(`ru_maxrss` from `wait4`) and the sampled total of the process tree (parent plus workers,
+from /proc). Targets on the 2-core development machine: cold <= 0.75x, warm <= 0.1x, RSS < 1 GB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from audit_corpus import Corpus, fetch_corpus, python_files  # noqa: E402
+
+__all__ = ["main", "Measurement"]
+
+_FLOOR_CODE = """
+import ast, sys, time
+paths = sys.stdin.read().split("\\0")
+started = time.perf_counter()
+for path in paths:
+    with open(path, "rb") as stream:
+        ast.parse(stream.read(), path)
+print(time.perf_counter() - started)
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    """One timed run.
+
+    Attributes:
+        label: what ran.
+        seconds: wall time (for the floor: the parse loop alone).
+        max_process_rss: the largest resident set of any single process, in bytes.
+        tree_rss: the largest sampled sum over the process and its descendants, in bytes.
+        detail: e.g. the number of findings reported.
+    """
+
+    label: str
+    seconds: float
+    max_process_rss: int
+    tree_rss: int
+    detail: str = ""
+
+
+def _tree_rss(root_pid: int) -> int:
+    """Sum of VmRSS over `root_pid` and its descendants (Linux /proc; 0 elsewhere)."""
+    total = 0
+    pending = [root_pid]
+    while pending:
+        pid = pending.pop()
+        try:
+            with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as status:
+                for line in status:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) * 1024
+                        break
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/children", encoding="ascii") as children:
+                    pending.extend(int(child) for child in children.read().split())
+        except (OSError, ValueError):
+            continue
+    return total
+
+
+def _run(argv: Sequence[str], *, cwd: Path, stdin: bytes = b"") -> tuple[float, int, int, bytes]:
+    """Run `argv`, returning (wall seconds, max single-process RSS, max tree RSS, stdout)."""
+    with tempfile.TemporaryFile() as out:
+        started = time.perf_counter()
+        process = subprocess.Popen(
+            list(argv), cwd=cwd, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.PIPE
+        )
+        peak = [0]
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.is_set():
+                peak[0] = max(peak[0], _tree_rss(process.pid))
+                done.wait(0.05)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        assert process.stdin is not None and process.stderr is not None
+        process.stdin.write(stdin)
+        process.stdin.close()
+        stderr = process.stderr.read()
+        _, status, usage = os.wait4(process.pid, 0)
+        seconds = time.perf_counter() - started
+        done.set()
+        sampler.join()
+        process.returncode = os.waitstatus_to_exitcode(status)
+        if process.returncode != 0:
+            raise RuntimeError(
+                f"{' '.join(argv[:4])}... exited {process.returncode}: "
+                f"{stderr.decode(errors='replace')[-1500:]}"
+            )
+        out.seek(0)
+        # ru_maxrss is in KiB on Linux.
+        return seconds, usage.ru_maxrss * 1024, peak[0], out.read()
+
+
+def _floor(files: Sequence[Path], cwd: Path) -> Measurement:
+    payload = "\0".join(str(path) for path in files).encode()
+    _, rss, tree, out = _run([sys.executable, "-c", _FLOOR_CODE], cwd=cwd, stdin=payload)
+    return Measurement("floor: ast.parse, 1 process", float(out.decode().strip()), rss, tree)
+
+
+def _count_findings(out: bytes) -> str:
+    try:
+        document = cast(object, json.loads(out))
+    except ValueError:
+        return "output is not JSON"
+    if isinstance(document, dict):
+        mapping = cast(dict[str, object], document)
+        findings = cast(list[object], mapping.get("findings", []))
+        errors = cast(list[object], mapping.get("errors", []))
+        return f"{len(findings)} findings, {len(errors)} file errors"
+    return f"{len(cast(list[object], document))} findings"
+
+
+def _audit(
+    label: str, corpus: Corpus, package: Path, cache_dir: Path, extra: Sequence[str]
+) -> Measurement:
+    argv = [
+        sys.executable,
+        "-m",
+        "kvref",
+        "audit",
+        str(package),
+        "--output-format",
+        "json",
+        "--exit-zero",
+        "--cache-dir",
+        str(cache_dir),
+        *extra,
+    ]
+    seconds, rss, tree, out = _run(argv, cwd=corpus.root)
+    return Measurement(label, seconds, rss, tree, _count_findings(out))
+
+
+def _package_dir(corpus: Corpus) -> Path:
+    for candidate in (corpus.name.replace("-", "_"), f"src/{corpus.name.replace('-', '_')}"):
+        if (corpus.root / candidate / "__init__.py").is_file():
+            return corpus.root / candidate
+    return corpus.root
+
+
+def _mib(value: int) -> str:
+    return f"{value / 1048576:7.0f} MiB"
+
+
+def bench_corpus(spec: str, *, warm_runs: int, extra: Sequence[str]) -> list[Measurement]:
+    """Measure the floor, a cold run and warm runs on one corpus and print the table."""
+    corpus = fetch_corpus(spec)
+    package = _package_dir(corpus)
+    files = python_files(package)
+    lines = 0
+    for path in files:
+        with open(path, "rb") as stream:
+            lines += stream.read().count(b"\n")
+    print(f"\n{corpus.key}: {package.relative_to(corpus.root)}/, {len(files)} files, "
+          f"{lines / 1e6:.2f} M lines, {os.cpu_count()} CPUs")
+    results = [_floor(files, corpus.root)]
+    cache_dir = Path(tempfile.mkdtemp(prefix="kvref-bench-cache-"))
+    try:
+        results.append(_audit("kvref audit cold (empty cache)", corpus, package, cache_dir, extra))
+        warm = [
+            _audit("kvref audit warm", corpus, package, cache_dir, extra)
+            for _ in range(max(1, warm_runs))
+        ]
+        results.append(min(warm, key=lambda measurement: measurement.seconds))
+    finally:
+        shutil.rmtree(cache_dir, ignore_errors=True)
+    floor = results[0].seconds
+    print(f"  {'run':34} {'wall':>8} {'x floor':>8} {'max process':>12} {'process tree':>13}")
+    for measurement in results:
+        print(
+            f"  {measurement.label:34} {measurement.seconds:7.2f}s {measurement.seconds / floor:7.3f}x"
+            f" {_mib(measurement.max_process_rss):>12} {_mib(measurement.tree_rss):>13}"
+            f"  {measurement.detail}"
+        )
+    cold, best_warm = results[1], results[2]
+    peak = max(m.tree_rss for m in results[1:])
+    print(
+        f"  targets: cold <= 0.75x {'OK' if cold.seconds <= 0.75 * floor else 'MISSED'}, "
+        f"warm <= 0.1x {'OK' if best_warm.seconds <= 0.1 * floor else 'MISSED'}, "
+        f"RSS < 1 GB {'OK' if peak < 1_000_000_000 else 'MISSED'}"
+    )
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Time kvref audit cold and warm against a single-process ast.parse floor."
+    )
+    parser.add_argument(
+        "--corpus",
+        action="append",
+        help="NAME==VERSION of an sdist (repeatable; default vllm==0.33.0)",
+    )
+    parser.add_argument("--warm-runs", type=int, default=2, help="warm runs (best counts)")
+    parser.add_argument(
+        "--kvref-arg",
+        action="append",
+        default=[],
+        help="extra argument for kvref audit (repeatable), e.g. --kvref-arg=--jobs=2",
+    )
+    args = parser.parse_args(argv)
+    specs = cast(list[str], args.corpus or ["vllm==0.33.0"])
+    try:
+        for spec in specs:
+            bench_corpus(spec, warm_runs=int(args.warm_runs), extra=list(args.kvref_arg))
+    except (ValueError, RuntimeError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
