@@ -24,6 +24,7 @@ from typing import cast
 
 __all__ = [
     "Corpus",
+    "bare_python",
     "cache_root",
     "parse_spec",
     "fetch_corpus",
@@ -66,6 +67,23 @@ def cache_root() -> Path:
         return Path(override)
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "kvref"
+
+
+def bare_python() -> Path:
+    """An interpreter with no third-party packages (a cached `venv --without-pip`).
+
+    Passed as `kvref audit --python` so kvref, like the checkers it is compared with, sees the
+    corpus without its dependencies installed.
+    """
+    home = cache_root() / "tools" / "bare-venv"
+    python = home / "bin" / "python"
+    if not python.exists():
+        import subprocess
+
+        subprocess.run(
+            [sys.executable, "-m", "venv", "--without-pip", "--clear", str(home)], check=True
+        )
+    return python
 
 
 def parse_spec(spec: str) -> tuple[str, str]:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from audit_corpus import Corpus, fetch_corpus, python_files  # noqa: E402
+from audit_corpus import Corpus, bare_python, fetch_corpus, python_files  # noqa: E402
 
 __all__ = ["main", "Measurement"]
 
@@ -228,11 +228,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=[],
         help="extra argument for kvref audit (repeatable), e.g. --kvref-arg=--jobs=2",
     )
+    parser.add_argument(
+        "--python",
+        help="interpreter whose packages resolve bases (default: a bare venv, as the checkers "
+        "in compare_checkers run without the corpus's dependencies)",
+    )
     args = parser.parse_args(argv)
     specs = cast(list[str], args.corpus or ["vllm==0.33.0"])
     try:
+        python = str(args.python) if args.python else str(bare_python())
+        extra = ["--python", python, *cast(list[str], args.kvref_arg)]
         for spec in specs:
-            bench_corpus(spec, warm_runs=int(args.warm_runs), extra=list(args.kvref_arg))
+            bench_corpus(spec, warm_runs=int(args.warm_runs), extra=extra)
     except (ValueError, RuntimeError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

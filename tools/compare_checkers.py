@@ -37,7 +37,13 @@ from pathlib import Path
 from typing import cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from audit_corpus import Corpus, cache_root, fetch_corpus, python_files  # noqa: E402
+from audit_corpus import (  # noqa: E402
+    Corpus,
+    bare_python,
+    cache_root,
+    fetch_corpus,
+    python_files,
+)
 
 from kvref.audit.model import DEFAULT_EXEMPT_NAMES
 
@@ -358,7 +364,10 @@ def _kvref_raws(corpus: Corpus, subdir: str, jobs: int | None) -> tuple[list[Raw
         argv = [
             sys.executable, "-m", "kvref", "audit", str(corpus.root / subdir),
             "--select", "KVR001", "--output-format", "json", "--exit-zero", "--no-cache",
+            "--python", str(bare_python()),
         ]
+        if jobs is not None:
+            argv.append(f"--jobs={jobs}")
         started = time.perf_counter()
         completed = subprocess.run(
             argv, cwd=corpus.root, capture_output=True, text=True, encoding="utf-8", check=False

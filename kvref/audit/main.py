@@ -552,6 +552,16 @@ def explain_rule(rules: Sequence[RuleInfo], code: str, out: TextIO, err: TextIO)
     return EXIT_CLEAN
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of `kvref audit` (the same options as the typer command)."""
     parser = argparse.ArgumentParser(
@@ -580,7 +590,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--python", type=Path, metavar="PATH", help="interpreter or venv whose packages resolve bases"
     )
-    parser.add_argument("--jobs", type=int, metavar="N", help="worker processes (default: all CPUs)")
+    parser.add_argument(
+        "--jobs", type=_positive_int, metavar="N", help="worker processes (default: all CPUs)"
+    )
     return parser
 
 
