@@ -35,7 +35,7 @@ def make_project(root: Path) -> None:
 def audit_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, list[str]]:
     code = main(["--output-format", "json", *argv])
     out = capsys.readouterr().out
-    document = cast(object, json.loads(out)) if out.strip() else {"findings": []}
+    document = cast(object, json.loads(out) if out.strip() else {"findings": []})
     if isinstance(document, dict):
         document = cast(dict[str, object], document)["findings"]
     findings = cast(list[dict[str, object]], document)
