@@ -249,7 +249,13 @@ def _walk(
             warnings.append(f"cannot read directory {rel_dir or '.'}: {exc.strerror}")
             return
         if (stat.st_dev, stat.st_ino) in visited:
-            return  # a symlink loop, or a second link to a directory already walked
+            # A second link to a directory already walked is normal; a link back to one of
+            # its own ancestors is a loop the user should hear about once.
+            real = os.path.realpath(directory)
+            parent = os.path.realpath(directory.parent)
+            if directory.is_symlink() and (parent == real or parent.startswith(real + os.sep)):
+                warnings.append(f"{rel_dir}: symbolic link loop, not followed")
+            return
         visited.add((stat.st_dev, stat.st_ino))
         local = list(inherited)
         if respect_gitignore:
@@ -266,9 +272,14 @@ def _walk(
             try:
                 is_dir = entry.is_dir()  # follows symlinks; a dangling link is neither
                 is_file = not is_dir and entry.is_file()
-            except OSError:
+            except OSError as exc:  # a symlink loop (ELOOP), a vanished entry
+                if entry.name.endswith(".py") and not _excluded(rel, excludes):
+                    warnings.append(f"{rel}: cannot read ({exc.strerror}), skipped")
                 continue
             if _excluded(rel, excludes) or is_gitignored(local, rel, is_dir=is_dir):
+                continue
+            if not is_dir and not is_file and entry.name.endswith(".py") and entry.is_symlink():
+                warnings.append(f"{rel}: broken symbolic link (dangling or a loop), skipped")
                 continue
             if is_dir:
                 visit(Path(entry.path), rel, local)

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from kvref.audit.main import main
 from kvref.audit.model import FileError
 from kvref.audit.parallel import DEFAULT_MAX_FILE_BYTES, summarize_many
+from kvref.audit.summary import ModuleSummary, summarize
 from tests.audit.test_parallel import class_names
 
 
@@ -94,7 +96,30 @@ def test_ten_thousand_files_with_one_bad_one(tmp_path: Path) -> None:
         paths.append(path)
     bad = tmp_path / "pkg7" / "m3512.py"
     bad.write_bytes(b"\xff\xfe not python at all (\n")
-    results = summarize_many(paths, root=tmp_path, summarize=class_names)
+    results = summarize_many(paths, root=tmp_path, summarize=summarize)
     assert len(results) == 10_000
     assert errors_of(dict(results)).keys() == {"pkg7/m3512.py"}
-    assert results[paths[9_999]] == ("K9999",)
+    last = results[paths[9_999]]
+    assert isinstance(last, ModuleSummary) and [c.name for c in last.classes] == ["K9999"]
+
+
+def test_cli_reports_each_bad_file_once_and_audits_the_rest(
+    hostile: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (hostile / "pyproject.toml").write_text("[project]\nname = 'hostile'\n")
+    (hostile / "child.py").write_text(
+        "from good import Good\n\n\nclass Child(Good):\n    def __repr__(self) -> str: ...\n"
+    )
+    monkeypatch.chdir(hostile)
+    (hostile / "sub").mkdir()
+    (hostile / "sub" / "again").symlink_to(hostile)
+    code = main([".", "--no-cache"])
+    captured = capsys.readouterr()
+    assert "child.py:5:9: KVR001" in captured.out
+    bad = ["syntax.py", "latin1.py", "nul.py", "deep.py", "loop_a.py", "loop_b.py", "dangling.py"]
+    for name in bad:
+        assert captured.err.count(f"{name}:") == 1, (name, captured.err)
+    assert captured.err.count("sub/again: symbolic link loop, not followed") == 1
+    assert "loop_a.py: cannot read (Too many levels of symbolic links), skipped" in captured.err
+    assert "dangling.py: broken symbolic link (dangling or a loop), skipped" in captured.err
+    assert code == 2
