@@ -25,6 +25,7 @@ from typing import cast
 __all__ = [
     "Corpus",
     "bare_python",
+    "package_project",
     "cache_root",
     "parse_spec",
     "fetch_corpus",
@@ -84,6 +85,22 @@ def bare_python() -> Path:
             [sys.executable, "-m", "venv", "--without-pip", "--clear", str(home)], check=True
         )
     return python
+
+
+def package_project(corpus: Corpus, package: Path) -> Path:
+    """A project directory holding only `package` (a symlink) and a minimal pyproject.toml.
+
+    `kvref audit` indexes the whole project around the paths it is given; the sdist's root
+    would add its tests, examples and benchmarks, while the floor and the checkers cover the
+    package alone.
+    """
+    project = cache_root() / "projects" / corpus.key
+    project.mkdir(parents=True, exist_ok=True)
+    (project / "pyproject.toml").write_text(f"[project]\nname = {corpus.name!r}\n")
+    link = project / package.name
+    if not link.is_symlink():
+        link.symlink_to(package, target_is_directory=True)
+    return project
 
 
 def parse_spec(spec: str) -> tuple[str, str]:

@@ -42,6 +42,7 @@ from audit_corpus import (  # noqa: E402
     bare_python,
     cache_root,
     fetch_corpus,
+    package_project,
     python_files,
 )
 
@@ -361,8 +362,11 @@ def _kvref_raws(corpus: Corpus, subdir: str, jobs: int | None) -> tuple[list[Raw
     engine API with the parallel summariser (no cache either way: this measures a cold run).
     """
     if importlib.util.find_spec("kvref.audit.main") is not None:
+        package = corpus.root / subdir
+        project = package_project(corpus, package)
+        prefix = Path(subdir).parent.as_posix()
         argv = [
-            sys.executable, "-m", "kvref", "audit", str(corpus.root / subdir),
+            sys.executable, "-m", "kvref", "audit", package.name,
             "--select", "KVR001", "--output-format", "json", "--exit-zero", "--no-cache",
             "--python", str(bare_python()),
         ]
@@ -370,10 +374,10 @@ def _kvref_raws(corpus: Corpus, subdir: str, jobs: int | None) -> tuple[list[Raw
             argv.append(f"--jobs={jobs}")
         started = time.perf_counter()
         completed = subprocess.run(
-            argv, cwd=corpus.root, capture_output=True, text=True, encoding="utf-8", check=False
+            argv, cwd=project, capture_output=True, text=True, encoding="utf-8", check=False
         )
         seconds = time.perf_counter() - started
-        if completed.returncode != 0:
+        if completed.returncode not in (0, 2) or not completed.stdout.strip():
             raise RuntimeError(
                 f"kvref audit exited {completed.returncode}: {completed.stderr[-2000:]}"
             )
@@ -383,7 +387,11 @@ def _kvref_raws(corpus: Corpus, subdir: str, jobs: int | None) -> tuple[list[Raw
         else:
             items = cast(list[dict[str, object]], document)
         raws = [
-            (str(item["path"]), int(cast(int, item["line"])), "?")
+            (
+                str(item["path"]) if prefix == "." else f"{prefix}/{item['path']}",
+                int(cast(int, item["line"])),
+                "?",
+            )
             for item in items
             if item.get("code") == "KVR001"
         ]

@@ -241,6 +241,16 @@ def _walk(
         if info_exclude is not None:
             rules.extend(parse_gitignore(info_exclude, ""))
     visited: set[tuple[int, int]] = set()
+    # A pattern without '/' matches one path component; the walk has already tested the
+    # parents, so only the entry's own name needs testing (the per-entry cost of a walk).
+    bodies = [pattern.strip().rstrip("/") for pattern in excludes]
+    name_patterns = [_compiled(body) for body in bodies if "/" not in body]
+    path_patterns = [body for body in bodies if "/" in body]
+
+    def excluded(name: str, rel: str) -> bool:
+        return any(regex.fullmatch(name) for regex in name_patterns) or _excluded(
+            rel, path_patterns
+        )
 
     def visit(directory: Path, rel_dir: str, inherited: list[GitignoreRule]) -> None:
         try:
@@ -273,10 +283,10 @@ def _walk(
                 is_dir = entry.is_dir()  # follows symlinks; a dangling link is neither
                 is_file = not is_dir and entry.is_file()
             except OSError as exc:  # a symlink loop (ELOOP), a vanished entry
-                if entry.name.endswith(".py") and not _excluded(rel, excludes):
+                if entry.name.endswith(".py") and not excluded(entry.name, rel):
                     warnings.append(f"{rel}: cannot read ({exc.strerror}), skipped")
                 continue
-            if _excluded(rel, excludes) or is_gitignored(local, rel, is_dir=is_dir):
+            if excluded(entry.name, rel) or is_gitignored(local, rel, is_dir=is_dir):
                 continue
             if not is_dir and not is_file and entry.name.endswith(".py") and entry.is_symlink():
                 warnings.append(f"{rel}: broken symbolic link (dangling or a loop), skipped")
