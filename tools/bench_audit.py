@@ -74,21 +74,27 @@ class Measurement:
 
 def _tree_rss(root_pid: int) -> int:
     """Sum of VmRSS over `root_pid` and its descendants (Linux /proc; 0 elsewhere)."""
-    total = 0
-    pending = [root_pid]
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    try:
+        entries = [entry for entry in os.listdir("/proc") if entry.isdigit()]
+    except OSError:
+        return 0
+    for entry in entries:
+        try:
+            with open(f"/proc/{entry}/status", encoding="ascii", errors="replace") as status:
+                fields = dict(line.split(":", 1) for line in status if ":" in line)
+        except OSError:
+            continue
+        pid = int(entry)
+        parent = int(fields.get("PPid", "0").strip() or 0)
+        children.setdefault(parent, []).append(pid)
+        rss[pid] = int(fields.get("VmRSS", "0 kB").split()[0]) * 1024
+    total, pending = 0, [root_pid]
     while pending:
         pid = pending.pop()
-        try:
-            with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as status:
-                for line in status:
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1]) * 1024
-                        break
-            for task in os.listdir(f"/proc/{pid}/task"):
-                with open(f"/proc/{pid}/task/{task}/children", encoding="ascii") as children:
-                    pending.extend(int(child) for child in children.read().split())
-        except (OSError, ValueError):
-            continue
+        total += rss.get(pid, 0)
+        pending.extend(children.get(pid, ()))
     return total
 
 
@@ -105,7 +111,7 @@ def _run(argv: Sequence[str], *, cwd: Path, stdin: bytes = b"") -> tuple[float, 
         def sample() -> None:
             while not done.is_set():
                 peak[0] = max(peak[0], _tree_rss(process.pid))
-                done.wait(0.05)
+                done.wait(0.1)
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()

@@ -63,6 +63,28 @@ def suppressions_by_line(source: bytes) -> dict[int, frozenset[str]]:
     return found
 
 
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    """A line that mentions a suppression word; tokenizing decides whether it is a comment."""
+
+    source: bytes
+
+
+_SUPPRESSION_WORD = re.compile(rb"noqa|kvref", re.IGNORECASE)
+
+
+def _candidate_lines(source: bytes) -> dict[int, frozenset[str] | _Pending]:
+    """Lines that may carry a suppression, found without tokenizing (most files have none)."""
+    pending = _Pending(source)
+    found: dict[int, frozenset[str] | _Pending] = {}
+    if _SUPPRESSION_WORD.search(source) is None:
+        return found
+    for number, line in enumerate(source.splitlines(), start=1):
+        if _SUPPRESSION_WORD.search(line) is not None:
+            found[number] = pending
+    return found
+
+
 @dataclass(slots=True)
 class SuppressionFilter:
     """Drops suppressed findings, reading each file's comments once.
@@ -74,7 +96,7 @@ class SuppressionFilter:
 
     read_source: Callable[[str], bytes | None]
     suppressed: int = 0
-    _cache: dict[str, dict[int, frozenset[str]]] | None = None
+    _cache: dict[str, dict[int, frozenset[str] | _Pending]] | None = None
 
     def is_suppressed(self, finding: Finding) -> bool:
         """Whether the finding's line suppresses its code."""
@@ -83,9 +105,15 @@ class SuppressionFilter:
         by_line = self._cache.get(finding.path)
         if by_line is None:
             source = self.read_source(finding.path)
-            by_line = suppressions_by_line(source) if source is not None else {}
+            by_line = _candidate_lines(source) if source is not None else {}
             self._cache[finding.path] = by_line
-        return finding.code.upper() in by_line.get(finding.line, frozenset())
+        codes = by_line.get(finding.line)
+        if isinstance(codes, _Pending):
+            # Only now is the whole file tokenized: a comment, not a string, must carry it.
+            by_line.clear()
+            by_line.update(suppressions_by_line(codes.source))
+            codes = by_line.get(finding.line)
+        return isinstance(codes, frozenset) and finding.code.upper() in codes
 
     def keep(self, findings: Iterable[Finding]) -> list[Finding]:
         """The findings that are not suppressed (counting the others in `suppressed`)."""
