@@ -63,26 +63,25 @@ def suppressions_by_line(source: bytes) -> dict[int, frozenset[str]]:
     return found
 
 
-@dataclass(frozen=True, slots=True)
-class _Pending:
-    """A line that mentions a suppression word; tokenizing decides whether it is a comment."""
-
-    source: bytes
-
-
 _SUPPRESSION_WORD = re.compile(rb"noqa|kvref", re.IGNORECASE)
 
 
-def _candidate_lines(source: bytes) -> dict[int, frozenset[str] | _Pending]:
-    """Lines that may carry a suppression, found without tokenizing (most files have none)."""
-    pending = _Pending(source)
-    found: dict[int, frozenset[str] | _Pending] = {}
-    if _SUPPRESSION_WORD.search(source) is None:
-        return found
-    for number, line in enumerate(source.splitlines(), start=1):
-        if _SUPPRESSION_WORD.search(line) is not None:
-            found[number] = pending
-    return found
+@dataclass(slots=True)
+class _FileComments:
+    """One file's lines; its comments are tokenized only once a finding's line needs them."""
+
+    source: bytes
+    lines: list[bytes]
+    by_line: dict[int, frozenset[str]] | None = None
+
+    def codes(self, line: int) -> frozenset[str]:
+        # A line that does not even mention a suppression word cannot carry one; only when
+        # one does is the file tokenized (a comment, not a string, must carry it).
+        if not 0 < line <= len(self.lines) or not _SUPPRESSION_WORD.search(self.lines[line - 1]):
+            return frozenset()
+        if self.by_line is None:
+            self.by_line = suppressions_by_line(self.source)
+        return self.by_line.get(line, frozenset())
 
 
 @dataclass(slots=True)
@@ -96,24 +95,17 @@ class SuppressionFilter:
 
     read_source: Callable[[str], bytes | None]
     suppressed: int = 0
-    _cache: dict[str, dict[int, frozenset[str] | _Pending]] | None = None
+    _cache: dict[str, _FileComments] | None = None
 
     def is_suppressed(self, finding: Finding) -> bool:
         """Whether the finding's line suppresses its code."""
         if self._cache is None:
             self._cache = {}
-        by_line = self._cache.get(finding.path)
-        if by_line is None:
-            source = self.read_source(finding.path)
-            by_line = _candidate_lines(source) if source is not None else {}
-            self._cache[finding.path] = by_line
-        codes = by_line.get(finding.line)
-        if isinstance(codes, _Pending):
-            # Only now is the whole file tokenized: a comment, not a string, must carry it.
-            by_line.clear()
-            by_line.update(suppressions_by_line(codes.source))
-            codes = by_line.get(finding.line)
-        return isinstance(codes, frozenset) and finding.code.upper() in codes
+        comments = self._cache.get(finding.path)
+        if comments is None:
+            source = self.read_source(finding.path) or b""
+            comments = self._cache[finding.path] = _FileComments(source, source.splitlines())
+        return finding.code.upper() in comments.codes(finding.line)
 
     def keep(self, findings: Iterable[Finding]) -> list[Finding]:
         """The findings that are not suppressed (counting the others in `suppressed`)."""
