@@ -494,12 +494,12 @@ def _silence(stream: TextIO) -> None:
 def list_rules(rules: Sequence[RuleInfo], out: TextIO) -> int:
     """Print a table of the rules: code, name, default, fixable, summary."""
     name_width = max((len(rule.name) for rule in rules), default=4)
-    out.write(f"{'code':<7} {'name':<{name_width}} {'default':<7} {'fix':<4} summary\n")
+    out.write(f"{'code':<7} {'name':<{name_width}} {'default':<7} {'fix':<6} summary\n")
     for rule in rules:
         out.write(
             f"{rule.code:<7} {rule.name:<{name_width}} "
             f"{'on' if rule.default_enabled else 'off':<7} "
-            f"{'yes' if rule.fixable else 'no':<4} {rule.summary}\n"
+            f"{rule.fix_safety:<6} {rule.summary}\n"
         )
     return EXIT_CLEAN
 
@@ -512,7 +512,7 @@ def explain_rule(rules: Sequence[RuleInfo], code: str, out: TextIO, err: TextIO)
         err.write(f"kvref: error: unknown rule {code!r} (known: {known})\n")
         return EXIT_ERROR
     default = "on by default" if rule.default_enabled else "off by default (select it by code)"
-    fixable = "fixable" if rule.fixable else "not fixable"
+    fixable = {"safe": "safe fix", "unsafe": "unsafe fix (--unsafe-fixes)"}.get(rule.fix_safety, "no fix")
     out.write(f"{rule.code} {rule.name} ({default}; {fixable})\n\n{rule.doc.rstrip()}\n")
     return EXIT_CLEAN
 
