@@ -511,7 +511,7 @@ def explain_rule(rules: Sequence[RuleInfo], code: str, out: TextIO, err: TextIO)
         known = ", ".join(r.code for r in rules)
         err.write(f"kvref: error: unknown rule {code!r} (known: {known})\n")
         return EXIT_ERROR
-    default = "on by default" if rule.default_enabled else "off by default (select it by code)"
+    default = "on by default" if rule.default_enabled else "off by default: select it by code"
     fixable = {"safe": "safe fix", "unsafe": "unsafe fix (--unsafe-fixes)"}.get(rule.fix_safety, "no fix")
     out.write(f"{rule.code} {rule.name} ({default}; {fixable})\n\n{rule.doc.rstrip()}\n")
     return EXIT_CLEAN
