@@ -212,7 +212,7 @@ def gitignore_lines(draw: st.DrawFn) -> str:
 
 
 @pytest.mark.skipif(not HAS_GIT, reason="git is not installed")
-@settings(max_examples=int(os.environ.get("KVREF_GITIGNORE_EXAMPLES", "40")))
+@settings(max_examples=int(os.environ.get("KVREF_GITIGNORE_EXAMPLES", "25")))
 @given(root_lines=st.lists(gitignore_lines(), max_size=4), nested_lines=st.lists(gitignore_lines(), max_size=2))
 def test_the_fallback_walker_agrees_with_git_on_generated_patterns(
     root_lines: list[str], nested_lines: list[str]
