@@ -523,7 +523,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kvref audit",
         description="Check @override use and Collection conformance across a project.",
     )
-    parser.add_argument("paths", nargs="*", type=Path, help="files or directories to report on")
+    parser.add_argument(
+        "paths",
+        nargs="*",
+        type=Path,
+        help="files or directories to report on (default: the current directory); "
+        "the whole project is indexed either way",
+    )
     parser.add_argument("--select", action="append", metavar="CODES", help="rule codes or prefixes (ALL)")
     parser.add_argument("--ignore", action="append", metavar="CODES", help="rule codes or prefixes to skip")
     parser.add_argument(
