@@ -153,24 +153,34 @@ class CPUOffloadingManager(OffloadingManager):
 
     @override
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        # A key may appear more than once (it was loaded more than once): count the releases.
-        releases: dict[OffloadKey, int] = {}
-        for key in keys:
-            releases[key] = releases.get(key, 0) + 1
         get = self._policy.get
         blocks: list[BlockStatus] = []
-        for key, count in releases.items():
+        for key in keys:
             block = get(key)
-            if block is None or block.ref_cnt < count:
-                raise self._protocol_error(
-                    "complete_load", key, f"{count} load(s) completed but not that many prepared"
-                )
+            if block is None or block.ref_cnt <= 0:
+                raise self._protocol_error("complete_load", key, "no load of it is in progress")
             blocks.append(block)
-        for (key, count), block in zip(releases.items(), blocks):
-            block.ref_cnt -= count
+        if len(blocks) > 1 and len(set(keys)) < len(blocks):
+            self._check_repeated_releases(keys)
+        # Validated every key: from here on nothing can fail half-way.
+        for key, block in zip(keys, blocks):
+            block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 self._num_idle_blocks += 1
                 self._policy.mark_evictable(key)
+
+    def _check_repeated_releases(self, keys: Collection[OffloadKey]) -> None:
+        # A key listed n times releases n loads: it must have at least n in progress.
+        releases: dict[OffloadKey, int] = {}
+        for key in keys:
+            releases[key] = releases.get(key, 0) + 1
+        for key, count in releases.items():
+            block = self._policy.get(key)
+            assert block is not None
+            if block.ref_cnt < count:
+                raise self._protocol_error(
+                    "complete_load", key, f"listed {count} times but only {block.ref_cnt} loads are in progress"
+                )
 
     @override
     def prepare_store(

@@ -1,33 +1,38 @@
-"""`FileSystemSecondaryTier`: a crash-safe secondary tier of one file per block.
+"""`FileSystemSecondaryTier`: a crash-safe secondary tier of checksummed block files.
 
 Layout under `root_dir`:
 
-    kvref_fs_tier.json                    the block size the files were written with
-    <ff>/<ff>/<key hex>.<generation>.kvb  one block: header, key, payload
+    kvref_fs_tier.json                  the block size and format the files were written with
+    <ff>/<ff>/<generation>.kvs          a segment: the blocks of one store job, back to back
+    record = header (magic, format, key length, CRC-32, payload length) | key | payload
 
-The two fan-out levels come from a hash of the key (at most 65 536 directories, created
-lazily). The generation (a nanosecond clock, strictly increasing) makes every write a new file
-name, so deleting an evicted file can never remove a newer copy of the same key.
+A store job's new blocks are written as one segment file (split at `max_segment_bytes`), so a
+file is created per job rather than per block: creating files is the slow part of small writes
+on most filesystems. The two fan-out directory levels come from a hash of the segment's
+generation (a strictly increasing nanosecond clock), which also makes every segment name new,
+so deleting an evicted segment can never remove newer data.
 
-Crash safety: a block is written to `<name>.tmp` (optionally `fsync`ed) and renamed into place
-with `os.replace`, so a final name always holds a whole block. Each file carries a CRC-32 of its
-payload and its key; a load verifies size, header, key and checksum after reading straight into
-the primary slot, and any mismatch fails the job and drops the block from the index, so the
-block is a miss afterwards and wrong bytes are never reported as loaded. At start-up the tier
-re-indexes the files already there (blocks survive a restart), deletes stale `.tmp` files left by
-a crash, and ignores files of another size.
+Crash safety: a segment is written to `<name>.tmp` (optionally `fsync`ed) and renamed into
+place with `os.replace`, so a final name always holds whole records. Each record carries its
+key and a CRC-32 of its payload; a load verifies the record's header, key and checksum after
+reading straight into the primary slot, and any mismatch fails the job and drops the block from
+the index, so it is a miss afterwards and wrong bytes are never reported as loaded. At start-up
+the tier re-indexes the segments already there (blocks survive a restart), deletes stale `.tmp`
+files left by a crash, and skips records that are truncated or of another block size.
 
 Threads: the scheduler thread only updates an in-memory index (so `lookup` never touches the
-disk) and queues one task per block; a pool of I/O threads runs them. The pool has two queues:
-read threads serve loads first and write threads serve stores and deletions first, and each
-kind takes from the other queue when its own is empty, so a burst of stores never starves
-promotions and idle threads are never wasted. Failures (disk full, permission denied, I/O
-errors) become failed jobs; nothing raises on the scheduler thread.
+disk) and queues tasks (one per segment to write, one per block to read); a pool of I/O threads
+runs them. The pool has two queues: read threads serve loads first and write threads serve
+stores and deletions first, and each kind takes from the other queue when its own is empty, so
+a burst of stores never starves promotions and no thread idles while work is queued. Failures
+(disk full, permission denied, I/O errors) become failed jobs; nothing raises on the scheduler
+thread.
 
-Capacity: with `capacity_bytes`, storing evicts the least recently used idle blocks (not being
-written or read); a block that cannot be placed fails its job. `touch`, completed stores and
-promotions count as uses. I/O is buffered (through the page cache); `fsync=True` makes stores
-durable before they are reported finished.
+Capacity: with `capacity_bytes`, storing evicts whole segments, least recently used first (a
+block's `touch`, store or promotion makes its segment recent), skipping segments being written
+or read; a segment that cannot be placed fails its job. Blocks of one segment were stored
+together by one request, so they tend to be reused together. I/O is buffered (through the page
+cache); `fsync=True` makes stores durable before they are reported finished.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import hashlib
 import json
 import logging
 import os
+import queue
 import struct
 import threading
 import time
@@ -50,32 +56,28 @@ from typing_extensions import override
 from kvref.base import OffloadingEvent, OffloadKey, ReqContext
 from kvref.tiering.base import JobMetadata, JobResult, PrimaryBlocks, SecondaryTierManager
 
-__all__ = ["FileSystemSecondaryTier", "MAX_KEY_BYTES", "CONFIG_FILE_NAME"]
+__all__ = ["FileSystemSecondaryTier", "CONFIG_FILE_NAME", "RECORD_HEADER_BYTES"]
 
 logger = logging.getLogger(__name__)
 
 CONFIG_FILE_NAME = "kvref_fs_tier.json"
-MAX_KEY_BYTES = 100
-"""Longer keys would make file names exceed common 255-byte limits; such blocks fail to store."""
 
-_FORMAT_VERSION = 1
+_FORMAT_VERSION = 2
 _MAGIC = b"KVREFBLK"
 # magic, format version, key length, CRC-32 of the payload, payload length
 _HEADER = struct.Struct("<8sHHIQ")
-_BLOCK_SUFFIX = ".kvb"
+RECORD_HEADER_BYTES = _HEADER.size
+"""Bytes of a record's fixed header; a record is this header, then its key, then its payload."""
+_MAX_KEY_BYTES = 0xFFFF
+_SEGMENT_SUFFIX = ".kvs"
 _TMP_SUFFIX = ".tmp"
 _WARN_INTERVAL_S = 10.0
-
-
-def _fan_out(key: bytes) -> tuple[str, str]:
-    digest = hashlib.blake2b(key, digest_size=2).hexdigest()
-    return digest[:2], digest[2:]
 
 
 def _write_all(fd: int, parts: Sequence[memoryview]) -> None:
     pending = list(parts)
     while pending:
-        written = os.writev(fd, pending)
+        written = os.writev(fd, pending[:1024])  # IOV_MAX
         while pending and written >= len(pending[0]):
             written -= len(pending[0])
             pending.pop(0)
@@ -83,25 +85,31 @@ def _write_all(fd: int, parts: Sequence[memoryview]) -> None:
             pending[0] = pending[0][written:]
 
 
-def _read_exact(fd: int, dest: memoryview, offset: int) -> bool:
-    """Fill `dest` from `offset`; False if the file ends first."""
-    filled = 0
-    while filled < len(dest):
-        count = os.preadv(fd, [dest[filled:]], offset + filled)
+def _read_exact_into(fd: int, buffers: Sequence[memoryview], offset: int) -> bool:
+    """Fill `buffers` in order from `offset`; False if the file ends first."""
+    pending = list(buffers)
+    while pending:
+        count = os.preadv(fd, pending, offset)
         if count == 0:
             return False
-        filled += count
+        offset += count
+        while pending and count >= len(pending[0]):
+            count -= len(pending[0])
+            pending.pop(0)
+        if pending and count:
+            pending[0] = pending[0][count:]
     return True
 
 
-class _Entry:
-    """One block in the index: where its file is and what is happening to it."""
+class _Segment:
+    """One segment file and the blocks of it the index still holds."""
 
-    __slots__ = ("path", "size", "writing", "readers")
+    __slots__ = ("path", "size", "keys", "writing", "readers")
 
     def __init__(self, path: str, size: int, writing: bool) -> None:
         self.path = path
         self.size = size
+        self.keys: set[OffloadKey] = set()
         self.writing = writing
         self.readers = 0
 
@@ -110,21 +118,33 @@ class _Entry:
         return not self.writing and self.readers == 0
 
 
+class _Entry:
+    """Where one block's record is."""
+
+    __slots__ = ("segment", "offset")
+
+    def __init__(self, segment: _Segment, offset: int) -> None:
+        self.segment = segment
+        self.offset = offset
+
+
 class _Job:
-    """A submitted job's blocks, completed by I/O threads (fields after `lock` are shared)."""
+    """A submitted job's I/O (only the scheduler thread touches it; see `_task_done`)."""
 
-    __slots__ = ("meta", "entries", "remaining", "failed", "failed_keys")
+    __slots__ = ("meta", "segments", "reads", "remaining", "failed", "failed_keys")
 
-    def __init__(self, meta: JobMetadata, entries: list[tuple[OffloadKey, _Entry]]) -> None:
+    def __init__(self, meta: JobMetadata) -> None:
         self.meta = meta
-        self.entries = entries
-        self.remaining = len(entries)
+        self.segments: list[_Segment] = []
+        self.reads: list[tuple[OffloadKey, _Entry]] = []
+        self.remaining = 0
         self.failed = False
-        self.failed_keys: list[OffloadKey] = []
+        # Blocks whose load failed, and paths of segments whose write failed.
+        self.failed_keys: list[OffloadKey | str] = []
 
 
 class _Task:
-    """One block of I/O for the pool; `run` and `cancel` never raise."""
+    """One unit of I/O for the pool; `run` and `cancel` never raise."""
 
     __slots__ = ("run", "cancel")
 
@@ -134,14 +154,21 @@ class _Task:
 
 
 class _DualQueuePool:
-    """I/O threads over a read queue and a write queue; each thread prefers one queue."""
+    """I/O threads over a read queue and a write queue; each thread prefers one queue.
+
+    Submitting never waits on a lock an I/O thread may hold: a task is appended to its deque
+    and a token to a `SimpleQueue`; a thread takes one token, then one task from its own queue
+    or, if that is empty, from the other (there is always one: tasks go in before tokens).
+    """
 
     def __init__(self, n_read_threads: int, n_write_threads: int, name: str) -> None:
-        self._cond = threading.Condition()
         self._reads: deque[_Task] = deque()
         self._writes: deque[_Task] = deque()
-        self._running = 0
+        self._tokens: queue.SimpleQueue[bool] = queue.SimpleQueue()
         self._closed = False
+        self._submitted = 0  # written by the submitting thread only
+        self._finished = 0  # under _idle
+        self._idle = threading.Condition()
         self._threads = [
             threading.Thread(
                 target=self._work, args=(prefer_reads,), name=f"{name}-{kind}{i}", daemon=True
@@ -156,70 +183,66 @@ class _DualQueuePool:
             thread.start()
 
     def submit(self, task: _Task, *, read: bool) -> None:
-        with self._cond:
-            if self._closed:
-                task.cancel()
-                return
-            (self._reads if read else self._writes).append(task)
-            self._cond.notify()
+        if self._closed:
+            task.cancel()
+            return
+        (self._reads if read else self._writes).append(task)
+        self._submitted += 1
+        self._tokens.put(True)
 
     def _work(self, prefer_reads: bool) -> None:
         own, other = (self._reads, self._writes) if prefer_reads else (self._writes, self._reads)
-        while True:
-            with self._cond:
-                while not own and not other and not self._closed:
-                    self._cond.wait()
-                if self._closed:
-                    return
-                task = (own or other).popleft()
-                self._running += 1
+        while self._tokens.get():
             try:
-                task.run()
+                task = own.popleft()
+            except IndexError:
+                task = other.popleft()
+            try:
+                if self._closed:
+                    task.cancel()
+                else:
+                    task.run()
             finally:
-                with self._cond:
-                    self._running -= 1
-                    if not self._running and not self._reads and not self._writes:
-                        self._cond.notify_all()
+                with self._idle:
+                    self._finished += 1
+                    self._idle.notify_all()
 
     def drain(self) -> None:
-        with self._cond:
-            while self._running or self._reads or self._writes:
-                self._cond.wait()
+        with self._idle:
+            while self._finished < self._submitted:
+                self._idle.wait()
 
     def shutdown(self) -> None:
-        """Cancel queued tasks, let running ones finish, and join the threads."""
-        with self._cond:
-            if self._closed:
-                return
-            self._closed = True
-            cancelled = [*self._reads, *self._writes]
-            self._reads.clear()
-            self._writes.clear()
-            self._cond.notify_all()
-        for task in cancelled:
-            task.cancel()
+        """Let running tasks finish, cancel queued ones, and join the threads."""
+        if self._closed:
+            return
+        self._closed = True
+        for _ in self._threads:
+            self._tokens.put(False)  # after every queued task's token: those get cancelled
         for thread in self._threads:
             thread.join()
 
 
 class FileSystemSecondaryTier(SecondaryTierManager):
-    """Secondary tier storing one checksummed file per block under `root_dir`.
+    """Secondary tier storing checksummed block records in segment files under `root_dir`.
 
     Args:
         primary_kv_view: the primary's `(num_blocks, block_bytes)` memoryview.
         root_dir: the directory holding the blocks; created if missing. Sharing it between
             processes needs keys hashed with the same seed.
-        capacity_bytes: evict least recently used blocks to stay under this many bytes of
-            block files; None for no limit.
+        capacity_bytes: evict least recently used segments to keep segment files under this
+            many bytes; None for no limit.
+        max_segment_bytes: split a store job's blocks into segment files of at most this many
+            bytes (at least one block each): fewer files versus more parallel writers.
         n_read_threads: I/O threads that serve loads (promotions) first.
         n_write_threads: I/O threads that serve stores and deletions first.
-        fsync: `fsync` each block file before renaming it into place (durable, slower).
+        fsync: `fsync` each segment before renaming it into place (durable, slower).
         name: the medium named in events.
         enable_events: buffer stored/removed events for `take_events`.
 
     Raises:
         ValueError: `root_dir` is unusable (not a directory, not writable, holds blocks of
-            another size), or another argument is out of range.
+            another size or format), or another argument is out of range.
     """
 
     def __init__(
@@ -228,6 +251,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         root_dir: str | os.PathLike[str],
         *,
         capacity_bytes: int | None = None,
+        max_segment_bytes: int = 16 << 20,
         n_read_threads: int = 4,
         n_write_threads: int = 4,
         fsync: bool = False,
@@ -244,20 +268,27 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         self.root_dir = Path(root_dir)
         self.block_bytes = self._primary.block_bytes
         self.fsync = fsync
-        max_file_bytes = _HEADER.size + MAX_KEY_BYTES + self.block_bytes
-        if capacity_bytes is not None and capacity_bytes < max_file_bytes:
+        if capacity_bytes is not None and capacity_bytes < self.block_bytes:
             raise ValueError(
-                f"capacity_bytes must be None or hold at least one block file "
-                f"(>= {max_file_bytes} bytes), got {capacity_bytes}"
+                f"capacity_bytes must be None or at least one block ({self.block_bytes} bytes), "
+                f"got {capacity_bytes}"
             )
+        if max_segment_bytes < 1:
+            raise ValueError(f"max_segment_bytes must be >= 1, got {max_segment_bytes}")
         self._capacity = capacity_bytes
+        self._max_segment_bytes = max_segment_bytes
         self._used_bytes = 0
-        self._index: OrderedDict[OffloadKey, _Entry] = OrderedDict()
+        self._index: dict[OffloadKey, _Entry] = {}
+        # Segments in least-recently-used order.
+        self._segments: OrderedDict[_Segment, None] = OrderedDict()
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
         self._last_generation = 0
         self._made_dirs: set[str] = set()
-        self._done_lock = threading.Lock()
+        # Jobs finished without I/O, and per-task completions posted by the I/O threads
+        # (deque appends and pops are atomic: the scheduler thread never waits on a lock that
+        # an I/O thread could hold).
         self._done: list[_Job] = []
+        self._completions: deque[tuple[_Job, OffloadKey | str | None]] = deque()
         self._closed = False
         self._last_warning = 0.0
 
@@ -300,56 +331,90 @@ class FileSystemSecondaryTier(SecondaryTierManager):
                 f"root_dir or empty this one"
             )
 
-    def _file_size(self, key: bytes) -> int:
+    def _record_bytes(self, key: bytes) -> int:
         return _HEADER.size + len(key) + self.block_bytes
 
     def _reindex(self) -> None:
-        # key -> (generation, mtime, path, size) of its newest file
-        found: dict[OffloadKey, tuple[int, float, str, int]] = {}
-        stale_tmp = ignored = 0
+        found: list[tuple[int, float, str, int]] = []  # generation, mtime, path, size
+        stale_tmp = 0
         for dirpath, _dirnames, filenames in os.walk(self.root_dir):
             for filename in filenames:
                 path = os.path.join(dirpath, filename)
                 if filename.endswith(_TMP_SUFFIX):
                     stale_tmp += 1
                     _unlink_quietly(path)
-                    continue
-                parsed = _parse_block_name(filename)
-                if parsed is None:
-                    continue
-                key, generation = parsed
-                try:
-                    stat = os.stat(path)
-                except OSError:
-                    continue
-                if stat.st_size != self._file_size(key):
-                    ignored += 1
-                    continue
-                self._last_generation = max(self._last_generation, generation)
-                candidate = (generation, stat.st_mtime, path, stat.st_size)
-                previous = found.setdefault(key, candidate)
-                if previous is not candidate:
-                    # A crash between writing a newer copy and deleting the older one.
-                    older, newer = sorted((previous, candidate))
-                    _unlink_quietly(older[2])
-                    found[key] = newer
-        for key, (_gen, _mtime, path, size) in sorted(found.items(), key=lambda item: item[1][1]):
-            self._index[key] = _Entry(path, size, writing=False)
-            self._used_bytes += size
+                elif filename.endswith(_SEGMENT_SUFFIX):
+                    try:
+                        generation = int(filename[: -len(_SEGMENT_SUFFIX)], 16)
+                        stat = os.stat(path)
+                    except (ValueError, OSError):
+                        continue
+                    found.append((generation, stat.st_mtime, path, stat.st_size))
+        skipped = 0
+        # Oldest generation first: a key stored again later (after an eviction that a crash
+        # interrupted) keeps its newest record.
+        segments: list[tuple[float, _Segment]] = []
+        for generation, mtime, path, size in sorted(found):
+            self._last_generation = max(self._last_generation, generation)
+            records, bad = self._scan_segment(path, size)
+            skipped += bad
+            segment = _Segment(path, size, writing=False)
+            for key, offset in records:
+                previous = self._index.get(key)
+                if previous is not None:
+                    previous.segment.keys.discard(key)
+                segment.keys.add(key)
+                self._index[key] = _Entry(segment, offset)
+            segments.append((mtime, segment))
+        for _mtime, segment in sorted(segments, key=lambda item: item[0]):
+            if segment.keys:
+                self._segments[segment] = None
+                self._used_bytes += segment.size
+            else:
+                _unlink_quietly(segment.path)
         if self._capacity is not None:
-            while self._used_bytes > self._capacity and self._index:
-                _key, entry = self._index.popitem(last=False)
-                self._used_bytes -= entry.size
-                _unlink_quietly(entry.path)
-        if stale_tmp or ignored or self._index:
+            while self._used_bytes > self._capacity and self._segments:
+                segment = next(iter(self._segments))
+                self._evict(segment, announce=False)
+                _unlink_quietly(segment.path)
+        if stale_tmp or skipped or self._index:
             logger.info(
-                "fs tier %s: re-indexed %d blocks, removed %d stale temporary files, ignored %d "
-                "files of another size",
+                "fs tier %s: re-indexed %d blocks in %d segments, removed %d stale temporary "
+                "files, skipped %d damaged records",
                 self.root_dir,
                 len(self._index),
+                len(self._segments),
                 stale_tmp,
-                ignored,
+                skipped,
             )
+
+    def _scan_segment(self, path: str, size: int) -> tuple[list[tuple[OffloadKey, int]], int]:
+        """Read a segment's record headers: (key, offset) of each whole record, and the number
+        of records skipped because they are damaged or of another block size."""
+        records: list[tuple[OffloadKey, int]] = []
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return records, 1
+        try:
+            offset = 0
+            while offset + _HEADER.size <= size:
+                header = os.pread(fd, _HEADER.size, offset)
+                if len(header) < _HEADER.size:
+                    return records, 1
+                magic, version, key_len, _crc, payload_len = _HEADER.unpack(header)
+                end = offset + _HEADER.size + key_len + payload_len
+                if magic != _MAGIC or version != _FORMAT_VERSION or end > size:
+                    return records, 1  # what follows cannot be located
+                if payload_len == self.block_bytes:
+                    key = os.pread(fd, key_len, offset + _HEADER.size)
+                    records.append((OffloadKey(key), offset))
+                offset = end
+            return records, 1 if offset != size else 0
+        except OSError:
+            return records, 1
+        finally:
+            os.close(fd)
 
     # --- scheduler-thread API ---
 
@@ -358,64 +423,114 @@ class FileSystemSecondaryTier(SecondaryTierManager):
 
     @property
     def used_bytes(self) -> int:
-        """Bytes of block files stored or being written."""
+        """Bytes of segment files stored or being written."""
         return self._used_bytes
+
+    @property
+    def num_segments(self) -> int:
+        """Segment files stored or being written."""
+        return len(self._segments)
+
+    def location(self, key: OffloadKey) -> tuple[str, int, int] | None:
+        """Return (segment path, record offset, record bytes) of a block, for diagnostics."""
+        entry = self._index.get(key)
+        if entry is None:
+            return None
+        return entry.segment.path, entry.offset, self._record_bytes(key)
 
     @override
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
         entry = self._index.get(key)
         if entry is None:
             return False
-        return None if entry.writing else True
+        return None if entry.segment.writing else True
 
     @override
     def submit_store(self, job: JobMetadata) -> None:
-        if self._closed:
-            self._finish_now(job)
-            return
-        planned: list[tuple[OffloadKey, _Entry, int]] = []
-        unplaceable = False
+        state = _Job(job)
+        new: dict[OffloadKey, int] = {}
         for key, block_id in zip(job.keys, job.block_ids):
-            if key in self._index:
+            if key in self._index or key in new:
                 continue  # already stored or being written: nothing to do
-            size = self._file_size(key)
-            if len(key) > MAX_KEY_BYTES or not self._make_room(size):
-                unplaceable = True
+            if len(key) > _MAX_KEY_BYTES:
+                state.failed = True
                 continue
-            entry = _Entry(self._new_path(key), size, writing=True)
-            self._index[key] = entry
-            self._used_bytes += size
-            planned.append((key, entry, block_id))
-        state = _Job(job, [(key, entry) for key, entry, _ in planned])
-        state.failed = unplaceable
-        if not planned:
+            new[key] = block_id
+        if self._closed:
+            state.failed = True
+            new.clear()
+        plans: list[tuple[_Segment, list[tuple[OffloadKey, int]]]] = []
+        chunk: list[tuple[OffloadKey, int]] = []
+        chunk_bytes = 0
+        for key, block_id in new.items():
+            record_bytes = self._record_bytes(key)
+            if chunk and chunk_bytes + record_bytes > self._max_segment_bytes:
+                self._plan_segment(state, chunk, chunk_bytes, plans)
+                chunk, chunk_bytes = [], 0
+            chunk.append((key, block_id))
+            chunk_bytes += record_bytes
+        if chunk:
+            self._plan_segment(state, chunk, chunk_bytes, plans)
+        state.remaining = len(plans)
+        if not plans:
             self._finish(state)
             return
-        for key, entry, block_id in planned:
-            self._pool.submit(self._write_task(state, key, entry, block_id), read=False)
+        for segment, records in plans:
+            self._pool.submit(self._write_task(state, segment, records), read=False)
+
+    def _plan_segment(
+        self,
+        state: _Job,
+        records: list[tuple[OffloadKey, int]],
+        size: int,
+        plans: list[tuple[_Segment, list[tuple[OffloadKey, int]]]],
+    ) -> None:
+        if not self._make_room(size):
+            state.failed = True
+            return
+        segment = _Segment(self._new_path(), size, writing=True)
+        offset = 0
+        for key, _block_id in records:
+            segment.keys.add(key)
+            self._index[key] = _Entry(segment, offset)
+            offset += self._record_bytes(key)
+        self._segments[segment] = None
+        self._used_bytes += size
+        state.segments.append(segment)
+        plans.append((segment, records))
 
     @override
     def submit_load(self, job: JobMetadata) -> None:
-        entries: list[tuple[OffloadKey, _Entry]] = []
+        state = _Job(job)
         for key in job.keys:
             entry = self._index.get(key)
-            if entry is None or entry.writing:
-                entries = []
+            if entry is None or entry.segment.writing:
+                state.reads.clear()
                 break
-            entries.append((key, entry))
-        if self._closed or not entries or len(entries) != len(job.keys):
-            self._finish_now(job)
+            state.reads.append((key, entry))
+        if self._closed or len(state.reads) != len(job.keys) or not state.reads:
+            state.failed = True
+            state.reads.clear()
+            self._finish(state)
             return
-        state = _Job(job, entries)
-        for (key, entry), block_id in zip(entries, job.block_ids):
-            entry.readers += 1
-            self._index.move_to_end(key)
+        state.remaining = len(state.reads)
+        for (key, entry), block_id in zip(state.reads, job.block_ids):
+            entry.segment.readers += 1
+            self._segments.move_to_end(entry.segment)
             self._pool.submit(self._read_task(state, key, entry, block_id), read=True)
 
     @override
     def get_finished_jobs(self) -> Iterable[JobResult]:
-        with self._done_lock:
-            done, self._done = self._done, []
+        done, self._done = self._done, []
+        completions = self._completions
+        while completions:
+            state, failure = completions.popleft()
+            if failure is not None:
+                state.failed = True
+                state.failed_keys.append(failure)
+            state.remaining -= 1
+            if state.remaining == 0:
+                done.append(state)
         results: list[JobResult] = []
         for state in done:
             if state.meta.is_promotion:
@@ -426,39 +541,47 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         return results
 
     def _settle_store(self, state: _Job) -> None:
+        written: set[OffloadKey] = set()
         failed = set(state.failed_keys)
-        stored: list[OffloadKey] = []
-        for key, entry in state.entries:
-            if key in failed:
-                self._drop(key, entry, announce=False)
+        for segment in state.segments:
+            segment.writing = False
+            if segment.path in failed:
+                # Never announced, and its temporary file is already gone.
+                self._forget(segment)
             else:
-                entry.writing = False
-                stored.append(key)
+                written.update(segment.keys)
+        stored = [key for key in dict.fromkeys(state.meta.keys) if key in written]
         if self._events is not None and stored:
             self._events.append(OffloadingEvent(stored, self.medium, removed=False))
 
     def _settle_load(self, state: _Job) -> None:
         failed = set(state.failed_keys)
         dropped: list[OffloadKey] = []
-        for key, entry in state.entries:
-            entry.readers -= 1
-            if key in failed and self._drop(key, entry, announce=False):
+        for key, entry in state.reads:
+            segment = entry.segment
+            segment.readers -= 1
+            if key in failed and self._index.get(key) is entry:
+                # Corrupt, truncated or vanished: never offer this block again.
+                del self._index[key]
+                segment.keys.discard(key)
                 dropped.append(key)
-        if dropped:
-            # Corrupt, truncated or vanished files: never offer these blocks again.
-            self._announce_removed(dropped)
+            if not segment.keys and segment.idle and segment in self._segments:
+                self._forget(segment)
+                self._pool.submit(self._delete_task(segment.path), read=False)
+        self._announce_removed(dropped)
 
-    def _drop(self, key: OffloadKey, entry: _Entry, *, announce: bool) -> bool:
-        """Remove `entry` from the index (if still current) and delete its file."""
-        if self._index.get(key) is not entry:
-            return False
-        del self._index[key]
-        self._used_bytes -= entry.size
-        if not entry.writing:
-            self._pool.submit(self._delete_task(entry.path), read=False)
+    def _forget(self, segment: _Segment) -> None:
+        for key in segment.keys:
+            del self._index[key]
+        segment.keys.clear()
+        del self._segments[segment]
+        self._used_bytes -= segment.size
+
+    def _evict(self, segment: _Segment, *, announce: bool) -> None:
+        keys = list(segment.keys)
+        self._forget(segment)
         if announce:
-            self._announce_removed([key])
-        return True
+            self._announce_removed(keys)
 
     def _announce_removed(self, keys: list[OffloadKey]) -> None:
         if self._events is not None and keys:
@@ -467,43 +590,37 @@ class FileSystemSecondaryTier(SecondaryTierManager):
     def _make_room(self, size: int) -> bool:
         if self._capacity is None or self._used_bytes + size <= self._capacity:
             return True
-        victims: list[tuple[OffloadKey, _Entry]] = []
+        victims: list[_Segment] = []
         freed = 0
-        for key, entry in self._index.items():
-            if entry.idle:
-                victims.append((key, entry))
-                freed += entry.size
-                if self._used_bytes - freed + size <= self._capacity:
-                    break
+        for segment in self._segments:
+            if self._used_bytes - freed + size <= self._capacity:
+                break
+            if segment.idle:
+                victims.append(segment)
+                freed += segment.size
         if self._used_bytes - freed + size > self._capacity:
             return False
-        for key, entry in victims:
-            self._drop(key, entry, announce=False)
-        self._announce_removed([key for key, _ in victims])
+        for segment in victims:
+            self._evict(segment, announce=True)
+            self._pool.submit(self._delete_task(segment.path), read=False)
         return True
 
-    def _new_path(self, key: bytes) -> str:
+    def _new_path(self) -> str:
         self._last_generation = max(time.time_ns(), self._last_generation + 1)
-        first, second = _fan_out(key)
-        return os.path.join(
-            self.root_dir, first, second, f"{key.hex()}.{self._last_generation:016x}{_BLOCK_SUFFIX}"
-        )
-
-    def _finish_now(self, job: JobMetadata) -> None:
-        state = _Job(job, [])
-        state.failed = True
-        self._finish(state)
+        name = f"{self._last_generation:016x}"
+        digest = hashlib.blake2b(name.encode(), digest_size=2).hexdigest()
+        return os.path.join(self.root_dir, digest[:2], digest[2:], name + _SEGMENT_SUFFIX)
 
     def _finish(self, state: _Job) -> None:
-        with self._done_lock:
-            self._done.append(state)
+        self._done.append(state)
 
     @override
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        # Reversed, so the request's first block ends up the most recently used.
+        # Reversed, so the segment of the request's first block ends up the most recent.
         for key in reversed(list(keys)):
-            if key in self._index:
-                self._index.move_to_end(key)
+            entry = self._index.get(key)
+            if entry is not None:
+                self._segments.move_to_end(entry.segment)
 
     @override
     def take_events(self) -> Iterable[OffloadingEvent]:
@@ -526,44 +643,49 @@ class FileSystemSecondaryTier(SecondaryTierManager):
 
     # --- I/O threads ---
 
-    def _block_done(self, state: _Job, key: OffloadKey, ok: bool) -> None:
-        with self._done_lock:
-            if not ok:
-                state.failed = True
-                state.failed_keys.append(key)
-            state.remaining -= 1
-            if state.remaining == 0:
-                self._done.append(state)
+    def _task_done(self, state: _Job, failure: OffloadKey | str | None) -> None:
+        """Post one task's outcome (failure: the block or segment that failed, or None)."""
+        self._completions.append((state, failure))
 
-    def _write_task(self, state: _Job, key: OffloadKey, entry: _Entry, block_id: int) -> _Task:
+    def _write_task(
+        self, state: _Job, segment: _Segment, records: list[tuple[OffloadKey, int]]
+    ) -> _Task:
         def run() -> None:
-            self._block_done(state, key, self._write_block(key, entry.path, block_id))
+            ok = self._write_segment(segment.path, records)
+            self._task_done(state, None if ok else segment.path)
 
-        return _Task(run, lambda: self._block_done(state, key, False))
+        return _Task(run, lambda: self._task_done(state, segment.path))
 
     def _read_task(self, state: _Job, key: OffloadKey, entry: _Entry, block_id: int) -> _Task:
-        def run() -> None:
-            self._block_done(state, key, self._read_block(key, entry.path, block_id))
+        path, offset = entry.segment.path, entry.offset
 
-        return _Task(run, lambda: self._block_done(state, key, False))
+        def run() -> None:
+            ok = self._read_record(key, path, offset, block_id)
+            self._task_done(state, None if ok else key)
+
+        return _Task(run, lambda: self._task_done(state, key))
 
     def _delete_task(self, path: str) -> _Task:
         return _Task(lambda: _unlink_quietly(path), lambda: None)
 
-    def _write_block(self, key: bytes, path: str, block_id: int) -> bool:
+    def _write_segment(self, path: str, records: list[tuple[OffloadKey, int]]) -> bool:
         tmp_path = path + _TMP_SUFFIX
         try:
             directory = os.path.dirname(path)
             if directory not in self._made_dirs:
                 os.makedirs(directory, exist_ok=True)
                 self._made_dirs.add(directory)
-            payload = self._primary.row(block_id)
-            header = _HEADER.pack(
-                _MAGIC, _FORMAT_VERSION, len(key), zlib.crc32(payload), len(payload)
-            )
+            parts: list[memoryview] = []
+            for key, block_id in records:
+                payload = self._primary.row(block_id)
+                header = _HEADER.pack(
+                    _MAGIC, _FORMAT_VERSION, len(key), zlib.crc32(payload), len(payload)
+                )
+                parts.append(memoryview(header + key))
+                parts.append(payload)
             fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
             try:
-                _write_all(fd, [memoryview(header + key), payload])
+                _write_all(fd, parts)
                 if self.fsync:
                     os.fsync(fd)
             finally:
@@ -575,15 +697,15 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             _unlink_quietly(tmp_path)
             return False
 
-    def _read_block(self, key: bytes, path: str, block_id: int) -> bool:
+    def _read_record(self, key: bytes, path: str, offset: int, block_id: int) -> bool:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             try:
-                if os.fstat(fd).st_size != self._file_size(key):
-                    raise _CorruptBlock("size")
                 header = bytearray(_HEADER.size + len(key))
-                if not _read_exact(fd, memoryview(header), 0):
-                    raise _CorruptBlock("truncated header")
+                dest = self._primary.row(block_id)
+                # One system call for header, key and payload, straight into the primary slot.
+                if not _read_exact_into(fd, [memoryview(header), dest], offset):
+                    raise _CorruptBlock("truncated record")
                 magic, version, key_len, crc, payload_len = _HEADER.unpack_from(header)
                 if (
                     magic != _MAGIC
@@ -593,9 +715,6 @@ class FileSystemSecondaryTier(SecondaryTierManager):
                     or bytes(header[_HEADER.size :]) != key
                 ):
                     raise _CorruptBlock("header")
-                dest = self._primary.row(block_id)
-                if not _read_exact(fd, dest, len(header)):
-                    raise _CorruptBlock("truncated payload")
                 if zlib.crc32(dest) != crc:
                     raise _CorruptBlock("checksum mismatch")
             finally:
@@ -618,23 +737,13 @@ class FileSystemSecondaryTier(SecondaryTierManager):
     def __repr__(self) -> str:
         return (
             f"FileSystemSecondaryTier({str(self.root_dir)!r}, blocks={len(self._index)}, "
-            f"used_bytes={self._used_bytes}, capacity_bytes={self._capacity})"
+            f"segments={len(self._segments)}, used_bytes={self._used_bytes}, "
+            f"capacity_bytes={self._capacity})"
         )
 
 
 class _CorruptBlock(Exception):
-    """A block file does not hold what its name promises."""
-
-
-def _parse_block_name(filename: str) -> tuple[OffloadKey, int] | None:
-    if not filename.endswith(_BLOCK_SUFFIX):
-        return None
-    stem = filename[: -len(_BLOCK_SUFFIX)]
-    key_hex, _, generation_hex = stem.rpartition(".")
-    try:
-        return OffloadKey(bytes.fromhex(key_hex)), int(generation_hex, 16)
-    except ValueError:
-        return None
+    """A record does not hold what the index promises."""
 
 
 def _unlink_quietly(path: str) -> None:
@@ -643,5 +752,5 @@ def _unlink_quietly(path: str) -> None:
     except FileNotFoundError:
         pass
     except OSError as exc:
-        if exc.errno not in (errno.ENOENT,):
+        if exc.errno != errno.ENOENT:
             logger.debug("could not delete %s: %s", path, exc)

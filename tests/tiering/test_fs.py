@@ -19,11 +19,12 @@ import pytest
 from kvref.base import OffloadingEvent, OffloadKey, ReqContext
 from kvref.tiering import fs as fs_module
 from kvref.tiering.base import JobMetadata, JobResult
-from kvref.tiering.fs import CONFIG_FILE_NAME, MAX_KEY_BYTES, FileSystemSecondaryTier
+from kvref.tiering.fs import CONFIG_FILE_NAME, RECORD_HEADER_BYTES, FileSystemSecondaryTier
 from tests.tiering.helpers import BLOCK_BYTES, content, make_view, to_key, to_keys
 
 CTX = ReqContext(req_id="r1")
 NUM_BLOCKS = 8
+RECORD = RECORD_HEADER_BYTES + 12 + BLOCK_BYTES  # one record of a 12-byte test key
 
 
 class Harness:
@@ -68,7 +69,7 @@ class Harness:
         assert results == [JobResult(self.job_ids, results[0].success)]
         return results[0].success
 
-    def files(self, suffix: str = ".kvb") -> list[Path]:
+    def files(self, suffix: str = ".kvs") -> list[Path]:
         return sorted(path for path in self.root.rglob(f"*{suffix}") if path.is_file())
 
     def close(self) -> None:
@@ -84,8 +85,15 @@ def harness(tmp_path: Path) -> Iterator[Harness]:
 
 
 def file_of(h: Harness, key: OffloadKey) -> Path:
-    (path,) = [p for p in h.files() if p.name.startswith(key.hex() + ".")]
-    return path
+    location = h.tier.location(key)
+    assert location is not None
+    return Path(location[0])
+
+
+def record_of(h: Harness, key: OffloadKey) -> tuple[Path, int, int]:
+    location = h.tier.location(key)
+    assert location is not None
+    return Path(location[0]), location[1], location[2]
 
 
 # --- normal operation ---
@@ -96,8 +104,9 @@ def test_store_then_load_round_trip(harness: Harness) -> None:
     assert harness.tier.lookup(k1, CTX) is False
     assert harness.store([k1, k2], [0, 1])
     assert harness.tier.lookup(k1, CTX) is True
-    assert len(harness.files()) == 2
-    # fan-out: root/<ff>/<ff>/<key hex>.<generation>.kvb
+    assert len(harness.files()) == 1  # one segment per store job
+    assert record_of(harness, k2)[1:] == (RECORD, RECORD)
+    # fan-out: root/<ff>/<ff>/<generation>.kvs
     assert all(len(p.relative_to(harness.root).parts) == 3 for p in harness.files())
     assert harness.load([k2, k1], [5, 6])
     assert harness.row(5) == content(k2) and harness.row(6) == content(k1)
@@ -141,11 +150,10 @@ def test_load_of_a_missing_block_fails_without_io(harness: Harness) -> None:
     assert harness.tier.lookup(k1, CTX) is True  # k1 itself is fine
 
 
-def test_touch_orders_eviction(tmp_path: Path) -> None:
-    file_bytes = 24 + 12 + BLOCK_BYTES
-    h = Harness(tmp_path / "fs", capacity_bytes=max(2 * file_bytes, 24 + MAX_KEY_BYTES + BLOCK_BYTES))
+def test_capacity_evicts_least_recently_used_segments(tmp_path: Path) -> None:
+    h = Harness(tmp_path / "fs", capacity_bytes=2 * RECORD)
     k1, k2, k3 = to_keys([1, 2, 3])
-    assert h.store([k1, k2], [0, 1])
+    assert h.store([k1], [0]) and h.store([k2], [1])
     h.tier.touch([k1], CTX)
     h.tier.take_events()
     assert h.store([k3], [2])
@@ -155,12 +163,22 @@ def test_touch_orders_eviction(tmp_path: Path) -> None:
         OffloadingEvent([k3], "fs", removed=False),
     ]
     h.tier.drain_jobs()
-    assert len(h.files()) == 2
+    assert len(h.files()) == 2 and h.tier.used_bytes == 2 * RECORD
+    h.close()
+
+
+def test_store_jobs_are_split_into_segments(tmp_path: Path) -> None:
+    h = Harness(tmp_path / "fs", max_segment_bytes=2 * RECORD)
+    keys = to_keys(range(5))
+    assert h.store(keys)
+    assert h.tier.num_segments == 3 and len(h.files()) == 3
+    assert h.load(keys, [3, 4, 5, 6, 7])
+    assert [h.row(i) for i in range(3, 8)] == [content(key) for key in keys]
     h.close()
 
 
 def test_capacity_never_evicts_blocks_being_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    h = Harness(tmp_path / "fs", capacity_bytes=24 + MAX_KEY_BYTES + BLOCK_BYTES)
+    h = Harness(tmp_path / "fs", capacity_bytes=RECORD)
     k1, k2 = to_keys([1, 2])
     assert h.store([k1])
     gate = threading.Event()
@@ -224,7 +242,7 @@ def test_reads_are_not_starved_by_writes() -> None:
 
 
 def test_shutdown_fails_queued_jobs_and_later_submits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    h = Harness(tmp_path / "fs", n_read_threads=1, n_write_threads=1)
+    h = Harness(tmp_path / "fs", n_read_threads=1, n_write_threads=1, max_segment_bytes=RECORD)
     gate = threading.Event()
     real_replace = os.replace
     monkeypatch.setattr(os, "replace", lambda src, dst: (gate.wait(5), real_replace(src, dst)))  # pyright: ignore[reportUnknownLambdaType, reportUnknownArgumentType]
@@ -238,12 +256,6 @@ def test_shutdown_fails_queued_jobs_and_later_submits(tmp_path: Path, monkeypatc
     assert list(h.tier.get_finished_jobs()) == [JobResult(h.job_ids, False)]
     h.tier.shutdown()  # idempotent
     h.rows.release()
-
-
-def test_keys_too_long_for_a_file_name_fail_to_store(harness: Harness) -> None:
-    long_key = OffloadKey(b"x" * (MAX_KEY_BYTES + 1))
-    assert not harness.store([long_key])
-    assert harness.tier.lookup(long_key, CTX) is False
 
 
 # --- restart ---
@@ -265,30 +277,47 @@ def test_restart_removes_stale_temp_files_and_keeps_the_newest_copy(tmp_path: Pa
     k1, k2 = to_keys([1, 2])
     first = Harness(tmp_path / "fs")
     assert first.store([k1, k2])
-    first.close()
     path = file_of(first, k1)
-    # A crash mid-write leaves a temp file; a crash mid-eviction leaves an older copy.
-    stale = path.with_name(f"{k2.hex()}.{'f' * 16}.kvb.tmp")
+    first.close()
+    # A crash mid-write leaves a temp file; a crash mid-eviction can leave an older copy.
+    stale = path.with_name(f"{'f' * 16}.kvs.tmp")
     stale.write_bytes(b"partial")
-    older = path.with_name(f"{k1.hex()}.{0:016x}.kvb")
+    older = path.with_name(f"{0:016x}.kvs")
     older.write_bytes(path.read_bytes())
     second = Harness(tmp_path / "fs")
     assert not stale.exists() and not older.exists() and path.exists()
     assert second.tier.lookup(k1, CTX) is True and len(second.tier) == 2
+    assert second.tier.num_segments == 1
     second.close()
 
 
-def test_restart_ignores_files_of_another_size_and_unknown_names(tmp_path: Path) -> None:
+def test_restart_skips_damaged_records_and_unknown_names(tmp_path: Path) -> None:
+    k1, k2 = to_keys([1, 2])
+    first = Harness(tmp_path / "fs")
+    assert first.store([k1, k2])
+    path = file_of(first, k1)
+    first.close()
+    path.write_bytes(path.read_bytes()[:-1])  # k2's record is cut short
+    (path.parent / "notes.txt").write_text("not a block")
+    (path.parent / "zz.kvs").write_text("not hex")
+    second = Harness(tmp_path / "fs")
+    assert second.tier.lookup(k1, CTX) is True
+    assert second.tier.lookup(k2, CTX) is False
+    assert second.load([k1], [4]) and second.row(4) == content(k1)
+    second.close()
+
+
+def test_restart_drops_segments_of_another_block_size(tmp_path: Path) -> None:
     k1 = to_key(1)
     first = Harness(tmp_path / "fs")
     assert first.store([k1])
-    first.close()
     path = file_of(first, k1)
-    path.write_bytes(path.read_bytes()[:-1])
-    (path.parent / "notes.txt").write_text("not a block")
-    (path.parent / "zz.1.kvb").write_text("not hex")
+    first.close()
+    data = bytearray(path.read_bytes())
+    data[16:24] = (BLOCK_BYTES * 2).to_bytes(8, "little") # payload length field
+    path.write_bytes(bytes(data) + bytes(BLOCK_BYTES))
     second = Harness(tmp_path / "fs")
-    assert second.tier.lookup(k1, CTX) is False
+    assert second.tier.lookup(k1, CTX) is False and not path.exists()
     second.close()
 
 
@@ -303,11 +332,10 @@ def test_restart_over_capacity_evicts_the_oldest(tmp_path: Path) -> None:
     first = Harness(tmp_path / "fs")
     for i, key in enumerate(keys):
         assert first.store([key], [i])
-        os.utime(file_of(first, key), (1000 + i, 1000 + i))
+        os.utime(file_of(first, key), (1000 - i, 1000 - i))  # the first stored is the newest
     first.close()
-    one_file = 24 + 12 + BLOCK_BYTES
-    second = Harness(tmp_path / "fs", capacity_bytes=max(2 * one_file, 24 + MAX_KEY_BYTES + BLOCK_BYTES))
-    assert [second.tier.lookup(key, CTX) for key in keys] == [False, True, True]
+    second = Harness(tmp_path / "fs", capacity_bytes=2 * RECORD)
+    assert [second.tier.lookup(key, CTX) for key in keys] == [True, True, False]
     second.close()
 
 
@@ -342,7 +370,8 @@ def test_corrupt_config_is_refused(tmp_path: Path) -> None:
     ("kwargs", "message"),
     [
         ({"n_read_threads": 0}, "n_read_threads and n_write_threads must be >= 1"),
-        ({"capacity_bytes": 10}, "capacity_bytes must be None or hold at least one block file"),
+        ({"capacity_bytes": 10}, "capacity_bytes must be None or at least one block"),
+        ({"max_segment_bytes": 0}, "max_segment_bytes must be >= 1"),
     ],
 )
 def test_invalid_arguments(tmp_path: Path, kwargs: dict[str, Any], message: str) -> None:
@@ -353,48 +382,52 @@ def test_invalid_arguments(tmp_path: Path, kwargs: dict[str, Any], message: str)
 # --- fault injection: the scheduler side never raises and never gets wrong bytes ---
 
 
-def corrupt_payload(path: Path) -> None:
+def flip(path: Path, position: int) -> None:
     data = bytearray(path.read_bytes())
-    data[-1] ^= 0xFF
+    data[position] ^= 0xFF
     path.write_bytes(bytes(data))
 
 
-def corrupt_header(path: Path) -> None:
-    data = bytearray(path.read_bytes())
-    data[0] ^= 0xFF
-    path.write_bytes(bytes(data))
+def corrupt_payload(path: Path, offset: int, size: int) -> None:
+    flip(path, offset + size - 1)
 
 
-def truncate(path: Path) -> None:
-    path.write_bytes(path.read_bytes()[: BLOCK_BYTES // 2])
+def corrupt_header(path: Path, offset: int, size: int) -> None:
+    flip(path, offset)
 
 
-def swap_in_other_key(path: Path) -> None:
-    # A file renamed to another key's name: right size, right checksum, wrong key.
-    data = bytearray(path.read_bytes())
-    data[24 + 7] ^= 0x01
-    path.write_bytes(bytes(data))
+def truncate(path: Path, offset: int, size: int) -> None:
+    os.truncate(path, offset + size // 2)
 
 
-def delete(path: Path) -> None:
-    path.unlink()
+def other_key(path: Path, offset: int, size: int) -> None:
+    # Right size, right checksum, another key: a record that is not the one indexed.
+    flip(path, offset + RECORD_HEADER_BYTES + 7)
 
 
-@pytest.mark.parametrize("damage", [corrupt_payload, corrupt_header, truncate, swap_in_other_key, delete])
-def test_damaged_file_fails_the_load_and_becomes_a_miss(harness: Harness, damage: Any) -> None:
+@pytest.mark.parametrize("damage", [corrupt_payload, corrupt_header, truncate, other_key])
+def test_damaged_record_fails_the_load_and_becomes_a_miss(harness: Harness, damage: Any) -> None:
     k1, k2 = to_keys([1, 2])
     assert harness.store([k1, k2])
     harness.tier.take_events()
-    damage(file_of(harness, k1))
+    damage(*record_of(harness, k2))  # k2 is the segment's second (last) record
     assert not harness.load([k1, k2], [4, 5])
-    assert harness.tier.lookup(k1, CTX) is False  # never offered again
-    assert harness.tier.lookup(k2, CTX) is True
-    assert harness.tier.take_events() == [OffloadingEvent([k1], "fs", removed=True)]
-    harness.tier.drain_jobs()
-    assert [p.name.split(".")[0] for p in harness.files()] == [k2.hex()]
-    # The key can be stored again and then loads correctly.
-    assert harness.store([k1], [0])
-    assert harness.load([k1], [6]) and harness.row(6) == content(k1)
+    assert harness.row(4) == content(k1)
+    assert harness.tier.lookup(k2, CTX) is False  # never offered again
+    assert harness.tier.lookup(k1, CTX) is True
+    assert harness.tier.take_events() == [OffloadingEvent([k2], "fs", removed=True)]
+    # The block can be stored again and then loads correctly.
+    assert harness.store([k2], [0])
+    assert harness.load([k2], [6]) and harness.row(6) == content(k2)
+
+
+def test_vanished_segment_fails_the_load_and_is_forgotten(harness: Harness) -> None:
+    k1, k2 = to_keys([1, 2])
+    assert harness.store([k1, k2])
+    file_of(harness, k1).unlink()
+    assert not harness.load([k1, k2], [4, 5])
+    assert [harness.tier.lookup(k, CTX) for k in (k1, k2)] == [False, False]
+    assert harness.tier.num_segments == 0 and harness.tier.used_bytes == 0
 
 
 def test_crash_between_write_and_rename(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -456,3 +489,15 @@ def test_permission_denied_on_write_and_read(harness: Harness, monkeypatch: pyte
     assert harness.store([k2])
     assert not harness.load([k2], [4])
     assert harness.tier.lookup(k2, CTX) is False  # an unreadable block is a miss afterwards
+
+
+def test_partial_reads_are_completed(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_preadv = os.preadv
+
+    def short_preadv(fd: int, buffers: list[memoryview], offset: int) -> int:
+        return real_preadv(fd, [buffers[0][:7]], offset)  # 7 bytes at a time
+
+    k1 = to_key(1)
+    assert harness.store([k1])
+    monkeypatch.setattr(os, "preadv", short_preadv)
+    assert harness.load([k1], [3]) and harness.row(3) == content(k1)
