@@ -228,3 +228,10 @@ def test_the_fallback_walker_agrees_with_git_on_generated_patterns(
                 _git_init(root)
             results.append(_rel(root, discover(root).project_files))
         assert results[0] == results[1], (root_lines, nested_lines)
+
+
+def test_a_directory_with_nothing_to_audit_says_so(tmp_path: Path) -> None:
+    _touch(tmp_path, "a.py", "build/gen.py")
+    found = discover(tmp_path, [tmp_path / "build"])
+    assert found.report_files == ()
+    assert found.warnings == ("build: no Python files to audit (excluded or ignored?)",)
