@@ -45,6 +45,7 @@ __all__ = [
 BUILTINS = "builtins"
 _STDLIB = Path(sysconfig.get_paths()["stdlib"])
 _STDLIB_NAMES = frozenset(sys.stdlib_module_names)
+_OBJECT_RUNTIME_ONLY = frozenset({"__lt__", "__le__", "__gt__", "__ge__"})
 # typing names whose runtime class lives elsewhere (`typing.Mapping` is an alias object).
 _TYPING_REDIRECTS: dict[str, tuple[str, str]] = {
     **{
@@ -549,10 +550,16 @@ class ProjectIndex:
         if not isinstance(value, type):
             return None
         bases = tuple(self._live_key(b) for b in value.__bases__)
+        members = frozenset(value.__dict__)
+        if value is object:
+            # At runtime object has slot wrappers for every rich comparison; the type checkers
+            # read typeshed, whose `object` declares only __eq__ and __ne__, so a class's own
+            # __lt__ overrides nothing for them.
+            members -= _OBJECT_RUNTIME_ONLY
         return ClassInfo(
             key=key,
             summary=None,
-            members=frozenset(value.__dict__),
+            members=members,
             methods={},
             bases=bases,
             is_protocol=False,
@@ -593,6 +600,41 @@ class ProjectIndex:
         if merged is None:
             return Unresolved(frozenset({f"{key.dotted} (inconsistent MRO)"}))
         return (key, *merged)
+
+    def known_ancestors(self, key: ClassKey) -> tuple[ClassKey, ...]:
+        """The ancestors of `key` that resolve, nearest first, `object` last.
+
+        The MRO when it resolves; otherwise a depth-first, left-to-right walk that skips the
+        bases which cannot be followed (an uninstalled package), which is what the type
+        checkers do with an unknown base: its own members are unknown, the rest is not.
+        """
+        linearization = self.mro(key)
+        if not isinstance(linearization, Unresolved):
+            return linearization[1:]
+        seen: dict[ClassKey, None] = {}
+
+        def visit(current: ClassKey) -> None:
+            info = self.class_info(current)
+            for base in info.bases if info is not None else ():
+                if isinstance(base, ClassKey) and base not in seen and base != key:
+                    seen[base] = None
+                    visit(base)
+
+        visit(key)
+        everything = ClassKey(BUILTINS, "object")
+        return (*(base for base in seen if base != everything), everything)
+
+    def find_known_member(self, key: ClassKey, name: str) -> MemberHit | None:
+        """Like `find_member`, but through `known_ancestors` when the MRO does not resolve.
+
+        A hit proves that `name` overrides something even if an unknown base sits earlier
+        in the real MRO; None proves nothing then (the unknown base may bind `name`).
+        """
+        for base in self.known_ancestors(key):
+            info = self.class_info(base)
+            if info is not None and name in info.members:
+                return MemberHit(info, tuple(info.methods.get(name, ())))
+        return None
 
     def find_member(self, key: ClassKey, name: str) -> MemberHit | None:
         """The nearest class after `key` in its MRO that binds `name` (None: none does).

@@ -11,7 +11,9 @@ exclusive, the convention of `kvref.audit.model.Edit`.
 
 Only what runs when the module is imported is walked: module and class bodies, through
 `if`/`try`/`with` blocks. Function bodies are entered only for KVR102, and only when a
-parameter is annotated `Iterable`/`Iterator`; classes defined inside functions are not indexed.
+parameter is annotated `Iterable`/`Iterator`, and for the classes they define (a class inside a
+function is indexed as `f.<locals>.Cls`, its bases resolved from the module's names, as the
+type checkers check it; names bound locally in the function are not followed).
 """
 
 from __future__ import annotations
@@ -468,9 +470,12 @@ class _ModuleWalker:
             if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef):
                 if owner is not None:
                     owner.methods.append((statement, mode))
+                    qualname = f"{owner.qualname}.{statement.name}"
                 else:
                     self.functions.append(statement)
                     self._bind(statement.name, Binding("other"), mode)
+                    qualname = statement.name
+                self._walk_local_classes(statement.body, f"{qualname}.<locals>")
             elif isinstance(statement, ast.ClassDef):
                 self._walk_class(statement, mode, owner)
             elif isinstance(statement, ast.If):
@@ -505,6 +510,30 @@ class _ModuleWalker:
         else:
             self._bind(node.name, Binding("class", qualname), mode)
         self.walk_body(node.body, "", builder)
+
+    def _walk_local_classes(self, body: Sequence[ast.stmt], scope: str) -> None:
+        """Index the classes a function body defines (statements only, never expressions)."""
+        for statement in body:
+            if isinstance(statement, ast.ClassDef):
+                builder = _ClassBuilder(statement, f"{scope}.{statement.name}", scope)
+                self.classes.append(builder)
+                self.walk_body(statement.body, "", builder)
+            elif isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef):
+                self._walk_local_classes(statement.body, f"{scope}.{statement.name}.<locals>")
+            elif isinstance(statement, ast.If | ast.For | ast.AsyncFor | ast.While):
+                self._walk_local_classes(statement.body, scope)
+                self._walk_local_classes(statement.orelse, scope)
+            elif isinstance(statement, ast.Try | ast.TryStar):
+                self._walk_local_classes(statement.body, scope)
+                for handler in statement.handlers:
+                    self._walk_local_classes(handler.body, scope)
+                self._walk_local_classes(statement.orelse, scope)
+                self._walk_local_classes(statement.finalbody, scope)
+            elif isinstance(statement, ast.With | ast.AsyncWith):
+                self._walk_local_classes(statement.body, scope)
+            elif isinstance(statement, ast.Match):
+                for case in statement.cases:
+                    self._walk_local_classes(case.body, scope)
 
     def _module_statement(self, statement: ast.stmt, mode: str) -> None:
         if isinstance(statement, ast.Import):
