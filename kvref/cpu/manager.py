@@ -11,6 +11,7 @@ idle blocks to evict. Block states (kv-offload.md section 4):
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Collection
 
 from typing_extensions import override
@@ -40,12 +41,24 @@ def describe_block(block: BlockStatus | None) -> str:
     return f"reading({block.ref_cnt})" if block.ref_cnt else "idle"
 
 
+def _non_negative_int(name: str, value: int) -> int:
+    # operator.index admits any integer type (numpy's included) and nothing else.
+    try:
+        number = operator.index(value)
+    except TypeError:
+        number = -1
+    if number < 0 or isinstance(value, bool):
+        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    return number
+
+
 class CPUOffloadingManager(OffloadingManager):
     """Offloads blocks to `num_blocks` CPU slots, evicting idle blocks as the policy chooses.
 
     Args:
         num_blocks: how many CPU blocks (slots) there are, >= 0.
-        cache_policy: which idle blocks to evict first: "lru" or "arc".
+        cache_policy: which idle blocks to evict first: "lru" or "arc" (or a name given to
+            `register_cache_policy`).
         enable_events: buffer stored/removed events for `take_events` (off: none are kept).
 
     Raises:
@@ -55,10 +68,8 @@ class CPUOffloadingManager(OffloadingManager):
     def __init__(
         self, num_blocks: int, cache_policy: CachePolicyName = "lru", enable_events: bool = False
     ) -> None:
-        if num_blocks < 0:
-            raise ValueError(f"num_blocks must be an integer >= 0, got {num_blocks!r}")
+        self._num_blocks: int = _non_negative_int("num_blocks", num_blocks)
         self.medium: str = CPU_MEDIUM
-        self._num_blocks: int = num_blocks
         # Slots [0, _num_allocated_blocks) have been handed out at least once (the bump pointer).
         self._num_allocated_blocks: int = 0
         # Freed slots, reused last-freed-first.
