@@ -378,14 +378,11 @@ class ProjectIndex:
         bindings = self._symbol_table(module, summary).get(name, ())
         if defining:
             bindings = tuple(b for b in bindings if not (b.kind == "class" and b.target == defining))
-        first: _Target | None = None
-        for binding in bindings:
-            target = self._follow(module, binding, name)
-            if isinstance(target, ClassKey | ModuleTarget):
-                return target
-            first = first or target
-        if first is not None:
-            return first
+        if bindings:
+            # The binding a type checker sees first decides, even when it cannot be
+            # resolved: `except ImportError: Base = object` must not stand in for an
+            # uninstalled base (that would invent KVR002s).
+            return self._follow(module, bindings[0], name)
         for star_module, level in summary.star_imports:
             source = self.absolute_module(module, star_module, level)
             exported = self.module(source)

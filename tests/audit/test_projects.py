@@ -25,7 +25,7 @@ CASES: dict[str, tuple[str, tuple[str, ...], dict[str, int]]] = {
     "thirdparty": (
         ".",
         (),
-        {"torch.nn.Module": 2, "torch.nn.Linear": 1, "not_installed.make_base()": 1},
+        {"torch.nn.Module": 3, "torch.nn.Linear": 1, "not_installed.make_base()": 1},
     ),
     "conditional": (".", (), {}),
     "srclayout": (".", (), {}),
