@@ -526,14 +526,25 @@ class _ModuleWalker:
             value = statement.value
             targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
             for target in targets:
-                if isinstance(target, ast.Name) and target.id == "__all__":
+                if not isinstance(target, ast.Name):
+                    for name in _target_names(target):
+                        self._bind(name, Binding("other"), mode)
+                elif target.id == "__all__":
                     self.all_names = _literal_strings(value)
-                elif isinstance(target, ast.Name) and value is not None:
-                    dotted = dotted_name(value) if isinstance(value, ast.Name | ast.Attribute) else ""
-                    self._bind(target.id, Binding("alias", dotted) if dotted else Binding("other"), mode)
-            for name in _assigned_names(statement, slots=False):
-                if name not in self.primary and name not in self.fallback:
-                    self._bind(name, Binding("other"), mode)
+                elif value is not None:  # a bare `x: int` binds nothing at run time
+                    # `Base = pkg.Base` and `IntStore = Store[int]` alias a class.
+                    aliased = isinstance(value, ast.Name | ast.Attribute | ast.Subscript)
+                    dotted = dotted_name(value) if aliased else ""
+                    binding = Binding("alias", dotted) if dotted else Binding("other")
+                    self._bind(target.id, binding, mode)
+        elif (
+            isinstance(statement, ast.AugAssign)
+            and isinstance(statement.target, ast.Name)
+            and statement.target.id == "__all__"
+        ):
+            added = _literal_strings(statement.value)
+            if self.all_names is not None and added is not None:
+                self.all_names = (*self.all_names, *added)
         else:
             for name in _assigned_names(statement, slots=False):
                 self._bind(name, Binding("other"), mode)
