@@ -428,7 +428,7 @@ def summarize(path: str, source: bytes) -> ModuleSummary:
         raise SummaryError(f"cannot parse: {error}") from None
     newline = detect_newline(text)
     lines = split_lines(text)
-    walker = _ModuleWalker(lines, path.endswith(".pyi"))
+    walker = _ModuleWalker(lines, path.endswith(".pyi"), text.isascii())
     walker.walk_body(tree.body, "", None)
     return walker.finish(path, encoding, bom, newline, import_facts(tree, lines))
 
@@ -447,8 +447,9 @@ class _ClassBuilder:
 class _ModuleWalker:
     """Collects bindings, classes and functions from the statements that run at import."""
 
-    def __init__(self, lines: list[str], is_stub: bool) -> None:
+    def __init__(self, lines: list[str], is_stub: bool, ascii_only: bool) -> None:
         self.lines = lines
+        self.ascii_only = ascii_only  # byte columns are character columns: no conversion
         self.is_stub = is_stub
         self.primary: dict[str, list[Binding]] = {}
         self.fallback: dict[str, list[Binding]] = {}
@@ -771,7 +772,7 @@ class _ModuleWalker:
     # --- positions ------------------------------------------------------------------------
 
     def _char_col(self, line: int, byte_col: int) -> int:
-        return _char_col(self.lines, line, byte_col)
+        return byte_col if self.ascii_only else _char_col(self.lines, line, byte_col)
 
     def _span(self, node: ast.expr | ast.arg, length: int | None = None) -> Span:
         col = self._char_col(node.lineno, node.col_offset)
