@@ -76,6 +76,9 @@ _TYPING_REDIRECTS: dict[str, tuple[str, str]] = {
     "AsyncContextManager": ("contextlib", "AbstractAsyncContextManager"),
 }
 _PROTOCOL = ("typing", "Protocol")
+# Special forms to type checkers: their runtime helpers (`__class_getitem__`...) are no
+# members a user class overrides.
+_SPECIAL_FORMS = frozenset({("typing", "Protocol"), ("typing", "Generic")})
 # Process-wide cache of parsed standard-library and search-path files (they do not change).
 _FILE_CACHE: dict[str, ModuleSummary | None] = {}
 
@@ -603,7 +606,9 @@ class ProjectIndex:
         if bases is None:
             linearization = self.mro(key)
             bases = [] if isinstance(linearization, Unresolved) else [
-                info for base in linearization[1:] if (info := self.class_info(base)) is not None
+                info
+                for base in linearization[1:]
+                if base not in _SPECIAL_FORMS and (info := self.class_info(base)) is not None
             ]
             self._base_infos[key] = bases
         hit = None
