@@ -153,7 +153,14 @@ def _build_index(
     packages = {
         primary[path] for path in summaries if path.name in ("__init__.py", "__init__.pyi")
     }
-    index = ProjectIndex(modules, aliases=aliases, packages=packages, search_paths=search_paths)
+    scripts = {primary[path] for path in summaries if not is_package(path.parent)}
+    index = ProjectIndex(
+        modules,
+        aliases=aliases,
+        packages=packages,
+        scripts=scripts,
+        search_paths=search_paths,
+    )
     return primary, index
 
 
