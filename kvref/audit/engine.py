@@ -174,7 +174,10 @@ def _module_context(
     classes: list[ClassContext] = []
     for cls in summary.classes:
         key = ClassKey(module, cls.qualname)
-        mro = index.mro(key)
+        try:
+            mro = index.mro(key)
+        except RecursionError:  # hundreds of levels of inheritance: treat as unknown
+            mro = Unresolved(frozenset({f"{key.dotted} (hierarchy too deep)"}))
         info = index.class_info(key)
         if isinstance(mro, Unresolved) or info is None:
             names = mro.names if isinstance(mro, Unresolved) else frozenset({key.dotted})
