@@ -104,7 +104,8 @@ class TypeExpr:
     `head` is canonical where the name is known (`collections.abc.Sequence` for both
     `typing.Sequence` and `collections.abc.Sequence`, `builtins.list` for `List` and `list`,
     `typing.Union` for `X | Y` and `Optional[X]`, `None`), else the dotted name as written,
-    or "" for an expression that is not a name. `text` is the source spelling.
+    or "" for an expression that is not a name. `text` is the source spelling (kept for the
+    annotation and its direct arguments only; "" deeper down).
     """
 
     head: str
@@ -730,8 +731,12 @@ class _ModuleWalker:
         return bound and self._qualify(dotted).rpartition(".")[2] == "override"
 
     def _type(self, node: ast.expr, depth: int = 0, quoted: bool = False) -> TypeExpr:
-        """Normalize an annotation; `quoted` parts come from a string (no usable positions)."""
-        text = ast.unparse(node) if quoted else self._text(node)
+        """Normalize an annotation; `quoted` parts come from a string (no usable positions).
+
+        Only the annotation and its direct arguments (union members) keep their text: the
+        rules never look deeper, and slicing every nested name costs time on big trees.
+        """
+        text = "" if depth > 1 else ast.unparse(node) if quoted else self._text(node)
         if depth > 8:
             return TypeExpr("", (), text)
         if isinstance(node, ast.Constant):
