@@ -32,9 +32,9 @@ thread.
 Capacity: with `capacity_bytes`, storing evicts whole segments, least recently used first (a
 block's `touch`, store or promotion makes its segment recent), skipping segments being written
 or read and segments holding blocks of the storing job; a segment that cannot be placed fails
-its job. Blocks of one segment were stored
-together by one request, so they tend to be reused together. I/O is buffered (through the page
-cache); `fsync=True` makes stores durable before they are reported finished.
+its job. Blocks of one segment were stored together by one request, so they tend to be reused
+together. I/O is buffered (through the page cache); `fsync=True` makes stores durable before
+they are reported finished.
 """
 
 from __future__ import annotations
