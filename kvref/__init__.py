@@ -27,6 +27,7 @@ from kvref.cpu.policies.base import BlockStatus, CachePolicy
 from kvref.cpu.policies.factory import CachePolicyName, register_cache_policy
 from kvref.cpu.policies.lru import LRUCachePolicy
 from kvref.errors import KVRefError, OffloadProtocolError
+from kvref.reuse_manager import FilterReusedOffloadingManager
 from kvref.cpu.shared_region import SharedOffloadRegion, SharedRegionError
 from kvref.tiering import (
     CPUPrimaryTierOffloadingManager,
@@ -39,6 +40,17 @@ from kvref.tiering import (
     create_secondary_tier,
     create_tiering_manager,
     register_tier,
+)
+
+# transfer (torch-free; the torch handlers are in kvref.cpu.gpu_worker, imported on demand)
+from kvref.cpu.transfer_plan import TensorGeometry, TransferPlan, plan_transfer
+from kvref.worker import (
+    OffloadingHandler,
+    OffloadingWorker,
+    TransferProtocolError,
+    TransferResult,
+    TransferSpec,
+    TransferType,
 )
 
 __version__ = "0.1.0"
@@ -71,6 +83,7 @@ __all__ = [
     "LRUCachePolicy",
     "ARCCachePolicy",
     "register_cache_policy",
+    "FilterReusedOffloadingManager",
     # tiering
     "SharedOffloadRegion",
     "SharedRegionError",
@@ -84,4 +97,14 @@ __all__ = [
     "CPUPrimaryTierOffloadingManager",
     "TieringOffloadingManager",
     "create_tiering_manager",
+    # transfer
+    "TransferSpec",
+    "TransferType",
+    "TransferResult",
+    "TransferProtocolError",
+    "OffloadingHandler",
+    "OffloadingWorker",
+    "TensorGeometry",
+    "TransferPlan",
+    "plan_transfer",
 ]

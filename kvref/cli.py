@@ -127,3 +127,20 @@ def explain(
     from kvref.audit.main import explain_rule
 
     raise typer.Exit(explain_rule(_catalogue_or_exit(), code, sys.stdout, sys.stderr))
+
+
+# --- demo (transfer area) ---
+
+
+@app.command(
+    "demo",
+    # Options are parsed by kvref.demo's own argparse parser (`kvref demo --help`).
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
+    add_help_option=False,
+)
+def _demo(ctx: typer.Context) -> None:
+    """Run the end-to-end offload demo: offload, evict, reload into other GPU blocks, verify."""
+    # Imported here: the demo needs torch, the rest of the CLI must not.
+    from kvref.demo import main as demo_main
+
+    raise typer.Exit(demo_main(ctx.args))

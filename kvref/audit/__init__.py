@@ -2,7 +2,8 @@
 
 The engine API: `analyze` a project (or `summarize_file`/`summarize` one file), then
 `apply_fixes` to a file's bytes. Rules are listed in `ALL_RULES` and found by `get_rule`.
-The command line: `main(argv)` (or `run_audit` with an `AuditRequest`) runs a whole audit.
+The command line: `kvref.audit.main.main(argv)` (or `run_audit` with an `AuditRequest`)
+runs a whole audit.
 """
 
 from kvref.audit.engine import SummarizeMany, analyze, summarize_file
@@ -21,9 +22,9 @@ from kvref.audit.resolve import ProjectIndex
 from kvref.audit.rules import ALL_RULES, Rule, get_rule
 from kvref.audit.summary import ModuleSummary, SummaryError, summarize
 
-# The command line: `main(argv) -> int` (argparse) and the runner the typer command shares.
+# The command line (`kvref.audit.main.main(argv) -> int` is the argparse entry point).
 from kvref.audit.config import AuditConfig, ConfigError
-from kvref.audit.main import AuditRequest, main, run_audit
+from kvref.audit.main import AuditRequest, run_audit
 from kvref.audit.report import OutputFormat
 
 __all__ = [
@@ -52,6 +53,5 @@ __all__ = [
     "AuditRequest",
     "ConfigError",
     "OutputFormat",
-    "main",
     "run_audit",
 ]

@@ -104,7 +104,8 @@ def _unwrap_optional(expr: TypeExpr) -> TypeExpr | None:
 
 
 def _spelling(expr: TypeExpr) -> str:
-    return expr.text.partition("[")[0].strip().rpartition(".")[2]
+    """The outer class's name as written (quotes and module prefixes do not count)."""
+    return expr.text.strip().strip("\"'").partition("[")[0].strip().rpartition(".")[2]
 
 
 def compare_annotations(base: TypeExpr, override: TypeExpr) -> Relation:

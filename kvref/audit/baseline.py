@@ -120,13 +120,23 @@ def load_baseline(path: Path) -> Baseline:
     return Baseline(dict(counts))
 
 
-def write_baseline(path: Path, findings: Iterable[Finding]) -> int:
+def write_baseline(
+    path: Path, findings: Iterable[Finding], keep: Mapping[BaselineKey, int] | None = None
+) -> int:
     """Record `findings` in a baseline file (atomically); returns the number of entries.
+
+    Args:
+        path: the baseline file.
+        findings: the findings to record.
+        keep: entries carried over unchanged (those of files or rules this run did not look
+            at, so a partial run does not drop them).
 
     Raises:
         BaselineError: the file cannot be written.
     """
     counts = Counter(baseline_key(finding) for finding in findings)
+    for key, count in (keep or {}).items():
+        counts[key] += count
     entries = [
         {"path": file, "code": code, "symbol": symbol, "count": count}
         for (file, code, symbol), count in sorted(counts.items())

@@ -38,6 +38,9 @@ class ModuleContext:
         classes: its classes with a resolved MRO, in source order.
         index: the project index (for base-class lookups).
         options: the analysis policy.
+        partial_classes: its classes whose MRO does not resolve (a base from an uninstalled
+            package): only a rule that a known base proves (KVR001) looks at them, through
+            `ProjectIndex.find_known_member`.
     """
 
     path: str
@@ -46,6 +49,7 @@ class ModuleContext:
     classes: Sequence[ClassContext]
     index: ProjectIndex
     options: AnalysisOptions
+    partial_classes: Sequence[ClassInfo] = ()
 
 
 def is_private_name(name: str) -> bool:

@@ -104,6 +104,9 @@ def _translate(pattern: str) -> str:
         elif pattern.startswith("/**", i) and i + 3 == n:
             out.append("/.*")
             i += 3
+        elif pattern == "**":
+            out.append(".*")
+            i += 2
         elif pattern[i] == "*":
             # Git treats any other run of asterisks like a single one.
             while i < n and pattern[i] == "*":

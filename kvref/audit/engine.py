@@ -15,7 +15,7 @@ from pathlib import Path
 
 from kvref.audit.context import ClassContext, ModuleContext
 from kvref.audit.model import AnalysisOptions, AnalysisResult, FileError
-from kvref.audit.resolve import ClassKey, ProjectIndex, Unresolved, module_names_for
+from kvref.audit.resolve import ClassInfo, ClassKey, ProjectIndex, Unresolved, module_names_for
 from kvref.audit.rules import ALL_RULES
 from kvref.audit.summary import ModuleSummary, SummaryError, summarize
 
@@ -23,6 +23,7 @@ __all__ = ["SummarizeMany", "analyze", "relative_path", "summarize_file"]
 
 SummarizeMany = Callable[[Sequence[Path]], Mapping[Path, ModuleSummary | FileError]]
 _DEFAULT_OPTIONS = AnalysisOptions()
+_REFUSED = ("(inconsistent MRO)", "(circular bases)")
 
 
 def relative_path(path: Path, root: Path) -> str:
@@ -165,6 +166,7 @@ def _module_context(
     unresolved: Counter[str],
 ) -> ModuleContext:
     classes: list[ClassContext] = []
+    partial: list[ClassInfo] = []
     for cls in summary.classes:
         key = ClassKey(module, cls.qualname)
         mro = index.mro(key)
@@ -172,6 +174,10 @@ def _module_context(
         if isinstance(mro, Unresolved) or info is None:
             names = mro.names if isinstance(mro, Unresolved) else frozenset({key.dotted})
             unresolved.update(names)
+            # Only a missing base leaves the rest trustworthy; a class Python itself refuses
+            # (inconsistent MRO, circular bases) gets no finding.
+            if info is not None and not any(name.endswith(_REFUSED) for name in names):
+                partial.append(info)
             continue
         classes.append(ClassContext(info, mro))
-    return ModuleContext(summary.path, module, summary, classes, index, options)
+    return ModuleContext(summary.path, module, summary, classes, index, options, partial)

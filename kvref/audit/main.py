@@ -17,7 +17,13 @@ from pathlib import Path
 from typing import Final, Protocol, TextIO
 
 from kvref.audit.apply import ApplyFixesFn, FixPlan, plan_fixes, unified_diff, write_fixes
-from kvref.audit.baseline import apply_baseline, load_baseline, write_baseline
+from kvref.audit.baseline import (
+    BaselineKey,
+    BaselineOutcome,
+    apply_baseline,
+    load_baseline,
+    write_baseline,
+)
 from kvref.audit.catalogue import RuleInfo, find_rule, load_rule_catalogue
 from kvref.audit.config import (
     AuditConfig,
@@ -108,7 +114,8 @@ class AuditRequest:
     """Everything the command line asked for (both front ends build one of these).
 
     Attributes:
-        paths: files/directories to report on; empty means the whole project.
+        paths: files/directories to report on; empty means the current directory (the
+            whole project when run at its root).
         select: `--select` selectors (None: keep the configured selection).
         ignore: `--ignore` selectors.
         output_format: how findings are printed on stdout.
@@ -143,12 +150,24 @@ def split_selectors(values: Sequence[str] | None) -> tuple[str, ...] | None:
 
 @dataclass(slots=True)
 class _Analysis:
+    """Findings after selection, per-file ignores and inline suppression."""
+
     findings: list[Finding]
     errors: list[FileError]
     result: AnalysisResult
     suppressed: int = 0
-    ignored_per_file: int = 0
     unresolved: dict[str, int] = field(default_factory=lambda: {})
+
+
+@dataclass(slots=True)
+class _FixOutcome:
+    """What `--fix`/`--diff` did: the analysis that remains, counts, the diff, fix errors."""
+
+    analysis: _Analysis
+    fixed: int = 0
+    files: set[str] = field(default_factory=lambda: set[str]())
+    diff: str = ""
+    errors: list[FileError] = field(default_factory=lambda: [])
 
 
 class _Runner:
@@ -201,11 +220,7 @@ class _Runner:
             report_files=discovery.report_files,
             options=config.options,
         )
-        reported = (
-            None
-            if discovery.report_files is None
-            else {path.relative_to(root).as_posix() for path in discovery.report_files}
-        )
+        reported = self._reported(config, discovery)
         ignored_codes: dict[str, set[str]] = {}
 
         def per_file_ignored(path: str) -> set[str]:
@@ -224,15 +239,13 @@ class _Runner:
             except OSError:
                 return None
 
-        candidates: list[Finding] = []
-        ignored = 0
-        for finding in result.findings:
-            if finding.code not in selected or (reported is not None and finding.path not in reported):
-                continue
-            if finding.code in per_file_ignored(finding.path):
-                ignored += 1
-                continue
-            candidates.append(finding)
+        candidates = [
+            finding
+            for finding in result.findings
+            if finding.code in selected
+            and (reported is None or finding.path in reported)
+            and finding.code not in per_file_ignored(finding.path)
+        ]
         suppression = SuppressionFilter(read)
         findings = sorted(suppression.keep(candidates), key=lambda f: (f.path, f.line, f.col, f.code))
         errors = [e for e in result.errors if reported is None or e.path in reported]
@@ -241,9 +254,14 @@ class _Runner:
             errors=errors,
             result=result,
             suppressed=suppression.suppressed,
-            ignored_per_file=ignored,
             unresolved=dict(result.unresolved_bases),
         )
+
+    @staticmethod
+    def _reported(config: AuditConfig, discovery: Discovery) -> set[str] | None:
+        if discovery.report_files is None:
+            return None
+        return {path.relative_to(config.root).as_posix() for path in discovery.report_files}
 
     def _plan(self, config: AuditConfig, findings: Sequence[Finding]) -> FixPlan:
         return plan_fixes(
@@ -255,104 +273,143 @@ class _Runner:
             fix_error=self.backend.fix_error,
         )
 
-    def run(self) -> int:
-        request = self.request
-        config, selected = self._configure()
-        discovery = discover(
+    def _discover(self, config: AuditConfig) -> Discovery:
+        paths = self.request.paths
+        cwd = Path(os.path.abspath(self.cwd))
+        if not paths and cwd != config.root and config.root in cwd.parents:
+            # Like ruff: no paths means the current directory; the project is still indexed.
+            paths = (cwd,)
+        return discover(
             config.root,
-            request.paths,
+            paths,
             cwd=self.cwd,
             excludes=config.excludes,
             respect_gitignore=config.respect_gitignore,
             force_exclude=config.force_exclude,
         )
-        files_reported = (
-            len(discovery.project_files)
-            if discovery.report_files is None
-            else len(discovery.report_files)
+
+    def _fix(
+        self, config: AuditConfig, discovery: Discovery, selected: frozenset[str], analysis: _Analysis
+    ) -> _FixOutcome:
+        """Apply (`--fix`) or show (`--diff`) fixes; `analysis` is what remains afterwards."""
+        outcome = _FixOutcome(analysis)
+        if self.request.diff:
+            plan = self._plan(config, analysis.findings)
+            outcome.errors.extend(plan.errors)
+            outcome.diff = "".join(unified_diff(file) for file in plan.files)
+            outcome.fixed = plan.fixed_findings
+            outcome.files.update(file.path for file in plan.files)
+            resolved = {id(finding) for file in plan.files for finding in file.findings}
+            analysis.findings = [f for f in analysis.findings if id(f) not in resolved]
+            return outcome
+        for _ in range(_MAX_FIX_ROUNDS):
+            plan = self._plan(config, outcome.analysis.findings)
+            written, write_errors = write_fixes(config.root, plan.files)
+            outcome.errors.extend(plan.errors + write_errors)
+            if not written:
+                break
+            outcome.fixed += sum(len(file.findings) for file in written)
+            outcome.files.update(file.path for file in written)
+            # Analyse again so the exit code reflects what really remains.
+            outcome.analysis = self._analyze(config, discovery, selected)
+            if plan.errors or write_errors:
+                break
+        return outcome
+
+    def _write_baseline(
+        self,
+        config: AuditConfig,
+        discovery: Discovery,
+        selected: frozenset[str],
+        findings: Sequence[Finding],
+        errors: Sequence[FileError],
+    ) -> int:
+        target_name = self.request.write_baseline
+        assert target_name is not None
+        target = Path(os.path.abspath(self.cwd / target_name))
+        keep: dict[BaselineKey, int] = {}
+        if target.exists():
+            # A partial run (named paths, a narrower --select) must not drop the entries of
+            # the files and rules it did not look at.
+            reported = self._reported(config, discovery)
+            keep = {
+                key: count
+                for key, count in load_baseline(target).counts.items()
+                if key[1] not in selected or (reported is not None and key[0] not in reported)
+            }
+        entries = write_baseline(target, findings, keep)
+        self.stderr.write(
+            f"Wrote {entries} baseline entr{'y' if entries == 1 else 'ies'} "
+            f"({len(findings)} findings) to {target_name}.\n"
         )
+        for error in errors:
+            self.stderr.write(f"{error.path}:{error.line}:{error.col}: error: {error.message}\n")
+        return EXIT_ERROR if errors else EXIT_CLEAN
+
+    def _apply_baseline(
+        self,
+        config: AuditConfig,
+        discovery: Discovery,
+        selected: frozenset[str],
+        findings: list[Finding],
+    ) -> BaselineOutcome:
+        path = (
+            Path(os.path.abspath(self.cwd / self.request.baseline))
+            if self.request.baseline is not None
+            else config.baseline
+        )
+        if path is None:
+            return BaselineOutcome(new=findings, baselined=0, stale=[])
+        outcome = apply_baseline(findings, load_baseline(path))
+        reported = self._reported(config, discovery)
+        # Entries for files or rules outside this run are not stale, just not looked at.
+        outcome.stale[:] = [
+            (key, count)
+            for key, count in outcome.stale
+            if key[1] in selected and (reported is None or key[0] in reported)
+        ]
+        return outcome
+
+    def run(self) -> int:
+        request = self.request
+        config, selected = self._configure()
+        discovery = self._discover(config)
         if discovery.report_files is not None and not discovery.report_files:
-            # Nothing to report on (e.g. pre-commit passed only excluded files): skip indexing.
+            # Nothing to report on (pre-commit passed only excluded files): skip indexing.
             analysis = _Analysis([], [], AnalysisResult())
         else:
             analysis = self._analyze(config, discovery, selected)
-        extra_errors: list[FileError] = []
-        fixed = 0
-        files_fixed: set[str] = set()
-        diff_text = ""
-
-        if request.diff:
-            plan = self._plan(config, analysis.findings)
-            extra_errors.extend(plan.errors)
-            diff_text = "".join(unified_diff(file) for file in plan.files)
-            fixed = plan.fixed_findings
-            files_fixed = {file.path for file in plan.files}
-            resolved = {id(finding) for file in plan.files for finding in file.findings}
-            analysis.findings = [f for f in analysis.findings if id(f) not in resolved]
-        elif request.fix:
-            for _ in range(_MAX_FIX_ROUNDS):
-                plan = self._plan(config, analysis.findings)
-                written, write_errors = write_fixes(config.root, plan.files)
-                extra_errors.extend(plan.errors + write_errors)
-                if not written:
-                    break
-                fixed += sum(len(file.findings) for file in written)
-                files_fixed |= {file.path for file in written}
-                analysis = self._analyze(config, discovery, selected)
-                if plan.errors or write_errors:
-                    break
+        fixing = (
+            self._fix(config, discovery, selected, analysis)
+            if request.fix or request.diff
+            else _FixOutcome(analysis)
+        )
+        analysis = fixing.analysis
         errors = sorted(
-            {(e.path, e.line, e.col, e.message): e for e in [*analysis.errors, *extra_errors]}.values(),
+            {(e.path, e.line, e.col, e.message): e for e in [*analysis.errors, *fixing.errors]}.values(),
             key=lambda e: (e.path, e.line, e.col),
         )
-
         if request.write_baseline is not None:
-            target = Path(os.path.abspath(self.cwd / request.write_baseline))
-            entries = write_baseline(target, analysis.findings)
-            self.stderr.write(
-                f"Wrote {entries} baseline entr{'y' if entries == 1 else 'ies'} "
-                f"({len(analysis.findings)} findings) to {request.write_baseline}.\n"
-            )
-            for error in errors:
-                self.stderr.write(f"{error.path}:{error.line}:{error.col}: error: {error.message}\n")
-            return EXIT_ERROR if errors else EXIT_CLEAN
-
-        remaining = analysis.findings
-        baselined = 0
-        stale: list[tuple[tuple[str, str, str], int]] = []
-        baseline_path = (
-            Path(os.path.abspath(self.cwd / request.baseline))
-            if request.baseline is not None
-            else config.baseline
-        )
-        if baseline_path is not None:
-            outcome = apply_baseline(remaining, load_baseline(baseline_path))
-            remaining, baselined = outcome.new, outcome.baselined
-            reported = (
-                None
-                if discovery.report_files is None
-                else {p.relative_to(config.root).as_posix() for p in discovery.report_files}
-            )
-            # Entries for files or rules outside this run are not stale, just not looked at.
-            stale = [
-                (key, count)
-                for key, count in outcome.stale
-                if key[1] in selected and (reported is None or key[0] in reported)
-            ]
+            return self._write_baseline(config, discovery, selected, analysis.findings, errors)
+        baseline = self._apply_baseline(config, discovery, selected, analysis.findings)
 
         report = Report(
-            findings=remaining,
+            findings=baseline.new,
             errors=errors,
             rules=self.backend.rules,
             selected=selected,
             summary=Summary(
                 files_analyzed=analysis.result.files_analyzed or len(discovery.project_files),
-                files_reported=files_reported,
-                fixed=fixed,
-                files_fixed=len(files_fixed),
-                baselined=baselined,
+                files_reported=len(
+                    discovery.project_files
+                    if discovery.report_files is None
+                    else discovery.report_files
+                ),
+                fixed=fixing.fixed,
+                files_fixed=len(fixing.files),
+                baselined=baseline.baselined,
                 suppressed=analysis.suppressed,
-                stale_baseline=stale,
+                stale_baseline=baseline.stale,
                 unresolved_bases=analysis.unresolved,
                 warnings=discovery.warnings,
                 unsafe_fixes=request.unsafe_fixes,
@@ -360,10 +417,10 @@ class _Runner:
             uri_prefix=_uri_prefix(config.root, discovery.vcs_root),
             tool_version=_version(),
         )
-        color = request.output_format is OutputFormat.TEXT and use_color(self.stdout, os.environ)
         if request.diff:
-            self.stdout.write(diff_text)
+            self.stdout.write(fixing.diff)
         else:
+            color = request.output_format is OutputFormat.TEXT and use_color(self.stdout, os.environ)
             self.stdout.write(render(request.output_format, report, color=color))
         self.stdout.flush()
         self.stderr.write(
@@ -371,7 +428,7 @@ class _Runner:
         )
         if errors:
             return EXIT_ERROR
-        failing = bool(diff_text) if request.diff else bool(remaining)
+        failing = bool(fixing.diff) if request.diff else bool(baseline.new)
         return EXIT_FINDINGS if failing and not request.exit_zero else EXIT_CLEAN
 
 

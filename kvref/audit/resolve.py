@@ -45,6 +45,7 @@ __all__ = [
 BUILTINS = "builtins"
 _STDLIB = Path(sysconfig.get_paths()["stdlib"])
 _STDLIB_NAMES = frozenset(sys.stdlib_module_names)
+_OBJECT_RUNTIME_ONLY = frozenset({"__lt__", "__le__", "__gt__", "__ge__"})
 # typing names whose runtime class lives elsewhere (`typing.Mapping` is an alias object).
 _TYPING_REDIRECTS: dict[str, tuple[str, str]] = {
     **{
@@ -170,9 +171,9 @@ def module_names_for(
 ) -> tuple[str, ...]:
     """The dotted names a file is importable as, the primary (used for relative imports) first.
 
-    The primary name follows the `__init__.py` chain up from the file when its directory is a
-    regular package; otherwise (a namespace package) the path relative to the root, or to
-    `root/src` for a src layout. Every other plausible name is also returned.
+    A file in a regular package has one name, following the `__init__.py` chain up. Any
+    other file (a script, a namespace package) is named by its path relative to `root/src`
+    (a src layout) and to the root.
 
     Args:
         path: the file (absolute).
@@ -195,9 +196,11 @@ def module_names_for(
         relative = list(path.parent.relative_to(root).parts)
     except ValueError:
         relative = None
-    in_regular_package = is_package(path.parent)
-    if in_regular_package and chain:
-        names.append(dotted(chain))
+    if is_package(path.parent) and chain:
+        # A regular package is importable only through its `__init__` chain: a root-relative
+        # name would be wrong when the root lies inside the package (and could shadow the
+        # standard library, like torch/types.py as `types`).
+        return (dotted(chain),)
     if relative is not None:
         own = relative + ([] if stem == "__init__" else [stem])
         if relative[:1] == ["src"] and len(own) > 1:
@@ -248,6 +251,7 @@ class ProjectIndex:
         self._mros: dict[ClassKey, tuple[ClassKey, ...] | Unresolved] = {}
         self._in_progress: set[ClassKey] = set()
         self._names: dict[tuple[str, str, str], _Target] = {}
+        self._live: dict[ClassKey, type] = {}
         self._base_infos: dict[ClassKey, list[ClassInfo]] = {}
         self._hits: dict[tuple[ClassKey, str], MemberHit | None] = {}
         self._resolving: set[tuple[str, str]] = set()
@@ -347,9 +351,15 @@ class ProjectIndex:
             return Unresolved(frozenset({f"{module}.{name}"}))
         self._resolving.add(guard)
         try:
-            return self._resolve_global(module, summary, name, defining)
+            found = self._resolve_global(module, summary, name, defining)
         finally:
             self._resolving.discard(guard)
+        if not isinstance(found, ClassKey | ModuleTarget) and _is_loaded_stdlib(module):
+            # `types.ModuleType = type(sys)`: the source cannot tell, the loaded module can.
+            live = self._introspected_member(module, name, sys.modules[module])
+            if isinstance(live, ClassKey):
+                return live
+        return found
 
     def _resolve_base(self, key: ClassKey, cls: ClassSummary, dotted: str) -> ClassKey | Unresolved:
         """A base expression of `cls`; `class Thread(Thread):` means the name bound before."""
@@ -449,7 +459,13 @@ class ProjectIndex:
             if summary is not None:
                 table = self._symbol_table(target.name, summary)
                 if attribute in table or any(self._star_exports(target.name, summary, attribute)):
-                    return self._resolve_name(target.name, attribute, "")
+                    found = self._resolve_name(target.name, attribute, "")
+                    # `from torch import nn` inside torch/__init__.py: the submodule.
+                    if isinstance(found, ClassKey | ModuleTarget) or not self._module_exists(
+                        submodule
+                    ):
+                        return found
+                    return ModuleTarget(submodule)
                 if self._module_exists(submodule):
                     return ModuleTarget(submodule)
                 return Unresolved(frozenset({submodule}))
@@ -467,11 +483,14 @@ class ProjectIndex:
             return Unresolved(frozenset(f"{n}.{attribute}" for n in target.names))
         return _NotAClass(f"{target.dotted}.{attribute}")
 
-    def _introspected_member(self, module: str, name: str) -> _Target:
-        loaded = builtins if module == BUILTINS else _loaded_extension(module)
+    def _introspected_member(
+        self, module: str, name: str, loaded: types.ModuleType | None = None
+    ) -> _Target:
+        if loaded is None:
+            loaded = builtins if module == BUILTINS else _loaded_extension(module)
         value = getattr(loaded, name, None) if loaded is not None else None
         if isinstance(value, type):
-            return ClassKey(value.__module__, value.__qualname__)
+            return self._live_key(value)
         if isinstance(value, types.ModuleType):
             return ModuleTarget(value.__name__)
         if value is not None:
@@ -516,18 +535,31 @@ class ProjectIndex:
             module_summary=summary,
         )
 
+    def _live_key(self, value: type) -> ClassKey:
+        """The key of a live class, remembered: `types.ModuleType` says it is `builtins.module`."""
+        key = ClassKey(value.__module__, value.__qualname__)
+        self._live.setdefault(key, value)
+        return key
+
     def _introspected_info(self, key: ClassKey) -> ClassInfo | None:
-        loaded = builtins if key.module == BUILTINS else sys.modules.get(key.module)
-        value: object = loaded
-        for part in key.qualname.split("."):
-            value = getattr(value, part, None)
-        if not isinstance(value, type) or loaded is None:
+        value: object = self._live.get(key)
+        if value is None:
+            value = builtins if key.module == BUILTINS else sys.modules.get(key.module)
+            for part in key.qualname.split(".") if value is not None else ():
+                value = getattr(value, part, None)
+        if not isinstance(value, type):
             return None
-        bases = tuple(ClassKey(b.__module__, b.__qualname__) for b in value.__bases__)
+        bases = tuple(self._live_key(b) for b in value.__bases__)
+        members = frozenset(value.__dict__)
+        if value is object:
+            # At runtime object has slot wrappers for every rich comparison; the type checkers
+            # read typeshed, whose `object` declares only __eq__ and __ne__, so a class's own
+            # __lt__ overrides nothing for them.
+            members -= _OBJECT_RUNTIME_ONLY
         return ClassInfo(
             key=key,
             summary=None,
-            members=frozenset(value.__dict__),
+            members=members,
             methods={},
             bases=bases,
             is_protocol=False,
@@ -569,6 +601,41 @@ class ProjectIndex:
             return Unresolved(frozenset({f"{key.dotted} (inconsistent MRO)"}))
         return (key, *merged)
 
+    def known_ancestors(self, key: ClassKey) -> tuple[ClassKey, ...]:
+        """The ancestors of `key` that resolve, nearest first, `object` last.
+
+        The MRO when it resolves; otherwise a depth-first, left-to-right walk that skips the
+        bases which cannot be followed (an uninstalled package), which is what the type
+        checkers do with an unknown base: its own members are unknown, the rest is not.
+        """
+        linearization = self.mro(key)
+        if not isinstance(linearization, Unresolved):
+            return linearization[1:]
+        seen: dict[ClassKey, None] = {}
+
+        def visit(current: ClassKey) -> None:
+            info = self.class_info(current)
+            for base in info.bases if info is not None else ():
+                if isinstance(base, ClassKey) and base not in seen and base != key:
+                    seen[base] = None
+                    visit(base)
+
+        visit(key)
+        everything = ClassKey(BUILTINS, "object")
+        return (*(base for base in seen if base != everything), everything)
+
+    def find_known_member(self, key: ClassKey, name: str) -> MemberHit | None:
+        """Like `find_member`, but through `known_ancestors` when the MRO does not resolve.
+
+        A hit proves that `name` overrides something even if an unknown base sits earlier
+        in the real MRO; None proves nothing then (the unknown base may bind `name`).
+        """
+        for base in self.known_ancestors(key):
+            info = self.class_info(base)
+            if info is not None and name in info.members:
+                return MemberHit(info, tuple(info.methods.get(name, ())))
+        return None
+
     def find_member(self, key: ClassKey, name: str) -> MemberHit | None:
         """The nearest class after `key` in its MRO that binds `name` (None: none does).
 
@@ -607,6 +674,11 @@ def _c3_merge(sequences: list[list[ClassKey]]) -> list[ClassKey] | None:
         sequences = [[c for c in s if c != candidate] for s in sequences]
         sequences = [s for s in sequences if s]
     return result
+
+
+def _is_loaded_stdlib(name: str) -> bool:
+    """A standard-library module this process already imported (introspecting it is free)."""
+    return name.partition(".")[0] in _STDLIB_NAMES and name in sys.modules
 
 
 def _loaded_extension(name: str) -> types.ModuleType | None:

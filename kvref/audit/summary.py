@@ -11,7 +11,9 @@ exclusive, the convention of `kvref.audit.model.Edit`.
 
 Only what runs when the module is imported is walked: module and class bodies, through
 `if`/`try`/`with` blocks. Function bodies are entered only for KVR102, and only when a
-parameter is annotated `Iterable`/`Iterator`; classes defined inside functions are not indexed.
+parameter is annotated `Iterable`/`Iterator`, and for the classes they define (a class inside a
+function is indexed as `f.<locals>.Cls`, its bases resolved from the module's names, as the
+type checkers check it; names bound locally in the function are not followed).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import tokenize
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+from kvref.audit.passes import count_passes
 from kvref.errors import KVRefError
 
 __all__ = [
@@ -182,6 +185,10 @@ class ClassSummary:
         attributes: names the class body binds other than by `def` (assignments, annotated
             declarations, nested classes, `__slots__` entries), so `__hash__ = None` counts.
         metaclass: the dotted `metaclass=` keyword, if any.
+        declares_protocol: a base is spelled `Protocol`/`Protocol[...]` (a syntactic hint;
+            the index decides by resolving the base).
+        declares_abstract: the class looks like an ABC: an `ABC` base, an `ABCMeta`
+            metaclass or an abstract method.
     """
 
     name: str
@@ -193,6 +200,8 @@ class ClassSummary:
     decorators: tuple[str, ...]
     methods: tuple[FunctionSummary, ...]
     attributes: tuple[str, ...]
+    declares_protocol: bool = False
+    declares_abstract: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -461,9 +470,12 @@ class _ModuleWalker:
             if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef):
                 if owner is not None:
                     owner.methods.append((statement, mode))
+                    qualname = f"{owner.qualname}.{statement.name}"
                 else:
                     self.functions.append(statement)
                     self._bind(statement.name, Binding("other"), mode)
+                    qualname = statement.name
+                self._walk_local_classes(statement.body, f"{qualname}.<locals>")
             elif isinstance(statement, ast.ClassDef):
                 self._walk_class(statement, mode, owner)
             elif isinstance(statement, ast.If):
@@ -498,6 +510,30 @@ class _ModuleWalker:
         else:
             self._bind(node.name, Binding("class", qualname), mode)
         self.walk_body(node.body, "", builder)
+
+    def _walk_local_classes(self, body: Sequence[ast.stmt], scope: str) -> None:
+        """Index the classes a function body defines (statements only, never expressions)."""
+        for statement in body:
+            if isinstance(statement, ast.ClassDef):
+                builder = _ClassBuilder(statement, f"{scope}.{statement.name}", scope)
+                self.classes.append(builder)
+                self.walk_body(statement.body, "", builder)
+            elif isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef):
+                self._walk_local_classes(statement.body, f"{scope}.{statement.name}.<locals>")
+            elif isinstance(statement, ast.If | ast.For | ast.AsyncFor | ast.While):
+                self._walk_local_classes(statement.body, scope)
+                self._walk_local_classes(statement.orelse, scope)
+            elif isinstance(statement, ast.Try | ast.TryStar):
+                self._walk_local_classes(statement.body, scope)
+                for handler in statement.handlers:
+                    self._walk_local_classes(handler.body, scope)
+                self._walk_local_classes(statement.orelse, scope)
+                self._walk_local_classes(statement.finalbody, scope)
+            elif isinstance(statement, ast.With | ast.AsyncWith):
+                self._walk_local_classes(statement.body, scope)
+            elif isinstance(statement, ast.Match):
+                for case in statement.cases:
+                    self._walk_local_classes(case.body, scope)
 
     def _module_statement(self, statement: ast.stmt, mode: str) -> None:
         if isinstance(statement, ast.Import):
@@ -605,6 +641,10 @@ class _ModuleWalker:
             decorators=tuple(dotted_name(d) for d in node.decorator_list),
             methods=methods,
             attributes=tuple(dict.fromkeys(builder.attributes)),
+            declares_protocol=any(b.dotted.rpartition(".")[2] == "Protocol" for b in bases),
+            declares_abstract=(metaclass or "").rpartition(".")[2] == "ABCMeta"
+            or any(b.dotted.rpartition(".")[2] == "ABC" for b in bases)
+            or any(m.is_abstract for m in methods),
         )
 
     def _freeze_function(
@@ -633,9 +673,7 @@ class _ModuleWalker:
             has_override=any(self._is_override(d) for d in decorators),
             is_overload=any(self._resolves_to(d, "overload") for d in decorators),
             is_property="property" in lasts or "cached_property" in lasts,
-            is_accessor=any(
-                d.endswith((".setter", ".deleter")) and d.count(".") == 1 for d in decorators
-            ),
+            is_accessor=any(d.endswith((".setter", ".deleter", ".getter")) for d in decorators),
             is_staticmethod="staticmethod" in decorators,
             is_classmethod="classmethod" in decorators,
             is_abstract=bool(lasts & _ABSTRACT_DECORATORS),
@@ -791,6 +829,22 @@ def _mentions_iteration(args: ast.arguments) -> bool:
     return False
 
 
+def _count_passes(
+    node: ast.FunctionDef | ast.AsyncFunctionDef, params: tuple[Param, ...]
+) -> tuple[MultiPass, ...]:
+    tracked = {
+        p.name: p.annotation.text
+        for p in params
+        if p.annotation is not None
+        and p.annotation.head in ("collections.abc.Iterable", "collections.abc.Iterator")
+        and p.kind not in ("vararg", "kwarg")
+    }
+    return tuple(
+        MultiPass(name, tracked[name], first, second)
+        for name, (first, second) in count_passes(node.body, set(tracked)).items()
+    )
+
+
 def _flatten_union(members: list[TypeExpr]) -> tuple[TypeExpr, ...]:
     flat: list[TypeExpr] = []
     for member in members:
@@ -843,159 +897,3 @@ def _assigned_names(statement: ast.stmt, *, slots: bool) -> Iterator[str]:
                 yield alias.asname or alias.name.partition(".")[0]
     elif isinstance(statement, ast.For | ast.AsyncFor):
         yield from _target_names(statement.target)
-
-
-# --- KVR102: counting the passes over an Iterable parameter -------------------------------
-
-_CONSUMING_CALLS = frozenset(
-    {
-        "all", "any", "dict", "enumerate", "filter", "frozenset", "len", "list", "map", "max",
-        "min", "reversed", "set", "sorted", "sum", "tuple", "zip",
-    }
-)
-_CONSUMING_METHODS = frozenset(
-    {
-        "difference", "extend", "extendleft", "fromkeys", "intersection", "isdisjoint",
-        "issubset", "issuperset", "join", "symmetric_difference", "union", "update",
-        "writelines",
-    }
-)
-
-
-def _count_passes(
-    node: ast.FunctionDef | ast.AsyncFunctionDef, params: tuple[Param, ...]
-) -> tuple[MultiPass, ...]:
-    tracked = {
-        p.name: p.annotation.text
-        for p in params
-        if p.annotation is not None
-        and p.annotation.head in ("collections.abc.Iterable", "collections.abc.Iterator")
-        and p.kind not in ("vararg", "kwarg")
-    }
-    counter = _PassCounter(tracked)
-    counter.statements(node.body, False)
-    found: list[MultiPass] = []
-    for name, passes in counter.passes.items():
-        if len(passes) >= 2:
-            found.append(MultiPass(name, tracked[name], passes[0], passes[1]))
-    return tuple(found)
-
-
-class _PassCounter:
-    """Counts consumptions per tracked name in flow order; a branch counts its worst arm.
-
-    Rebinding a name (`values = list(values)`) stops tracking it: from there on it holds
-    another object, usually a materialized collection.
-    """
-
-    def __init__(self, tracked: dict[str, str]) -> None:
-        self.passes: dict[str, list[int]] = {name: [] for name in tracked}
-        self.live = set(tracked)
-
-    def consume(self, node: ast.expr, in_loop: bool) -> None:
-        if isinstance(node, ast.Name) and node.id in self.live:
-            self.passes[node.id].append(node.lineno)
-            if in_loop:  # each iteration of the enclosing loop is one more pass
-                self.passes[node.id].append(node.lineno)
-
-    def rebind(self, target: ast.expr) -> None:
-        self.live.difference_update(_target_names(target))
-
-    def statements(self, body: Sequence[ast.stmt], in_loop: bool) -> None:
-        for statement in body:
-            self.statement(statement, in_loop)
-
-    def statement(self, node: ast.stmt, in_loop: bool) -> None:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            return
-        if isinstance(node, ast.For | ast.AsyncFor):
-            self.expression(node.iter, in_loop)
-            self.consume(node.iter, in_loop)
-            self.rebind(node.target)
-            self.statements(node.body, True)
-            self.statements(node.orelse, in_loop)
-        elif isinstance(node, ast.While):
-            self.expression(node.test, True)
-            self.statements(node.body, True)
-            self.statements(node.orelse, in_loop)
-        elif isinstance(node, ast.If):
-            self.expression(node.test, in_loop)
-            self.branches([node.body, node.orelse], in_loop)
-        elif isinstance(node, ast.Match):
-            self.expression(node.subject, in_loop)
-            self.branches([case.body for case in node.cases], in_loop)
-        elif isinstance(node, ast.Assign):
-            self.expression(node.value, in_loop)
-            if any(isinstance(t, ast.Tuple | ast.List) for t in node.targets):
-                self.consume(node.value, in_loop)
-            for target in node.targets:
-                self.rebind(target)
-        elif isinstance(node, ast.AnnAssign | ast.AugAssign):
-            if node.value is not None:
-                self.expression(node.value, in_loop)
-            self.rebind(node.target)
-        elif isinstance(node, ast.Try | ast.TryStar):
-            self.statements(node.body, in_loop)
-            for handler in node.handlers:
-                self.statements(handler.body, in_loop)
-            self.statements(node.orelse, in_loop)
-            self.statements(node.finalbody, in_loop)
-        elif isinstance(node, ast.With | ast.AsyncWith):
-            for item in node.items:
-                self.expression(item.context_expr, in_loop)
-            self.statements(node.body, in_loop)
-        else:
-            for child in ast.iter_child_nodes(node):
-                if isinstance(child, ast.expr):
-                    self.expression(child, in_loop)
-
-    def branches(self, arms: list[list[ast.stmt]], in_loop: bool) -> None:
-        before, live_before = self.passes, self.live
-        worst = {name: list(p) for name, p in before.items()}
-        live: set[str] = set()
-        for arm in arms:
-            self.passes = {name: list(p) for name, p in before.items()}
-            self.live = set(live_before)
-            self.statements(arm, in_loop)
-            live |= self.live
-            for name, passes in self.passes.items():
-                if len(passes) > len(worst[name]):
-                    worst[name] = passes
-        if len(arms) < 2 or not arms[-1]:  # an `if` without `else` may run no arm at all
-            live |= live_before
-        self.passes, self.live = worst, live
-
-    def expression(self, node: ast.expr, in_loop: bool) -> None:
-        if isinstance(node, ast.Lambda):
-            return
-        if isinstance(node, ast.Call):
-            callee = node.func
-            if (isinstance(callee, ast.Name) and callee.id in _CONSUMING_CALLS) or (
-                isinstance(callee, ast.Attribute) and callee.attr in _CONSUMING_METHODS
-            ):
-                for argument in node.args:
-                    self.consume(argument, in_loop)
-        elif isinstance(node, ast.Compare):
-            for op, comparator in zip(node.ops, node.comparators, strict=True):
-                if isinstance(op, ast.In | ast.NotIn):
-                    self.consume(comparator, in_loop)
-        elif isinstance(node, ast.Starred | ast.YieldFrom):
-            self.consume(node.value, in_loop)
-        elif isinstance(node, ast.NamedExpr):
-            self.expression(node.value, in_loop)
-            self.rebind(node.target)
-            return
-        elif isinstance(node, ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp):
-            for index, generator in enumerate(node.generators):
-                inner = in_loop or index > 0
-                self.expression(generator.iter, inner)
-                self.consume(generator.iter, inner)
-                for condition in generator.ifs:
-                    self.expression(condition, True)
-            elements = [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
-            for element in elements:
-                self.expression(element, True)
-            return
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.expr):
-                self.expression(child, in_loop)

@@ -11,6 +11,7 @@ idle blocks to evict. Block states (kv-offload.md section 4):
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Collection
 
 from typing_extensions import override
@@ -40,12 +41,24 @@ def describe_block(block: BlockStatus | None) -> str:
     return f"reading({block.ref_cnt})" if block.ref_cnt else "idle"
 
 
+def _non_negative_int(name: str, value: int) -> int:
+    # operator.index admits any integer type (numpy's included) and nothing else.
+    try:
+        number = operator.index(value)
+    except TypeError:
+        number = -1
+    if number < 0 or isinstance(value, bool):
+        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    return number
+
+
 class CPUOffloadingManager(OffloadingManager):
     """Offloads blocks to `num_blocks` CPU slots, evicting idle blocks as the policy chooses.
 
     Args:
         num_blocks: how many CPU blocks (slots) there are, >= 0.
-        cache_policy: which idle blocks to evict first: "lru" or "arc".
+        cache_policy: which idle blocks to evict first: "lru" or "arc" (or a name given to
+            `register_cache_policy`).
         enable_events: buffer stored/removed events for `take_events` (off: none are kept).
 
     Raises:
@@ -55,10 +68,8 @@ class CPUOffloadingManager(OffloadingManager):
     def __init__(
         self, num_blocks: int, cache_policy: CachePolicyName = "lru", enable_events: bool = False
     ) -> None:
-        if num_blocks < 0:
-            raise ValueError(f"num_blocks must be an integer >= 0, got {num_blocks!r}")
+        self._num_blocks: int = _non_negative_int("num_blocks", num_blocks)
         self.medium: str = CPU_MEDIUM
-        self._num_blocks: int = num_blocks
         # Slots [0, _num_allocated_blocks) have been handed out at least once (the bump pointer).
         self._num_allocated_blocks: int = 0
         # Freed slots, reused last-freed-first.
@@ -153,24 +164,34 @@ class CPUOffloadingManager(OffloadingManager):
 
     @override
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        # A key may appear more than once (it was loaded more than once): count the releases.
-        releases: dict[OffloadKey, int] = {}
-        for key in keys:
-            releases[key] = releases.get(key, 0) + 1
         get = self._policy.get
         blocks: list[BlockStatus] = []
-        for key, count in releases.items():
+        for key in keys:
             block = get(key)
-            if block is None or block.ref_cnt < count:
-                raise self._protocol_error(
-                    "complete_load", key, f"{count} load(s) completed but not that many prepared"
-                )
+            if block is None or block.ref_cnt <= 0:
+                raise self._protocol_error("complete_load", key, "no load of it is in progress")
             blocks.append(block)
-        for (key, count), block in zip(releases.items(), blocks):
-            block.ref_cnt -= count
+        if len(blocks) > 1 and len(set(keys)) < len(blocks):
+            self._check_repeated_releases(keys)
+        # Validated every key: from here on nothing can fail half-way.
+        for key, block in zip(keys, blocks):
+            block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 self._num_idle_blocks += 1
                 self._policy.mark_evictable(key)
+
+    def _check_repeated_releases(self, keys: Collection[OffloadKey]) -> None:
+        # A key listed n times releases n loads: it must have at least n in progress.
+        releases: dict[OffloadKey, int] = {}
+        for key in keys:
+            releases[key] = releases.get(key, 0) + 1
+        for key, count in releases.items():
+            block = self._policy.get(key)
+            assert block is not None
+            if block.ref_cnt < count:
+                raise self._protocol_error(
+                    "complete_load", key, f"listed {count} times but only {block.ref_cnt} loads are in progress"
+                )
 
     @override
     def prepare_store(

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kvref.audit.baseline import (
     Baseline,
     BaselineError,
     apply_baseline,
+    baseline_key,
     load_baseline,
     write_baseline,
 )
@@ -120,3 +124,51 @@ def test_missing_baseline_exits_2_with_a_hint(project: Project) -> None:
     assert outcome.stderr.startswith("kvref: error: ")
     assert "create it with --write-baseline" in outcome.stderr
     assert len(outcome.stderr.splitlines()) == 1
+
+
+FINDINGS = st.lists(
+    st.builds(
+        _finding,
+        path=st.sampled_from(["a.py", "pkg/b.py"]),
+        line=st.integers(1, 50),
+        code=st.sampled_from(["KVR001", "KVR101"]),
+        symbol=st.sampled_from(["A.f", "A.g", "B.f"]),
+    ),
+    max_size=12,
+)
+
+
+@given(findings=FINDINGS, data=st.data())
+def test_baseline_accounts_for_every_finding(findings: list[Finding], data: st.DataObject) -> None:
+    with tempfile.TemporaryDirectory() as scratch:
+        path = Path(scratch) / "b.json"
+        write_baseline(path, findings)
+        baseline = load_baseline(path)
+    full = apply_baseline(findings, baseline)
+    assert (full.new, full.baselined, full.stale) == ([], len(findings), [])
+    # Some findings are fixed and others appear: exactly the fixed ones become stale counts,
+    # and a new finding is reported unless its key still has unmatched entries.
+    kept = data.draw(st.lists(st.sampled_from(findings), unique_by=id) if findings else st.just([]))
+    added = data.draw(FINDINGS)
+    outcome = apply_baseline([*kept, *added], baseline)
+    assert outcome.baselined + len(outcome.new) == len(kept) + len(added)
+    assert outcome.baselined + sum(count for _, count in outcome.stale) == len(findings)
+    for finding in outcome.new:
+        assert all(key != baseline_key(finding) for key, _ in outcome.stale)
+
+
+def test_a_partial_write_keeps_the_entries_it_did_not_look_at(project: Project) -> None:
+    project.write({"legacy.py": LEGACY, "other.py": LEGACY})
+    assert project.main("--write-baseline", "b.json").code == 0
+    before = json.loads((project.root / "b.json").read_text())["entries"]
+    assert len(before) == 4
+    # Rewriting from one file, with one rule selected, keeps everything else.
+    (project.root / "legacy.py").write_text("class A(Base):\n    def twice_two(self):\n        pass\n")
+    assert project.main("--write-baseline", "b.json", "--select", "KVR001", "legacy.py").code == 0
+    after = json.loads((project.root / "b.json").read_text())["entries"]
+    assert [(e["path"], e["code"]) for e in after] == [
+        ("legacy.py", "KVR102"),
+        ("other.py", "KVR001"),
+        ("other.py", "KVR102"),
+    ]
+    assert project.main("--baseline", "b.json").code == 0

@@ -389,3 +389,35 @@ def test_text_colour_follows_force_color_and_no_color(project: Project) -> None:
     assert "\x1b[" not in plain.stdout
     as_json = project.cli("audit", "--output-format", "json", env={"FORCE_COLOR": "1"})
     assert "\x1b[" not in as_json.stdout
+
+
+def test_no_paths_from_a_subdirectory_reports_on_that_directory(project: Project) -> None:
+    project.write({"pkg/child.py": CHILD, "other/child.py": CHILD})
+    project.monkeypatch.chdir(project.root / "pkg")
+    from kvref.audit.main import main
+
+    project.capsys.readouterr()
+    assert main([]) == EXIT_FINDINGS
+    assert [line.split(":")[0] for line in project.capsys.readouterr().out.splitlines()] == ["pkg/child.py"]
+    indexed, reported = project.engine.calls[-1]
+    assert indexed == ["other/child.py", "pkg/child.py"]
+    assert reported == ["pkg/child.py"]
+
+
+def test_config_option_reads_another_file(project: Project, run: Callable[..., Outcome]) -> None:
+    project.write(SELECTION_PROJECT)
+    (project.root / "kvref.toml").write_text('select = ["KVR102"]\n')
+    outcome = run("--config", "kvref.toml")
+    assert [line.split()[1] for line in outcome.stdout.splitlines()] == ["KVR102"]
+    missing = run("--config", "nope.toml")
+    assert missing.code == EXIT_ERROR
+    assert missing.stderr == "kvref: error: --config nope.toml: no such file\n"
+
+
+def test_only_excluded_files_named_means_nothing_to_do(project: Project, run: Callable[..., Outcome]) -> None:
+    project.write({"gen/m.py": CHILD, "a.py": BASE}, pyproject='[tool.kvref]\nextend-exclude = ["gen"]\nforce-exclude = true\n')
+    outcome = run("gen/m.py")
+    assert outcome.code == EXIT_CLEAN
+    assert outcome.stdout == ""
+    assert "Checked 0 files" in outcome.stderr
+    assert project.engine.calls == []

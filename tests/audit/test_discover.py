@@ -5,9 +5,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvref.audit import discover as discover_module
 from kvref.audit.discover import (
@@ -75,6 +78,7 @@ def test_matches_glob(pattern: str, path: str, expected: bool) -> None:
         ("a/**/z.py\n", "a/b/c/z.py", False, True),
         ("# comment\n\n\\#hash.py\n", "#hash.py", False, True),
         ("spaced.py   \n", "spaced.py", False, True),
+        ("*\n!/**\n", "x/y.py", False, False),  # a lone ** matches across directories
     ],
 )
 def test_gitignore_patterns(gitignore: str, path: str, is_dir: bool, ignored: bool) -> None:
@@ -188,3 +192,39 @@ def test_unreadable_directories_become_warnings(tmp_path: Path, monkeypatch: pyt
     found = discover(tmp_path)
     assert _rel(tmp_path, found.project_files) == ["ok/a.py"]
     assert found.warnings == ("cannot read directory locked: Permission denied",)
+
+
+TREE = ["a.py", "ab.py", "b.py", "a/a.py", "a/b.py", "a/b/a.py", "a/b/c.py", "b/a/a.py", "c/ab/b.py"]
+SEGMENTS = st.sampled_from(["a", "b", "ab", "*", "a*", "*.py", "?.py", "**", "[ab]", "[!a]*"])
+
+
+@st.composite
+def gitignore_lines(draw: st.DrawFn) -> str:
+    segments = draw(st.lists(SEGMENTS, min_size=1, max_size=3))
+    pattern = "/".join(segments)
+    if draw(st.booleans()):
+        pattern = "/" + pattern
+    if draw(st.booleans()):
+        pattern += "/"
+    if draw(st.booleans()):
+        pattern = "!" + pattern
+    return pattern
+
+
+@pytest.mark.skipif(not HAS_GIT, reason="git is not installed")
+@settings(max_examples=int(os.environ.get("KVREF_GITIGNORE_EXAMPLES", "40")))
+@given(root_lines=st.lists(gitignore_lines(), max_size=4), nested_lines=st.lists(gitignore_lines(), max_size=2))
+def test_the_fallback_walker_agrees_with_git_on_generated_patterns(
+    root_lines: list[str], nested_lines: list[str]
+) -> None:
+    with tempfile.TemporaryDirectory() as scratch:
+        results: list[list[str]] = []
+        for base in ("plain", "repo"):
+            root = Path(scratch) / base
+            _touch(root, *TREE)
+            (root / ".gitignore").write_text("\n".join(root_lines) + "\n")
+            (root / "a" / ".gitignore").write_text("\n".join(nested_lines) + "\n")
+            if base == "repo":
+                _git_init(root)
+            results.append(_rel(root, discover(root).project_files))
+        assert results[0] == results[1], (root_lines, nested_lines)

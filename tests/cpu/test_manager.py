@@ -488,9 +488,10 @@ def test_complete_load_without_a_prepared_load_is_refused(
 # --- configuration ---
 
 
-def test_negative_num_blocks_is_rejected() -> None:
-    with pytest.raises(ValueError, match=r"num_blocks must be an integer >= 0, got -1"):
-        CPUOffloadingManager(-1)
+@pytest.mark.parametrize("num_blocks", [-1, 2.5, "4", True])
+def test_num_blocks_must_be_a_non_negative_integer(num_blocks: Any) -> None:
+    with pytest.raises(ValueError, match=rf"num_blocks must be an integer >= 0, got {num_blocks!r}"):
+        CPUOffloadingManager(num_blocks)
 
 
 def test_unknown_policy_is_rejected() -> None:

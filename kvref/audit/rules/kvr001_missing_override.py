@@ -33,7 +33,10 @@ class MissingOverride(Rule):
     `explicit-override`): `__init__`, `__new__`, `__init_subclass__` and `__post_init__` are
     exempt; overrides of `object`'s methods (`__repr__`, `__eq__`), implementations of
     abstract methods and members of Protocol bases are reported; class-private `__names`
-    never override. A class with an unresolved base gets no finding.
+    never override. A class with a base that cannot be resolved (an uninstalled package) is
+    still checked against the bases that do resolve, as the type checkers do with an unknown
+    base: a method that a known base (or `object`) binds overrides it whatever the unknown
+    base holds.
 
     Example:
         class Tier(Base):
@@ -58,14 +61,19 @@ class MissingOverride(Rule):
     @override
     def check(self, context: ModuleContext) -> Iterator[Finding]:
         options = context.options
-        for cls in context.classes:
-            attributes = set(cls.info.summary.attributes) if cls.info.summary else set[str]()
-            for name, definitions in cls.info.methods.items():
+        infos = [cls.info for cls in context.classes]
+        infos.extend(context.partial_classes)
+        infos.sort(key=lambda info: info.summary.name_span.line if info.summary else 0)
+        for info in infos:
+            attributes = set(info.summary.attributes) if info.summary else set[str]()
+            for name, definitions in info.methods.items():
                 if is_private_name(name) or name in options.exempt_names or name in attributes:
                     continue
                 if any(d.has_override for d in definitions):
                     continue
-                hit = context.index.find_member(cls.info.key, name)
+                if all(d.is_accessor for d in definitions):
+                    continue  # `@Base.prop.setter` alone keeps the base's getter: not judged
+                hit = context.index.find_known_member(info.key, name)
                 if hit is None or not _required(hit, options):
                     continue
                 target = primary_definition(definitions)

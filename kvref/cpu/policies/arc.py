@@ -155,8 +155,8 @@ class ARCCachePolicy(CachePolicy):
         evictable = self.t1_evictable
         if block is None:
             block, evictable = self.t2[key], self.t2_evictable
+        # Not indexed while busy, so the key goes in at the recent end (step 2).
         evictable[key] = block
-        evictable.move_to_end(key)
 
     @override
     def mark_non_evictable(self, key: OffloadKey) -> None:

@@ -86,9 +86,9 @@ class LRUCachePolicy(CachePolicy):
 
     @override
     def mark_evictable(self, key: OffloadKey) -> None:
-        # Appending (or moving) to the end makes "became idle" a use.
+        # The key is not in the index (it was pending or being read): it goes in at the recent
+        # end, which makes "became idle" a use.
         self.evictable[key] = self.blocks[key]
-        self.evictable.move_to_end(key)
 
     @override
     def mark_non_evictable(self, key: OffloadKey) -> None:

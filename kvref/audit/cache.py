@@ -1,0 +1,354 @@
+"""An on-disk cache of per-file summaries, so a warm `kvref audit` re-reads only what changed.
+
+Layout: one packed file per cache version in the cache directory, holding for every source file
+its size, mtime (ns), a content digest and its summary. A packed file is read with one `read`
+and one unpickle, which is what makes a warm run on thousands of files cheap; one file per
+source file would cost an `open` per file before any work starts.
+
+Validation, cheapest first:
+
+- stat: size and mtime unchanged since the entry was written -> the summary is reused without
+  reading the file. An entry whose mtime lies within `RACY_WINDOW_NS` of the moment the pack was
+  written is "racy" (the file may have changed again within the same timestamp tick, the case
+  git calls racy-git) and is never trusted on stat alone;
+- digest: otherwise the file is read and hashed, and a matching digest still reuses the summary
+  (a `touch`, a checkout that rewrote identical bytes), refreshing the stored stat;
+- anything else is summarised again.
+
+Safety: the pack is replaced atomically (temp file in the same directory + `os.replace`), so two
+concurrent runs each see either the old or the new pack, never a torn one (the last writer wins,
+losing at most the other's fresh entries, which are simply recomputed later). A pack that is
+truncated, corrupt, from another kvref/Python version or schema, or holds anything but kvref's
+own types is discarded and rebuilt, never trusted: the unpickler only constructs classes from
+`kvref.audit` and a few builtin containers.
+"""
+
+from __future__ import annotations
+
+import builtins
+import copyreg
+import dataclasses
+import hashlib
+import io
+import operator
+import os
+import pickle
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Generic, Protocol, TypeVar, cast
+
+from typing_extensions import override
+
+__all__ = [
+    "CACHE_FORMAT",
+    "StatLike",
+    "dumps",
+    "loads",
+    "RACY_WINDOW_NS",
+    "CacheEntry",
+    "SummaryCache",
+    "content_digest",
+    "default_cache_dir",
+    "version_stamp",
+]
+
+CACHE_FORMAT = 1
+"""Bumped whenever the pack layout changes (part of every version stamp)."""
+
+RACY_WINDOW_NS = 2_000_000_000
+"""Files modified this close to the pack's write time are re-hashed rather than trusted."""
+
+_MAGIC = b"KVRAUDC\x01"
+# Builtins a summary may legitimately contain; everything else must come from kvref.audit.
+_SAFE_BUILTINS = frozenset(
+    {"frozenset", "set", "tuple", "list", "dict", "bytes", "str", "int", "float", "bool", "complex"}
+)
+_SAFE_MODULE_PREFIXES = ("kvref.audit.",)
+_FAST_MODULES = ("kvref.audit.model", "kvref.audit.summary", "kvref.audit.parallel")
+
+T = TypeVar("T")
+
+
+class StatLike(Protocol):
+    """The two fields of `os.stat_result` the cache validates with."""
+
+    @property
+    def st_size(self) -> int: ...
+
+    @property
+    def st_mtime_ns(self) -> int: ...
+
+
+_Reducer = Callable[[object], tuple[Callable[..., object], tuple[object, ...]]]
+
+
+def _constructor_reducers() -> dict[type, _Reducer]:
+    """Reducers that rebuild kvref's frozen dataclasses by calling the class.
+
+    The default pickling of a frozen slotted dataclass restores it through a Python
+    `__setstate__` that recomputes `fields()` for every object; calling the constructor with
+    the field values is several times cheaper, which matters with ~10^6 objects in the
+    summaries of a large project.
+    """
+    reducers: dict[type, _Reducer] = {}
+    for module_name in _FAST_MODULES:
+        module = sys.modules.get(module_name)
+        if module is None:
+            continue
+        for candidate in vars(module).values():
+            if not (isinstance(candidate, type) and dataclasses.is_dataclass(candidate)):
+                continue
+            cls = cast(type, candidate)
+            fields = dataclasses.fields(cls)
+            if cls.__module__ != module_name or not all(item.init for item in fields):
+                continue
+            getter = operator.attrgetter(*(item.name for item in fields))
+            if len(fields) == 1:
+
+                def reduce_one(
+                    obj: object, cls: type = cls, getter: Callable[[object], object] = getter
+                ) -> tuple[Callable[..., object], tuple[object, ...]]:
+                    return (cls, (getter(obj),))
+
+                reducers[cls] = reduce_one
+            else:
+
+                def reduce_many(
+                    obj: object, cls: type = cls, getter: Callable[[object], object] = getter
+                ) -> tuple[Callable[..., object], tuple[object, ...]]:
+                    return (cls, cast(tuple[object, ...], getter(obj)))
+
+                reducers[cls] = reduce_many
+    return reducers
+
+
+def dumps(value: object) -> bytes:
+    """Pickle `value`, rebuilding kvref's dataclasses through their constructors."""
+    buffer = io.BytesIO()
+    pickler = pickle.Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL)
+    table = dict(copyreg.dispatch_table)
+    table.update(_constructor_reducers())
+    pickler.dispatch_table = table
+    pickler.dump(value)
+    return buffer.getvalue()
+
+
+def loads(data: bytes) -> object:
+    """Unpickle data written by `dumps`, refusing anything but kvref.audit types and builtins.
+
+    Raises:
+        pickle.UnpicklingError: the data names a class from elsewhere (or is corrupt).
+    """
+    return cast(object, _RestrictedUnpickler(io.BytesIO(data)).load())
+
+
+def content_digest(data: bytes) -> bytes:
+    """The digest that identifies a file's content (16 bytes of BLAKE2b)."""
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+def default_cache_dir(project_root: Path) -> Path:
+    """`$KVREF_CACHE_DIR` if set, else `.kvref_cache` in the project root (like `.mypy_cache`)."""
+    override = os.environ.get("KVREF_CACHE_DIR")
+    return Path(override) if override else project_root / ".kvref_cache"
+
+
+def version_stamp(schema_files: Iterable[Path] = ()) -> str:
+    """A string that changes whenever a cached summary could mean something else.
+
+    It covers the cache format, kvref's version, the Python implementation and version (the
+    summaries come from that interpreter's `ast`), and the bytes of `schema_files` (the modules
+    that define and compute the summaries, so a development checkout with an unchanged version
+    number never reads summaries of an older shape).
+    """
+    from kvref import __version__
+
+    digest = hashlib.blake2b(digest_size=8)
+    for path in schema_files:
+        try:
+            digest.update(path.read_bytes())
+        except OSError:
+            digest.update(str(path).encode())
+    return (
+        f"{CACHE_FORMAT}-kvref{__version__}-{sys.implementation.name}"
+        f"{sys.version_info.major}.{sys.version_info.minor}.{sys.version_info.micro}"
+        f"-{digest.hexdigest()}"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class CacheEntry(Generic[T]):
+    """What the cache knows about one source file."""
+
+    size: int
+    mtime_ns: int
+    digest: bytes
+    value: T
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    """Constructs only kvref.audit classes and plain containers; anything else is corruption."""
+
+    @override
+    def find_class(self, module_name: str, global_name: str, /) -> object:
+        if module_name == "builtins" and global_name in _SAFE_BUILTINS:
+            return cast(object, getattr(builtins, global_name))
+        if module_name.startswith(_SAFE_MODULE_PREFIXES):
+            return super().find_class(module_name, global_name)
+        raise pickle.UnpicklingError(f"refusing {module_name}.{global_name} in a kvref cache")
+
+
+class SummaryCache(Generic[T]):
+    """Per-file summaries cached on disk, validated by stat and by content digest.
+
+    Use: `load()` once, `lookup`/`lookup_digest` per file, `store` what was computed, then
+    `save()` (a no-op when nothing changed).
+
+    Args:
+        directory: the cache directory (created on save, with a `.gitignore` of `*`).
+        stamp: the version stamp (see `version_stamp`); packs of other stamps are never read.
+    """
+
+    def __init__(self, directory: Path, stamp: str) -> None:
+        self.directory = directory
+        self.stamp = stamp
+        self._entries: dict[str, CacheEntry[T]] = {}
+        self._written_at_ns = 0
+        self._dirty = False
+        self._loaded = False
+        self.discarded: str | None = None
+        """Why an existing pack was thrown away (corrupt, foreign), for diagnostics."""
+        self.hits = 0
+        self.misses = 0
+
+    @property
+    def pack_path(self) -> Path:
+        digest = hashlib.blake2b(self.stamp.encode(), digest_size=6).hexdigest()
+        return self.directory / f"summaries-{digest}.pack"
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def load(self) -> None:
+        """Read the pack, if any; a pack that fails any check is dropped (never raises)."""
+        self._loaded = True
+        try:
+            data = self.pack_path.read_bytes()
+        except FileNotFoundError:
+            return
+        except OSError as error:
+            self.discarded = f"unreadable: {error}"
+            return
+        try:
+            self._entries, self._written_at_ns = self._decode(data)
+        except Exception as error:  # noqa: BLE001 - any decoding failure means "not trusted"
+            self._entries, self._written_at_ns = {}, 0
+            self.discarded = f"{type(error).__name__}: {error}"
+            # Rewrite it on the next save even if this run computes nothing new.
+            self._dirty = True
+
+    def _decode(self, data: bytes) -> tuple[dict[str, CacheEntry[T]], int]:
+        if not data.startswith(_MAGIC):
+            raise ValueError("not a kvref cache pack")
+        header = loads(data[len(_MAGIC) :])
+        if not (isinstance(header, tuple) and len(cast(tuple[object, ...], header)) == 3):
+            raise ValueError("malformed pack header")
+        stamp, written_at_ns, rows = cast(tuple[object, object, object], header)
+        if stamp != self.stamp:
+            raise ValueError(f"foreign cache version {stamp!r}")
+        if not isinstance(written_at_ns, int) or not isinstance(rows, dict):
+            raise ValueError("malformed pack body")
+        entries: dict[str, CacheEntry[T]] = {}
+        for key, row in cast(dict[object, object], rows).items():
+            if not (isinstance(key, str) and isinstance(row, tuple)):
+                raise ValueError("malformed pack entry")
+            size, mtime_ns, digest, value = cast(tuple[object, object, object, T], row)
+            if not (
+                isinstance(size, int) and isinstance(mtime_ns, int) and isinstance(digest, bytes)
+            ):
+                raise ValueError("malformed pack entry")
+            entries[key] = CacheEntry(size, mtime_ns, digest, value)
+        return entries, written_at_ns
+
+    def lookup(self, path: Path, stat: StatLike) -> T | None:
+        """The cached summary of `path` if its size and mtime prove it unchanged, else None."""
+        entry = self._entries.get(str(path))
+        if (
+            entry is not None
+            and entry.size == stat.st_size
+            and entry.mtime_ns == stat.st_mtime_ns
+            and entry.mtime_ns < self._written_at_ns - RACY_WINDOW_NS
+        ):
+            self.hits += 1
+            return entry.value
+        return None
+
+    def expected_digest(self, path: Path) -> bytes | None:
+        """The digest stored for `path`, to compare with the file's bytes when stat differs."""
+        entry = self._entries.get(str(path))
+        return None if entry is None else entry.digest
+
+    def lookup_digest(self, path: Path, digest: bytes, stat: StatLike) -> T | None:
+        """The cached summary when the content is unchanged; refreshes the stored stat."""
+        entry = self._entries.get(str(path))
+        if entry is None or entry.digest != digest:
+            return None
+        self.hits += 1
+        racy = entry.mtime_ns >= self._written_at_ns - RACY_WINDOW_NS
+        if racy or entry.size != stat.st_size or entry.mtime_ns != stat.st_mtime_ns:
+            # Rewriting moves the pack's write time past this mtime, so the next run can trust
+            # the stat alone again.
+            self._entries[str(path)] = CacheEntry(
+                stat.st_size, stat.st_mtime_ns, digest, entry.value
+            )
+            self._dirty = True
+        return entry.value
+
+    def store(self, path: Path, stat: StatLike, digest: bytes, value: T) -> None:
+        """Remember the summary computed from the bytes whose stat and digest are given."""
+        self.misses += 1
+        self._entries[str(path)] = CacheEntry(stat.st_size, stat.st_mtime_ns, digest, value)
+        self._dirty = True
+
+    def forget_missing(self, keep: Iterable[Path]) -> None:
+        """Drop entries of files that no longer exist (those in `keep` are known to exist)."""
+        known = {str(path) for path in keep}
+        for key in [key for key in self._entries if key not in known]:
+            if not os.path.exists(key):
+                del self._entries[key]
+                self._dirty = True
+
+    def save(self) -> None:
+        """Write the pack atomically if anything changed; failures leave the old pack intact.
+
+        Raises:
+            OSError: the directory cannot be created or written (callers may ignore it: the
+                next run simply recomputes).
+        """
+        if not self._dirty:
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        ignore = self.directory / ".gitignore"
+        if not ignore.exists():
+            ignore.write_text("# Created by kvref audit; safe to delete.\n*\n")
+        rows = {
+            key: (entry.size, entry.mtime_ns, entry.digest, entry.value)
+            for key, entry in self._entries.items()
+        }
+        payload = _MAGIC + dumps((self.stamp, time.time_ns(), rows))
+        handle, temporary = tempfile.mkstemp(dir=self.directory, prefix=".pack-", suffix=".tmp")
+        try:
+            with os.fdopen(handle, "wb") as stream:
+                stream.write(payload)
+            os.replace(temporary, self.pack_path)
+        except BaseException:
+            try:
+                os.unlink(temporary)
+            except OSError:
+                pass
+            raise
+        self._dirty = False

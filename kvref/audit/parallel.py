@@ -1,0 +1,325 @@
+"""Summarise many files at once: on-disk cache first, then a process pool for what is left.
+
+`summarize_many(paths, root=...)` is the `summarize_many` hook of `kvref.audit.engine.analyze`.
+Parsing is the expensive part of an audit and is independent per file, so it is spread over
+processes; only summaries (small frozen dataclasses, no `ast` objects) travel back to the
+parent, which then resolves and checks in one process. Files are dealt to workers in chunks,
+largest first, so one huge file does not leave the other cores idle at the end.
+
+Every file yields a summary or a `FileError`, never an exception: unreadable files, symlink
+loops, undecodable or unparsable source, and files over the size limit (generated code) are
+each reported once, and the rest is audited.
+"""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing
+import os
+import stat as stat_module
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from multiprocessing.context import BaseContext
+from pathlib import Path
+from typing import Final, Generic, TypeVar, cast
+
+from kvref.audit.cache import SummaryCache, content_digest, dumps, loads
+from kvref.audit.model import FileError
+
+__all__ = [
+    "DEFAULT_MAX_FILE_BYTES",
+    "FileStamp",
+    "SERIAL_THRESHOLD",
+    "Summarizer",
+    "Unchanged",
+    "summarize_many",
+    "summarize_path",
+]
+
+S = TypeVar("S")
+
+Summarizer = Callable[[str, bytes], S]
+"""Turns (project-relative path, file bytes) into a summary; raises to reject the file.
+
+It must be a module-level function (it is sent to worker processes by reference). An exception
+carrying `line`, `col` and `message` attributes (such as `kvref.audit.summary.SummaryError`)
+becomes a `FileError` at that position.
+"""
+
+DEFAULT_MAX_FILE_BYTES: Final = 16 * 1024 * 1024
+"""Files larger than this are reported, not parsed: parsing 16 MiB of generated code alone
+needs about a gigabyte of memory and says nothing about class hierarchies."""
+
+SERIAL_THRESHOLD: Final = 48
+"""Below this many files to summarise, starting processes costs more than it saves."""
+
+_CHUNKS_PER_JOB: Final = 6
+
+
+@dataclass(frozen=True, slots=True)
+class Unchanged:
+    """A worker's answer when the file's digest matches the cached one (nothing to send)."""
+
+    digest: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class FileStamp:
+    """The size and mtime of the bytes a summary was computed from (what the cache checks)."""
+
+    st_size: int
+    st_mtime_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome(Generic[S]):
+    """What summarising one file produced, with the stamp and digest it was computed from."""
+
+    path: str
+    result: S | FileError | Unchanged
+    stamp: FileStamp | None
+    digest: bytes
+
+
+def _relative(path: Path, root: Path) -> str:
+    # The engine's convention (`kvref.audit.engine.relative_path`): no symlink resolution.
+    return os.path.relpath(os.path.abspath(path), os.path.abspath(root)).replace(os.sep, "/")
+
+
+def _error_from(exception: BaseException, relative: str) -> FileError:
+    message = getattr(exception, "message", None)
+    line = getattr(exception, "line", None)
+    col = getattr(exception, "col", None)
+    if isinstance(message, str) and isinstance(line, int) and isinstance(col, int):
+        return FileError(relative, line, col, message)
+    if isinstance(exception, SyntaxError):
+        return FileError(
+            relative, exception.lineno or 1, exception.offset or 1, f"syntax error: {exception.msg}"
+        )
+    if isinstance(exception, UnicodeDecodeError):
+        return FileError(relative, 1, 1, f"cannot decode: {exception.reason}")
+    if isinstance(exception, RecursionError):
+        return FileError(relative, 1, 1, "cannot parse: nested too deeply")
+    if isinstance(exception, MemoryError):
+        return FileError(relative, 1, 1, "cannot parse: out of memory")
+    return FileError(relative, 1, 1, f"cannot summarize: {type(exception).__name__}: {exception}")
+
+
+def summarize_path(
+    path: Path,
+    root: Path,
+    summarize: Summarizer[S],
+    *,
+    expected_digest: bytes | None = None,
+    max_bytes: int = DEFAULT_MAX_FILE_BYTES,
+) -> tuple[S | FileError | Unchanged, FileStamp | None, bytes]:
+    """Read and summarise one file; every failure becomes a `FileError`.
+
+    Args:
+        path: the file (absolute).
+        root: the project root, for the relative path in summaries and errors.
+        summarize: the summariser (see `Summarizer`).
+        expected_digest: the cached digest of the file; when the bytes still hash to it,
+            `Unchanged` is returned instead of summarising again.
+        max_bytes: files larger than this are reported instead of parsed.
+
+    Returns:
+        (result, the size/mtime of the bytes read or None when unreadable, their digest or
+        b"" when they were not read).
+    """
+    relative = _relative(path, root)
+    try:
+        # O_NONBLOCK: a FIFO named like a module must not hang the audit.
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as error:
+        return FileError(relative, 1, 1, f"cannot read: {error.strerror or error}"), None, b""
+    try:
+        file_stat = os.fstat(descriptor)
+        stamp = FileStamp(file_stat.st_size, file_stat.st_mtime_ns)
+        if not stat_module.S_ISREG(file_stat.st_mode):
+            return FileError(relative, 1, 1, "cannot read: not a regular file"), None, b""
+        if file_stat.st_size > max_bytes:
+            return (
+                FileError(
+                    relative,
+                    1,
+                    1,
+                    f"skipped: {file_stat.st_size / 1048576:.1f} MiB is over the "
+                    f"{max_bytes / 1048576:.0f} MiB limit for one file (generated code?)",
+                ),
+                stamp,
+                b"",
+            )
+        with os.fdopen(descriptor, "rb", closefd=False) as stream:
+            source = stream.read()
+    except OSError as error:
+        return FileError(relative, 1, 1, f"cannot read: {error.strerror or error}"), None, b""
+    finally:
+        os.close(descriptor)
+    digest = content_digest(source)
+    if expected_digest is not None and digest == expected_digest:
+        return Unchanged(digest), stamp, digest
+    try:
+        return summarize(relative, source), stamp, digest
+    except Exception as error:  # noqa: BLE001 - one bad file must not stop the audit
+        return _error_from(error, relative), stamp, digest
+
+
+def _summarize_chunk(
+    chunk: Sequence[tuple[Path, bytes | None]],
+    root: Path,
+    summarize: Summarizer[S],
+    max_bytes: int,
+) -> list[_Outcome[S]]:
+    outcomes: list[_Outcome[S]] = []
+    for path, expected in chunk:
+        result, stamp, digest = summarize_path(
+            path, root, summarize, expected_digest=expected, max_bytes=max_bytes
+        )
+        outcomes.append(_Outcome(str(path), result, stamp, digest))
+    return outcomes
+
+
+def _summarize_chunk_packed(
+    chunk: Sequence[tuple[Path, bytes | None]],
+    root: Path,
+    summarize: Summarizer[S],
+    max_bytes: int,
+) -> bytes:
+    # Pickled here with kvref's constructor reducers: cheaper to rebuild in the parent than
+    # the executor's default pickling of frozen dataclasses.
+    return dumps(_summarize_chunk(chunk, root, summarize, max_bytes))
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _chunks(
+    work: Sequence[tuple[Path, bytes | None]], sizes: Mapping[Path, int], count: int
+) -> list[list[tuple[Path, bytes | None]]]:
+    """Deal files into `count` chunks of similar total size, largest files first."""
+    ordered = sorted(work, key=lambda item: sizes.get(item[0], 0), reverse=True)
+    chunks: list[list[tuple[Path, bytes | None]]] = [[] for _ in range(max(1, count))]
+    loads = [0] * len(chunks)
+    for item in ordered:
+        lightest = min(range(len(chunks)), key=loads.__getitem__)
+        chunks[lightest].append(item)
+        loads[lightest] += sizes.get(item[0], 0) + 512
+    # The heaviest chunks are submitted first, which shortens the tail.
+    order = sorted(range(len(chunks)), key=loads.__getitem__, reverse=True)
+    return [chunks[index] for index in order if chunks[index]]
+
+
+def _pool_context() -> BaseContext:
+    # fork starts workers in milliseconds and shares the imported modules; the parent holds no
+    # threads at this point. Elsewhere (macOS, Windows) the platform default is the safe one.
+    if sys.platform.startswith("linux"):
+        return multiprocessing.get_context("fork")
+    return multiprocessing.get_context()
+
+
+def _default_summarizer() -> Summarizer[object]:
+    # Imported on first use: the summariser pulls in `ast` walking code the cache hit path
+    # never needs.
+    module = importlib.import_module("kvref.audit.summary")
+    return cast(Summarizer[object], module.summarize)
+
+
+def summarize_many(
+    paths: Iterable[Path],
+    *,
+    root: Path,
+    jobs: int | None = None,
+    cache: SummaryCache[S | FileError] | None = None,
+    summarize: Summarizer[S] | None = None,
+    max_bytes: int = DEFAULT_MAX_FILE_BYTES,
+    on_progress: Callable[[int], None] | None = None,
+) -> dict[Path, S | FileError]:
+    """Summarise every file, reusing the cache and spreading the rest over processes.
+
+    Args:
+        paths: absolute paths of the files.
+        root: the project root (summaries and errors name files relative to it).
+        jobs: worker processes (default: the CPUs this process may use); 1 runs in-process.
+        cache: a loaded `SummaryCache`, updated in place (the caller saves it), or None.
+        summarize: the summariser (default: `kvref.audit.summary.summarize`).
+        max_bytes: files larger than this become a `FileError` instead of being parsed.
+        on_progress: called with the number of files just finished (for a progress bar).
+
+    Returns:
+        A summary or a `FileError` for every given path, keyed by the path as given.
+
+    Raises:
+        ValueError: `jobs` is below 1.
+    """
+    if jobs is None:
+        jobs = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        jobs = jobs or 1
+    if jobs < 1:
+        raise ValueError(f"jobs must be at least 1, got {jobs}")
+    summarizer = cast(Summarizer[S], summarize or _default_summarizer())
+    results: dict[Path, S | FileError] = {}
+    work: list[tuple[Path, bytes | None]] = []
+    sizes: dict[Path, int] = {}
+    for path in dict.fromkeys(paths):
+        if cache is not None:
+            try:
+                file_stat = os.stat(path)
+            except OSError as error:
+                results[path] = FileError(
+                    _relative(path, root), 1, 1, f"cannot read: {error.strerror or error}"
+                )
+                continue
+            cached = cache.lookup(path, file_stat)
+            if cached is not None:
+                results[path] = cached
+                continue
+            sizes[path] = file_stat.st_size
+            work.append((path, cache.expected_digest(path)))
+        else:
+            work.append((path, None))
+    if on_progress is not None and results:
+        on_progress(len(results))
+    by_name = {str(path): path for path, _ in work}
+
+    def absorb(outcomes: Iterable[_Outcome[S]]) -> None:
+        finished = 0
+        for outcome in outcomes:
+            finished += 1
+            path = by_name[outcome.path]
+            result = outcome.result
+            if isinstance(result, Unchanged):
+                assert cache is not None and outcome.stamp is not None
+                reused = cache.lookup_digest(path, result.digest, outcome.stamp)
+                if reused is None:  # the cache changed under us: cannot happen in one process
+                    raise AssertionError(f"digest of {path} vanished from the cache")
+                results[path] = reused
+                continue
+            results[path] = result
+            # Errors from reading (no stat) depend on the filesystem, not the bytes: not cached.
+            if cache is not None and outcome.stamp is not None and outcome.digest:
+                cache.store(path, outcome.stamp, outcome.digest, result)
+        if on_progress is not None and finished:
+            on_progress(finished)
+
+    if jobs == 1 or len(work) < SERIAL_THRESHOLD:
+        for item in work:
+            absorb(_summarize_chunk([item], root, summarizer, max_bytes))
+        return results
+    if not sizes:
+        sizes = {path: _size(path) for path, _ in work}
+    chunks = _chunks(work, sizes, jobs * _CHUNKS_PER_JOB)
+    with ProcessPoolExecutor(max_workers=min(jobs, len(chunks)), mp_context=_pool_context()) as pool:
+        futures: list[Future[bytes]] = [
+            pool.submit(_summarize_chunk_packed, chunk, root, summarizer, max_bytes)
+            for chunk in chunks
+        ]
+        for future in as_completed(futures):
+            absorb(cast(list[_Outcome[S]], loads(future.result())))
+    return results

@@ -1,0 +1,696 @@
+"""GPU<->CPU block transfer with torch: CUDA streams and events, pinned memory, and a CPU fallback
+(vLLM: `vllm/v1/kv_offload/cpu/gpu_worker.py`, `worker/cpu_gpu.py`).
+
+`SingleDirectionOffloadingHandler` moves blocks one way (GPU->CPU stores or CPU->GPU loads);
+`CpuGpuOffloadingHandlers` builds the pair over one set of KV-cache tensors and CPU rows.
+
+How a job runs, on CUDA:
+
+* `plan_transfer` (pure Python, `kvref.cpu.transfer_plan`) turns the specs into byte-range
+  copies per tensor, merging blocks that are consecutive on both sides.
+* Each direction owns one `torch.cuda.Stream`. Work on one stream runs in submission order,
+  so jobs of a direction finish strictly first-in first-out and `get_finished` can report
+  them in submission order by polling only the oldest job's end event.
+* GPU->CPU first makes its stream wait for the current (compute) stream, so an offload never
+  reads KV the model is still writing. CPU->GPU does not: the scheduler only loads into GPU
+  blocks it has just allocated, which no queued kernel uses.
+* Each copy is `dst[a:b].copy_(src[c:d], non_blocking=True)` between a 1-D byte view of a GPU
+  tensor and one of pinned host memory: torch issues that as one `cudaMemcpyAsync`, which the
+  GPU's copy engines (DMA) carry out without using SMs, so offloading does not slow the model's
+  kernels (vLLM's blog measured DMA beating copy kernels end to end for this reason). Merged
+  runs make the number of these calls (about 3-10 us of CPU each) small for consecutive blocks.
+* Start and end `torch.cuda.Event`s (timing-enabled, pooled and reused) bracket the job:
+  `end.query()` polls completion, `start.elapsed_time(end)` is the measured transfer time.
+
+Without CUDA, the GPU tensors are CPU tensors and the same handler runs the same code: the
+copies are synchronous `copy_`s, the "events" are host timestamps (`time.perf_counter`), and
+every job has finished when `transfer_async` returns. Results, ordering and errors are the same.
+
+Pinned host memory: torch's `pin_memory=True` allocations go through its caching host
+allocator, which rounds each request up to a power of two (a 20 GiB pool costs 32 GiB). kvref
+instead allocates a plain tensor of the exact size and page-locks it with `cudaHostRegister`
+(through `torch.cuda.cudart()`) in bounded, page-aligned chunks, and unregisters them on
+`shutdown`. Copies are split where they would cross a chunk boundary, so every DMA stays within
+one registration. If registration fails, transfers still work, unpinned and slower (a warning
+says so).
+
+This is the only kvref module that imports torch at module level.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import mmap
+import time
+import warnings
+from collections import deque
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Protocol, cast, runtime_checkable
+
+with warnings.catch_warnings():
+    # CPU wheels of torch warn on import when numpy is absent; kvref never uses numpy.
+    warnings.filterwarnings("ignore", message=".*NumPy.*")
+    import torch
+
+from typing_extensions import override
+
+from kvref.base import BlockIDsLoadStoreSpec, GPULoadStoreSpec, LoadStoreSpec
+from kvref.cpu.common import CPU_MEDIUM, CPULoadStoreSpec
+from kvref.cpu.transfer_plan import ByteCopy, TensorGeometry, TransferPlan, plan_transfer
+from kvref.worker import (
+    OffloadingHandler,
+    OffloadingWorker,
+    TransferProtocolError,
+    TransferResult,
+    TransferSpec,
+    TransferType,
+)
+
+__all__ = [
+    "CPUViewSource",
+    "HostMemoryPin",
+    "SingleDirectionOffloadingHandler",
+    "CpuGpuOffloadingHandlers",
+    "DEFAULT_PIN_CHUNK_BYTES",
+]
+
+GPU_MEDIUM = GPULoadStoreSpec.medium()
+DEFAULT_PIN_CHUNK_BYTES = 1 << 30
+"""Largest single `cudaHostRegister` call (one call fails at >= 512 GiB, vLLM #51080)."""
+
+_CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712
+_PAGE_BYTES = mmap.PAGESIZE
+
+
+class _Event(Protocol):
+    """What the handler needs of an event: `torch.cuda.Event`, or `_HostEvent` on the CPU."""
+
+    def record(self) -> None: ...
+
+    def query(self) -> bool: ...
+
+    def synchronize(self) -> None: ...
+
+    def elapsed_ms(self, end: _Event) -> float: ...
+
+
+class _CudaEvent:
+    """A pooled, timing-enabled CUDA event, always recorded on its direction's stream."""
+
+    __slots__ = ("_event", "_stream")
+
+    def __init__(self, stream: torch.cuda.Stream) -> None:
+        self._event = torch.cuda.Event(enable_timing=True)
+        self._stream = stream
+
+    def record(self) -> None:
+        self._event.record(self._stream)
+
+    def query(self) -> bool:
+        return bool(self._event.query())
+
+    def synchronize(self) -> None:
+        self._event.synchronize()
+
+    def elapsed_ms(self, end: _Event) -> float:
+        assert isinstance(end, _CudaEvent), "a CUDA job's events are both CUDA events"
+        return float(self._event.elapsed_time(end._event))
+
+
+class _HostEvent:
+    """The CPU fallback's event: host copies are synchronous, so it is complete once recorded."""
+
+    __slots__ = ("_seconds",)
+
+    def __init__(self) -> None:
+        self._seconds = 0.0
+
+    def record(self) -> None:
+        self._seconds = time.perf_counter()
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        return None
+
+    def elapsed_ms(self, end: _Event) -> float:
+        assert isinstance(end, _HostEvent), "a host job's events are both host events"
+        return (end._seconds - self._seconds) * 1e3
+
+
+@dataclass(slots=True)
+class _Job:
+    job_id: int
+    num_bytes: int
+    start: _Event
+    end: _Event
+
+
+class _CudaRuntime(Protocol):
+    """The two calls kvref makes through `torch.cuda.cudart()` (they return a cudaError)."""
+
+    def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int: ...
+
+    def cudaHostUnregister(self, ptr: int) -> int: ...
+
+
+class HostMemoryPin:
+    """Page-locks existing host memory with `cudaHostRegister`, in bounded page-aligned chunks.
+
+    Chunk boundaries sit on absolute multiples of the chunk size (itself a whole number of
+    pages), so two registrations never share a page (the driver pins whole pages and refuses
+    a second registration of one). A row may straddle a boundary: the handlers split copies
+    there, so every DMA stays inside one registration.
+
+    Registration creates a CUDA context on the current device, so call it with the KV caches'
+    device current. `close()` unregisters what this object registered (only that: memory that
+    someone else had already registered is left alone).
+
+    Args:
+        ptr: start address of the host range.
+        nbytes: its length.
+        chunk_bytes: the largest range registered by one call (rounded down to whole pages,
+            at least one page).
+    """
+
+    def __init__(self, ptr: int, nbytes: int, chunk_bytes: int = DEFAULT_PIN_CHUNK_BYTES) -> None:
+        if nbytes < 0 or chunk_bytes < 1:
+            raise ValueError(f"nbytes ({nbytes}) must be >= 0 and chunk_bytes ({chunk_bytes}) >= 1")
+        self.ptr = ptr
+        self.nbytes = nbytes
+        self._registered: list[int] = []
+        self.pinned = False
+        """True if the whole range is page-locked (by this object or already by its owner)."""
+        self.error: str | None = None
+        """Why pinning failed, when it did."""
+        step = max(_PAGE_BYTES, chunk_bytes - chunk_bytes % _PAGE_BYTES)
+        first = ptr - ptr % step + step
+        self.boundaries: list[int] = list(range(first, ptr + nbytes, step))
+        """Addresses where one registration ends and the next begins (no copy may cross)."""
+        self._pin()
+
+    def _pin(self) -> None:
+        if self.nbytes == 0:
+            self.pinned = True
+            return
+        cudart = cast(_CudaRuntime, torch.cuda.cudart())
+        edges = [self.ptr, *self.boundaries, self.ptr + self.nbytes]
+        for start, end in zip(edges, edges[1:]):
+            size = end - start
+            code = int(cudart.cudaHostRegister(start, size, 0))
+            if code == 0:
+                self._registered.append(start)
+                continue
+            if code == _CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED and start == self.ptr:
+                # The owner (e.g. a shared offload region) pinned it already: nothing to undo.
+                self.pinned = True
+                self.boundaries = []
+                return
+            self.close()
+            self.error = f"cudaHostRegister({start:#x}, {size}) failed with cudaError {code}"
+            return
+        self.pinned = True
+
+    def close(self) -> None:
+        """Unregister every chunk this object registered (idempotent)."""
+        if self._registered:
+            cudart = cast(_CudaRuntime, torch.cuda.cudart())
+            for start in self._registered:
+                cudart.cudaHostUnregister(start)
+        self._registered.clear()
+        self.pinned = False
+
+
+@runtime_checkable
+class CPUViewSource(Protocol):
+    """Anything that hands out CPU rows for KV tensors, one view per tensor, in order.
+
+    kvref's `SharedOffloadRegion` satisfies it: each call returns the next per-tensor int8
+    view `(num_blocks, page_bytes)` of its rows (stride `(row_bytes, 1)`).
+    """
+
+    def create_worker_view(self, page_bytes: int) -> torch.Tensor:
+        """Return the int8 CPU view `(num_blocks, page_bytes)` for the next tensor."""
+        ...
+
+
+class SingleDirectionOffloadingHandler(OffloadingHandler):
+    """Moves blocks in one direction between GPU KV-cache tensors and CPU rows.
+
+    Jobs finish and are reported strictly in submission order (one stream per direction on
+    CUDA; synchronous copies on the CPU fallback). See the module docstring for the mechanics.
+
+    Args:
+        gpu_tensors: int8 `(num_gpu_blocks, page_bytes_t)` views of the KV caches, row
+            stride >= page bytes, unit column stride; all on one device (CUDA, or CPU for
+            the fallback) and with the same number of blocks.
+        cpu_tensors: int8 CPU views `(num_cpu_blocks, page_bytes_t * block_size_factor)`,
+            co-indexed with `gpu_tensors`; pinned memory on CUDA for asynchronous copies.
+        block_size_factor: GPU blocks per CPU block.
+        group_tensors: per KV-cache group, the indices of the tensors holding it.
+        gpu_to_cpu: True for stores (GPU->CPU), False for loads (CPU->GPU).
+        host_boundaries: addresses inside the CPU rows where one pinned registration ends
+            and the next begins; copies are split there.
+
+    Raises:
+        ValueError: shapes, dtypes, devices or the page ratio are not as described.
+    """
+
+    def __init__(
+        self,
+        gpu_tensors: Sequence[torch.Tensor],
+        cpu_tensors: Sequence[torch.Tensor],
+        *,
+        block_size_factor: int,
+        group_tensors: Sequence[Sequence[int]],
+        gpu_to_cpu: bool,
+        host_boundaries: Sequence[int] = (),
+    ) -> None:
+        _validate_tensors(gpu_tensors, cpu_tensors, block_size_factor)
+        self.gpu_to_cpu = gpu_to_cpu
+        self.block_size_factor = block_size_factor
+        self.transfer_type: TransferType = (
+            (GPU_MEDIUM, CPU_MEDIUM) if gpu_to_cpu else (CPU_MEDIUM, GPU_MEDIUM)
+        )
+        self.device = gpu_tensors[0].device
+        self._group_tensors = tuple(tuple(g) for g in group_tensors)
+        for group, indices in enumerate(self._group_tensors):
+            if any(not 0 <= i < len(gpu_tensors) for i in indices):
+                raise ValueError(
+                    f"group_tensors[{group}] = {list(indices)} names tensors outside "
+                    f"[0, {len(gpu_tensors)})"
+                )
+        src_tensors, dst_tensors = (
+            (gpu_tensors, cpu_tensors) if gpu_to_cpu else (cpu_tensors, gpu_tensors)
+        )
+        self._src_factor, self._dst_factor = (
+            (1, block_size_factor) if gpu_to_cpu else (block_size_factor, 1)
+        )
+        self._src_num_blocks = src_tensors[0].shape[0]
+        self._dst_num_blocks = dst_tensors[0].shape[0]
+        self._geometry = tuple(
+            TensorGeometry(gpu.shape[1], src.stride(0), dst.stride(0))
+            for gpu, src, dst in zip(gpu_tensors, src_tensors, dst_tensors, strict=True)
+        )
+        # 1-D byte views spanning each tensor's rows: plan offsets index them directly.
+        self._src_spans = [_byte_span(t) for t in src_tensors]
+        self._dst_spans = [_byte_span(t) for t in dst_tensors]
+        # Per tensor, the chunk boundaries of pinned memory, as offsets into its CPU span.
+        cpu_bases = [t.data_ptr() for t in cpu_tensors]
+        sorted_boundaries = sorted(host_boundaries)
+        self._host_cuts = [
+            [b - base for b in sorted_boundaries if base < b < base + span.numel()]
+            for base, span in zip(cpu_bases, self._src_spans if not gpu_to_cpu else self._dst_spans)
+        ]
+        self._on_cuda = self.device.type == "cuda"
+        self._stream = torch.cuda.Stream(self.device) if self._on_cuda else None
+        self._event_pool: list[_Event] = []
+        self._jobs: deque[_Job] = deque()
+        self._job_ids: set[int] = set()
+        self._closed = False
+
+    @override
+    def transfer_async(self, job_id: int, spec: TransferSpec) -> bool:
+        if self._closed:
+            raise TransferProtocolError(f"transfer_async: job {job_id} after shutdown")
+        if job_id in self._job_ids:
+            raise TransferProtocolError(
+                f"transfer_async: job {job_id} is still in flight; job ids must be unique until "
+                "their result is reported"
+            )
+        plan = self._plan(spec)
+        start, end = self._acquire_event(), self._acquire_event()
+        try:
+            with self._on_direction_stream():
+                start.record()
+                self._copy(plan)
+                end.record()
+        except BaseException:
+            # Nothing references the job, so its events can be reused; copies already
+            # queued still run in order before any later job.
+            self._event_pool += (start, end)
+            raise
+        self._jobs.append(_Job(job_id, plan.num_bytes, start, end))
+        self._job_ids.add(job_id)
+        return True
+
+    @override
+    def get_finished(self) -> list[TransferResult]:
+        results: list[TransferResult] = []
+        # FIFO: once the oldest job is still running, every later one is too.
+        while self._jobs and self._jobs[0].end.query():
+            job = self._jobs.popleft()
+            self._job_ids.discard(job.job_id)
+            seconds = job.start.elapsed_ms(job.end) / 1e3
+            results.append(
+                TransferResult(job.job_id, True, job.num_bytes, seconds, self.transfer_type)
+            )
+            self._event_pool += (job.start, job.end)
+        return results
+
+    @override
+    def wait(self, job_ids: Collection[int]) -> None:
+        wanted = set(job_ids)
+        last = None
+        for job in self._jobs:
+            if job.job_id in wanted:
+                last = job
+        # Jobs finish in order, so the latest wanted job finishing implies the others did.
+        if last is not None:
+            last.end.synchronize()
+
+    @override
+    def shutdown(self) -> None:
+        """Wait for in-flight jobs (their results are dropped) and release tensors and events."""
+        if self._closed:
+            return
+        for job in self._jobs:
+            job.end.synchronize()
+        if self._stream is not None:
+            # Also copies of a job whose submission failed half-way (it has no end event):
+            # the caller may unpin or free the rows right after this returns.
+            self._stream.synchronize()
+        self._jobs.clear()
+        self._job_ids.clear()
+        self._event_pool.clear()
+        self._src_spans.clear()
+        self._dst_spans.clear()
+        self._stream = None
+        self._closed = True
+
+    @property
+    def num_in_flight(self) -> int:
+        """Jobs submitted and not yet reported by `get_finished`."""
+        return len(self._jobs)
+
+    def _plan(self, spec: TransferSpec) -> TransferPlan:
+        src_spec, dst_spec = spec
+        gpu_spec, cpu_spec = (src_spec, dst_spec) if self.gpu_to_cpu else (dst_spec, src_spec)
+        if (src_spec.medium(), dst_spec.medium()) != self.transfer_type:
+            raise ValueError(
+                f"this handler moves {self.transfer_type[0]}->{self.transfer_type[1]}, got a "
+                f"{src_spec.medium()}->{dst_spec.medium()} spec pair"
+            )
+        if not isinstance(gpu_spec, GPULoadStoreSpec):
+            raise ValueError(f"the GPU side must be a GPULoadStoreSpec, got {_spec_name(gpu_spec)}")
+        if not isinstance(cpu_spec, BlockIDsLoadStoreSpec):
+            raise ValueError(
+                f"the CPU side must be a BlockIDsLoadStoreSpec, got {_spec_name(cpu_spec)}"
+            )
+        if len(gpu_spec.group_sizes) != len(self._group_tensors):
+            raise ValueError(
+                f"the GPU spec has {len(gpu_spec.group_sizes)} groups, the KV caches have "
+                f"{len(self._group_tensors)}"
+            )
+        assert isinstance(src_spec, BlockIDsLoadStoreSpec)
+        assert isinstance(dst_spec, BlockIDsLoadStoreSpec)
+        return plan_transfer(
+            src_spec.block_ids,
+            dst_spec.block_ids,
+            group_sizes=gpu_spec.group_sizes,
+            block_indices=gpu_spec.block_indices,
+            src_block_size_factor=self._src_factor,
+            dst_block_size_factor=self._dst_factor,
+            group_tensors=self._group_tensors,
+            tensors=self._geometry,
+            src_num_blocks=self._src_num_blocks,
+            dst_num_blocks=self._dst_num_blocks,
+        )
+
+    def _copy(self, plan: TransferPlan) -> None:
+        non_blocking = self._on_cuda
+        tensor_copies: Sequence[ByteCopy]
+        for tensor_copies, src, dst, cuts in zip(
+            plan.copies, self._src_spans, self._dst_spans, self._host_cuts, strict=True
+        ):
+            if cuts:
+                tensor_copies = _split_at_cuts(tensor_copies, cuts, cpu_is_src=not self.gpu_to_cpu)
+            for src_offset, dst_offset, nbytes in tensor_copies:
+                dst[dst_offset : dst_offset + nbytes].copy_(
+                    src[src_offset : src_offset + nbytes], non_blocking=non_blocking
+                )
+
+    def _on_direction_stream(self) -> contextlib.AbstractContextManager[object]:
+        if self._stream is None:
+            return contextlib.nullcontext()
+        if self.gpu_to_cpu:
+            # Offload only what the model has finished writing.
+            self._stream.wait_stream(torch.cuda.current_stream(self.device))
+        return torch.cuda.stream(self._stream)
+
+    def _acquire_event(self) -> _Event:
+        if self._event_pool:
+            return self._event_pool.pop()
+        return _HostEvent() if self._stream is None else _CudaEvent(self._stream)
+
+
+class CpuGpuOffloadingHandlers:
+    """Both transfer directions over one set of KV-cache tensors and their CPU rows.
+
+    Args:
+        kv_caches: KV-cache tensors whose first dimension is the number of GPU blocks (any
+            dtype; each block's bytes contiguous), all on one device: CUDA, or CPU for the
+            fallback. Viewed as int8 `(num_blocks, page_bytes)`.
+        block_size_factor: GPU blocks per CPU (offloaded) block.
+        num_cpu_blocks: CPU blocks to allocate; required when `cpu_rows` is None, and must
+            match it otherwise.
+        group_tensors: per KV-cache group, the indices of its tensors in `kv_caches`;
+            default: one group holding every tensor.
+        cpu_rows: where the CPU blocks live. None: one exact-size allocation owned by the
+            handlers (per tensor a dense `(num_cpu_blocks, page * factor)` block of rows). A 2-D
+            int8 CPU tensor `(num_cpu_blocks, row_bytes)`: each row holds every tensor's CPU
+            page back to back. A `CPUViewSource` (such as `SharedOffloadRegion`): asked for one
+            view per tensor.
+        pin_memory: page-lock the CPU rows with `cudaHostRegister`. None: when the KV caches
+            are on CUDA. True: required (a failure raises). False: never.
+        pin_chunk_bytes: the largest range one registration call covers.
+
+    Raises:
+        ValueError: inconsistent arguments (see the messages).
+    """
+
+    def __init__(
+        self,
+        kv_caches: Sequence[torch.Tensor],
+        *,
+        block_size_factor: int = 1,
+        num_cpu_blocks: int | None = None,
+        group_tensors: Sequence[Sequence[int]] | None = None,
+        cpu_rows: torch.Tensor | CPUViewSource | None = None,
+        pin_memory: bool | None = None,
+        pin_chunk_bytes: int = DEFAULT_PIN_CHUNK_BYTES,
+    ) -> None:
+        if not kv_caches:
+            raise ValueError("kv_caches must hold at least one tensor")
+        if block_size_factor < 1:
+            raise ValueError(f"block_size_factor must be a positive integer, got {block_size_factor}")
+        self.block_size_factor = block_size_factor
+        self.gpu_tensors = [_as_block_rows(t, i) for i, t in enumerate(kv_caches)]
+        self.device = self.gpu_tensors[0].device
+        on_cuda = self.device.type == "cuda"
+        if pin_memory and not on_cuda:
+            raise ValueError(f"pin_memory=True needs CUDA KV caches; they are on {self.device}")
+        cpu_page_bytes = [t.shape[1] * block_size_factor for t in self.gpu_tensors]
+        self.cpu_tensors, self._owned_rows = _cpu_views(cpu_rows, cpu_page_bytes, num_cpu_blocks)
+        self.num_cpu_blocks = self.cpu_tensors[0].shape[0]
+        if group_tensors is None:
+            group_tensors = [list(range(len(self.gpu_tensors)))]
+
+        self._pin: HostMemoryPin | None = None
+        if pin_memory or (pin_memory is None and on_cuda):
+            start = min(t.data_ptr() for t in self.cpu_tensors)
+            end = max(_span_end(t) for t in self.cpu_tensors)
+            with torch.cuda.device(self.device):
+                self._pin = HostMemoryPin(start, end - start, pin_chunk_bytes)
+            if not self._pin.pinned:
+                message = f"could not pin the CPU rows ({self._pin.error})"
+                if pin_memory:
+                    raise ValueError(f"pin_memory=True: {message}")
+                warnings.warn(f"{message}; transfers will be synchronous and slower", stacklevel=2)
+
+        boundaries = self._pin.boundaries if self._pin is not None else []
+        self.gpu_to_cpu_handler = SingleDirectionOffloadingHandler(
+            self.gpu_tensors,
+            self.cpu_tensors,
+            block_size_factor=block_size_factor,
+            group_tensors=group_tensors,
+            gpu_to_cpu=True,
+            host_boundaries=boundaries,
+        )
+        self.cpu_to_gpu_handler = SingleDirectionOffloadingHandler(
+            self.gpu_tensors,
+            self.cpu_tensors,
+            block_size_factor=block_size_factor,
+            group_tensors=group_tensors,
+            gpu_to_cpu=False,
+            host_boundaries=boundaries,
+        )
+
+    @property
+    def is_pinned(self) -> bool:
+        """Whether the CPU rows are page-locked (asynchronous copies on CUDA)."""
+        return self._pin is not None and self._pin.pinned
+
+    def register_with(self, worker: OffloadingWorker) -> None:
+        """Register both handlers with `worker` for GPU->CPU and CPU->GPU jobs."""
+        worker.register_handler(GPULoadStoreSpec, CPULoadStoreSpec, self.gpu_to_cpu_handler)
+        worker.register_handler(CPULoadStoreSpec, GPULoadStoreSpec, self.cpu_to_gpu_handler)
+
+    def shutdown(self) -> None:
+        """Finish both directions, then unpin and drop the CPU and GPU views (idempotent)."""
+        self.gpu_to_cpu_handler.shutdown()
+        self.cpu_to_gpu_handler.shutdown()
+        # Only after every copy finished: the DMA engines may still be reading pinned pages.
+        if self._pin is not None:
+            self._pin.close()
+            self._pin = None
+        # Drop every view of the rows: a shared region can only unmap once none is left.
+        self.cpu_tensors = []
+        self.gpu_tensors = []
+        self._owned_rows = None
+
+
+def _spec_name(spec: LoadStoreSpec) -> str:
+    return type(spec).__name__
+
+
+def _validate_tensors(
+    gpu_tensors: Sequence[torch.Tensor], cpu_tensors: Sequence[torch.Tensor], block_size_factor: int
+) -> None:
+    if not gpu_tensors or len(gpu_tensors) != len(cpu_tensors):
+        raise ValueError(
+            f"gpu_tensors ({len(gpu_tensors)}) and cpu_tensors ({len(cpu_tensors)}) must be "
+            "non-empty and co-indexed"
+        )
+    if block_size_factor < 1:
+        raise ValueError(f"block_size_factor must be a positive integer, got {block_size_factor}")
+    device = gpu_tensors[0].device
+    if device.type not in ("cuda", "cpu"):
+        raise ValueError(f"gpu_tensors must be on a CUDA device (or the CPU fallback), not {device}")
+    num_gpu_blocks, num_cpu_blocks = gpu_tensors[0].shape[0], cpu_tensors[0].shape[0]
+    for i, (gpu, cpu) in enumerate(zip(gpu_tensors, cpu_tensors, strict=True)):
+        for name, tensor in (("gpu_tensors", gpu), ("cpu_tensors", cpu)):
+            if tensor.dtype != torch.int8 or tensor.dim() != 2:
+                raise ValueError(
+                    f"{name}[{i}] must be a 2-D int8 tensor (num_blocks, page_bytes), got "
+                    f"{tensor.dtype} of shape {tuple(tensor.shape)}"
+                )
+            if tensor.stride(1) != 1 or tensor.stride(0) < tensor.shape[1]:
+                raise ValueError(
+                    f"{name}[{i}] rows must be contiguous and not overlap: strides "
+                    f"{tensor.stride()} for shape {tuple(tensor.shape)}"
+                )
+        if gpu.device != device:
+            raise ValueError(f"gpu_tensors[{i}] is on {gpu.device}, gpu_tensors[0] on {device}")
+        if cpu.device.type != "cpu":
+            raise ValueError(f"cpu_tensors[{i}] must be on the CPU, not {cpu.device}")
+        if gpu.shape[0] != num_gpu_blocks or cpu.shape[0] != num_cpu_blocks:
+            raise ValueError(
+                f"tensor {i} has {gpu.shape[0]} GPU and {cpu.shape[0]} CPU blocks; every tensor "
+                f"must have {num_gpu_blocks} and {num_cpu_blocks} (those of tensor 0)"
+            )
+        if cpu.shape[1] != gpu.shape[1] * block_size_factor:
+            raise ValueError(
+                f"cpu_tensors[{i}] pages are {cpu.shape[1]} bytes; with block_size_factor="
+                f"{block_size_factor} and {gpu.shape[1]}-byte GPU pages they must be "
+                f"{gpu.shape[1] * block_size_factor}"
+            )
+
+
+def _as_block_rows(tensor: torch.Tensor, index: int) -> torch.Tensor:
+    """View a KV-cache tensor as int8 `(num_blocks, page_bytes)` without copying."""
+    if tensor.dim() < 1 or tensor.shape[0] < 1:
+        raise ValueError(f"kv_caches[{index}] needs a leading num_blocks dimension >= 1")
+    try:
+        flat = tensor.view(tensor.shape[0], -1) if tensor.dim() > 1 else tensor.view(-1, 1)
+        return flat.view(torch.int8)
+    except RuntimeError as exc:
+        raise ValueError(
+            f"kv_caches[{index}] (shape {tuple(tensor.shape)}, strides {tensor.stride()}) cannot "
+            f"be viewed as (num_blocks, page_bytes) bytes: each block must be contiguous ({exc})"
+        ) from exc
+
+
+def _cpu_views(
+    cpu_rows: torch.Tensor | CPUViewSource | None,
+    cpu_page_bytes: list[int],
+    num_cpu_blocks: int | None,
+) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    """Per-tensor CPU views, and the buffer the handlers own (None when the caller owns it)."""
+    if cpu_rows is None:
+        if num_cpu_blocks is None or num_cpu_blocks < 1:
+            raise ValueError(
+                f"num_cpu_blocks must be a positive integer when cpu_rows is None, got "
+                f"{num_cpu_blocks}"
+            )
+        # One exact-size allocation (no power-of-two rounding), each tensor's rows dense so
+        # consecutive CPU blocks merge into single copies.
+        buffer = torch.zeros(num_cpu_blocks * sum(cpu_page_bytes), dtype=torch.int8)
+        views: list[torch.Tensor] = []
+        offset = 0
+        for page in cpu_page_bytes:
+            size = num_cpu_blocks * page
+            views.append(buffer[offset : offset + size].view(num_cpu_blocks, page))
+            offset += size
+        return views, buffer
+    if isinstance(cpu_rows, torch.Tensor):
+        if cpu_rows.dtype != torch.int8 or cpu_rows.dim() != 2 or cpu_rows.device.type != "cpu":
+            raise ValueError(
+                "cpu_rows must be a 2-D int8 CPU tensor (num_cpu_blocks, row_bytes), got "
+                f"{cpu_rows.dtype} of shape {tuple(cpu_rows.shape)} on {cpu_rows.device}"
+            )
+        if cpu_rows.shape[1] < sum(cpu_page_bytes):
+            raise ValueError(
+                f"cpu_rows rows are {cpu_rows.shape[1]} bytes; the KV caches need "
+                f"{sum(cpu_page_bytes)} per CPU block ({cpu_page_bytes})"
+            )
+        views = []
+        offset = 0
+        for page in cpu_page_bytes:
+            views.append(cpu_rows[:, offset : offset + page])
+            offset += page
+        _check_num_blocks(views, num_cpu_blocks)
+        return views, None
+    views = [cpu_rows.create_worker_view(page) for page in cpu_page_bytes]
+    _check_num_blocks(views, num_cpu_blocks)
+    return views, None
+
+
+def _check_num_blocks(views: list[torch.Tensor], num_cpu_blocks: int | None) -> None:
+    if num_cpu_blocks is not None and views[0].shape[0] != num_cpu_blocks:
+        raise ValueError(
+            f"num_cpu_blocks={num_cpu_blocks} but cpu_rows has {views[0].shape[0]} blocks"
+        )
+
+
+def _byte_span(rows: torch.Tensor) -> torch.Tensor:
+    """A 1-D int8 view from the first byte of row 0 to the last byte of the last row."""
+    return rows.as_strided((_span_end(rows) - rows.data_ptr(),), (1,))
+
+
+def _span_end(rows: torch.Tensor) -> int:
+    num_blocks, width = rows.shape
+    return rows.data_ptr() + (num_blocks - 1) * rows.stride(0) + width
+
+
+def _split_at_cuts(copies: Sequence[ByteCopy], cuts: list[int], cpu_is_src: bool) -> list[ByteCopy]:
+    """Split copies whose host range crosses a pinned-registration boundary (offset in `cuts`)."""
+    result: list[ByteCopy] = []
+    for src_offset, dst_offset, nbytes in copies:
+        host = src_offset if cpu_is_src else dst_offset
+        i = bisect.bisect_right(cuts, host)
+        while i < len(cuts) and cuts[i] < host + nbytes:
+            head = cuts[i] - host
+            result.append((src_offset, dst_offset, head))
+            src_offset, dst_offset, host, nbytes = (
+                src_offset + head,
+                dst_offset + head,
+                host + head,
+                nbytes - head,
+            )
+            i += 1
+        result.append((src_offset, dst_offset, nbytes))
+    return result
