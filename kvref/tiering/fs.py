@@ -703,17 +703,16 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             if directory not in self._made_dirs:
                 os.makedirs(directory, exist_ok=True)
                 self._made_dirs.add(directory)
-            parts: list[memoryview] = []
-            for key, block_id in records:
-                payload = self._primary.row(block_id)
-                header = _HEADER.pack(
-                    _MAGIC, _FORMAT_VERSION, len(key), zlib.crc32(payload), len(payload)
-                )
-                parts.append(memoryview(header + key))
-                parts.append(payload)
             fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
             try:
-                _write_all(fd, parts)
+                # One record per system call, checksummed just before it is written: the
+                # payload is still in cache for the copy, and no call grows past one block.
+                for key, block_id in records:
+                    payload = self._primary.row(block_id)
+                    header = _HEADER.pack(
+                        _MAGIC, _FORMAT_VERSION, len(key), zlib.crc32(payload), len(payload)
+                    )
+                    _write_all(fd, [memoryview(header + key), payload])
                 if self.fsync:
                     os.fsync(fd)
             finally:
