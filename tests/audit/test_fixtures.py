@@ -14,6 +14,7 @@ import ast
 import dataclasses
 import re
 import runpy
+import sys
 import typing
 from pathlib import Path
 
@@ -95,7 +96,7 @@ def test_fixture_fixes_match_twin(path: Path, tmp_path: Path) -> None:
 def test_annotation_fixes_leave_a_module_that_runs(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # The twins have no `from __future__ import annotations`: every annotation is evaluated
     # when the module runs, so a name the fix wrote without importing it is a NameError.
-    monkeypatch.syspath_prepend(str(SUPPORT))
+    monkeypatch.setattr(sys, "path", [str(SUPPORT), *sys.path])
     namespace = runpy.run_path(str(FIXTURES / f"{name}.fixed.py"), run_name=f"{name}_fixed")
     remote = namespace["Remote"]
     assert isinstance(remote, type)
