@@ -133,8 +133,7 @@ def _imports_for(
     if binding.kind == "import":
         source = index.absolute_module(base_module, binding.module, binding.level)
         _check_source(source, binding)
-        spelling = binding.module if binding.level == 0 else source
-        spelling = _existing_spelling(index, module, summary, source) or spelling
+        spelling = _existing_spelling(index, module, summary, source) or source
         yield RequiredImport(spelling, binding.target, "" if binding.target == name else name)
     elif binding.kind == "module":
         _check_source(binding.target, binding)
@@ -147,8 +146,8 @@ def _imports_for(
     elif binding.kind == "class" or (
         binding.kind in ("alias", "other") and not base_summary.is_stub
     ):
-        if binding.type_only or "." in binding.target:
-            raise _Unsafe(name)
+        if binding.type_only:
+            raise _Unsafe(name)  # defined under `if TYPE_CHECKING:`: absent at run time
         spelling = _existing_spelling(index, module, summary, base_module) or base_module
         yield RequiredImport(spelling, name)
     else:

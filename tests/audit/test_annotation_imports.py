@@ -254,3 +254,24 @@ def test_annotation_names(text: str, names: list[tuple[str, ...]]) -> None:
 
 def test_annotation_names_of_an_unparsable_forward_reference_are_unknown() -> None:
     assert annotation_names("Collection['not a type']") is None
+
+
+def test_an_alias_the_base_module_defines_is_imported_from_it(tmp_path: Path) -> None:
+    base = (
+        "import collections.abc\n\nHandle = int\n\nclass Base:\n"
+        "    def touch(self, keys: collections.abc.Set[Handle]) -> None: ...\n"
+        "    def fetch(self, keys: collections.abc.Collection[int]) -> None: ...\n"
+    )
+    impl = (
+        "from base import Base\n\nclass Impl(Base):\n"
+        "    def touch(self, keys: frozenset[int]) -> None: ...\n"
+        "    def fetch(self, keys: list[int]) -> None: ...\n"
+    )
+    result = analyze(write(tmp_path, {"base.py": base, "impl.py": impl}), root=tmp_path)
+    fixes = {f.symbol: f.fix for f in result.findings if f.code == "KVR101" and f.path == "impl.py"}
+    touch, fetch = fixes["Impl.touch.keys"], fixes["Impl.fetch.keys"]
+    assert touch is not None
+    assert touch.imports == (RequiredImport("collections.abc"), RequiredImport("base", "Handle"))
+    assert fetch is not None and fetch.imports == (RequiredImport("collections.abc"),)
+    fixed = apply_fixes((tmp_path / "impl.py").read_bytes(), [touch, fetch]).decode()
+    assert fixed.startswith("import collections.abc\nfrom base import Base, Handle\n")
