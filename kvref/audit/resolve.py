@@ -649,6 +649,8 @@ class ProjectIndex:
         in the real MRO; None proves nothing then (the unknown base may bind `name`).
         """
         for base in self.known_ancestors(key):
+            if base in _SPECIAL_FORMS:
+                continue  # typing's special forms are no bases to the type checkers
             info = self.class_info(base)
             if info is not None and name in info.members:
                 return MemberHit(info, tuple(info.methods.get(name, ())))
