@@ -16,7 +16,9 @@ $(STAMP): pyproject.toml
 
 run: $(STAMP)
 	$(BIN)/kvref demo
-	$(BIN)/kvref audit examples/engine --diff || true
+	# The example engine carries deliberate findings: show their fixes as a diff. Exit 1 means
+	# "fixes would apply" (expected here); anything else (2: an error) fails the run.
+	$(BIN)/kvref audit examples/engine --diff --unsafe-fixes; test $$? -eq 1
 
 typecheck: $(STAMP)
 	$(BIN)/pyright
@@ -31,6 +33,8 @@ test: typecheck audit pytest
 
 bench: $(STAMP)
 	$(BIN)/python tools/bench_manager.py
+	$(BIN)/python tools/bench_tiering.py
+	$(BIN)/python tools/bench_transfer.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -49,7 +49,11 @@ def _root(
 def audit(
     paths: Annotated[
         list[Path] | None,
-        typer.Argument(help="Files or directories to report on (default: the whole project).", show_default=False),
+        typer.Argument(
+            help="Files or directories to report on (default: the current directory); "
+            "the whole project is indexed either way.",
+            show_default=False,
+        ),
     ] = None,
     select: Annotated[
         list[str] | None,

@@ -31,22 +31,24 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import typer
 
 from kvref.base import GPULoadStoreSpec, OffloadingManager, OffloadKey, ReqContext, make_offload_key
 from kvref.cpu.common import CPULoadStoreSpec
-from kvref.cpu.gpu_worker import CpuGpuOffloadingHandlers
 from kvref.cpu.manager import CPUOffloadingManager
 from kvref.cpu.shared_region import SharedOffloadRegion
 from kvref.errors import OffloadProtocolError
 from kvref.tiering.manager import create_tiering_manager
 from kvref.worker import OffloadingWorker, TransferResult, TransferSpec
 
-with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", message=".*NumPy.*")
+if TYPE_CHECKING:
+    # torch is imported when the demo runs, not when the CLI loads it (`kvref demo --help`
+    # stays fast); `kvref.cpu.gpu_worker` is the one module that imports it at module level.
     import torch
+
+    from kvref.cpu.gpu_worker import CpuGpuOffloadingHandlers
 
 __all__ = ["DemoConfig", "DemoReport", "run_demo", "main"]
 
@@ -199,6 +201,8 @@ class _KVCache:
     """The model's KV tensors, the groups' layers, and the reference content of every block."""
 
     def __init__(self, config: DemoConfig, device: torch.device) -> None:
+        import torch
+
         self.config = config
         self.device = device
         self.dtype = torch.bfloat16
@@ -218,6 +222,8 @@ class _KVCache:
 
     def content(self, block_hash: bytes, layer: int) -> torch.Tensor:
         """The block's KV values for `layer`: bf16 noise seeded by the block hash."""
+        import torch
+
         digest = hashlib.blake2b(block_hash + layer.to_bytes(4, "big"), digest_size=8).digest()
         generator = torch.Generator().manual_seed(int.from_bytes(digest, "big") >> 1)
         values = torch.randn(self.block_shape, generator=generator).to(self.dtype)
@@ -230,6 +236,8 @@ class _KVCache:
 
     def check(self, group: int, gpu_block: int, block_hash: bytes) -> list[str]:
         """Compare a GPU block with its reference content; describe each layer that differs."""
+        import torch
+
         problems: list[str] = []
         for layer in self.group_layers[group]:
             got = self.tensors[layer][gpu_block].view(torch.int8)
@@ -528,6 +536,11 @@ class _ServingLoop:
 
 
 def _device(config: DemoConfig) -> torch.device:
+    with warnings.catch_warnings():
+        # CPU wheels of torch warn on import when numpy is absent; kvref never uses numpy.
+        warnings.filterwarnings("ignore", message=".*NumPy.*")
+        import torch
+
     if config.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device='cuda' but torch sees no CUDA device")
     use_cuda = config.device != "cpu" and torch.cuda.is_available()
@@ -557,6 +570,8 @@ def _cpu_phase(
     progress: Callable[[Iterable[int], str], Iterator[int]] | None,
 ) -> DemoReport:
     """The CPU tier alone: its own pinned rows, one `CPUOffloadingManager`."""
+    from kvref.cpu.gpu_worker import CpuGpuOffloadingHandlers
+
     kv = _KVCache(config, device)
     manager = CPUOffloadingManager(config.num_cpu_blocks, cache_policy="lru")
     handlers = CpuGpuOffloadingHandlers(
@@ -577,6 +592,8 @@ def _tiering_phase(
 ) -> DemoReport:
     """CPU primary over a shared region plus a filesystem tier: blocks the CPU tier evicts are
     promoted back from disk, then loaded into the GPU from the same region rows."""
+    from kvref.cpu.gpu_worker import CpuGpuOffloadingHandlers
+
     kv = _KVCache(config, device)
     report = DemoReport("Tiering (CPU primary + filesystem tier)")
     with tempfile.TemporaryDirectory(prefix="kvref-demo-") as tmp:
@@ -628,6 +645,8 @@ def _run_phase(
 
 def format_report(config: DemoConfig, device: torch.device, reports: Sequence[DemoReport]) -> str:
     """The short human-readable summary printed by `kvref demo`."""
+    import torch
+
     page_kib = 2 * config.block_tokens * config.kv_heads * config.head_dim * 2 / 1024
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (no CUDA device)"
     lines = [

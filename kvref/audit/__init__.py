@@ -17,6 +17,7 @@ from kvref.audit.model import (
     FileError,
     Finding,
     Fix,
+    RequiredImport,
 )
 from kvref.audit.resolve import ProjectIndex
 from kvref.audit.rules import ALL_RULES, Rule, get_rule
@@ -40,6 +41,7 @@ __all__ = [
     "FixError",
     "ModuleSummary",
     "ProjectIndex",
+    "RequiredImport",
     "Rule",
     "SummarizeMany",
     "SummaryError",

@@ -13,9 +13,10 @@ import enum
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from kvref.audit.annotation_imports import required_imports
 from kvref.audit.context import ModuleContext, is_private_name, primary_definition
 from kvref.audit.model import Applicability, Edit, Fix
-from kvref.audit.resolve import MemberHit
+from kvref.audit.resolve import ClassInfo, MemberHit
 from kvref.audit.summary import FunctionSummary, Param, TypeExpr
 
 __all__ = [
@@ -75,7 +76,11 @@ class Relation(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class ParamPair:
-    """An override's parameter with the base parameter it corresponds to."""
+    """An override's parameter with the base parameter it corresponds to.
+
+    `owner` is the override's class, `base_owner` the class whose method the base parameter
+    belongs to (the names of `base_annotation` are looked up in its scope).
+    """
 
     method: FunctionSummary
     param: Param
@@ -83,6 +88,8 @@ class ParamPair:
     base_name: str
     base_annotation: TypeExpr
     relation: Relation
+    owner: ClassInfo
+    base_owner: ClassInfo
 
 
 def _ancestors(head: str) -> set[str]:
@@ -180,13 +187,25 @@ def overridden_parameters(context: ModuleContext, *relations: Relation) -> Itera
                         hit.dotted(name),
                         base_param.annotation,
                         relation,
+                        cls.info,
+                        hit.owner,
                     )
 
 
-def annotation_fix(pair: ParamPair, title: str) -> Fix | None:
-    """The unsafe fix that rewrites the override's annotation to the base's spelling."""
+def annotation_fix(context: ModuleContext, pair: ParamPair, title: str) -> Fix | None:
+    """The unsafe fix that rewrites the override's annotation to the base's spelling.
+
+    It also imports what the new text names and the module lacks; None (no fix) when a
+    name cannot be imported safely (see `kvref.audit.annotation_imports`).
+    """
     span = pair.param.annotation_span
-    if span is None or "\n" in pair.base_annotation.text:
+    text = pair.base_annotation.text
+    if span is None or "\n" in text:
         return None
-    edit = Edit(span.line, span.col, span.end_line, span.end_col, pair.base_annotation.text)
-    return Fix(Applicability.UNSAFE, (edit,), description=title)
+    imports = required_imports(
+        context.index, context.module, context.summary, pair.owner, pair.base_owner, text
+    )
+    if imports is None:
+        return None
+    edit = Edit(span.line, span.col, span.end_line, span.end_col, text)
+    return Fix(Applicability.UNSAFE, (edit,), description=title, imports=imports)

@@ -39,27 +39,43 @@ class RuleInfo:
         """One sentence: the docstring's opening sentence, else the first of "What it does"."""
         opening = inspect.cleandoc(self.doc).split("\n\n", 1)[0]
         first_line = opening.splitlines()[0] if opening else ""
-        if not first_line or _HEADING.match(first_line):
+        if not first_line or _heading(first_line) is not None:
             opening = doc_section(self.doc, "What it does").split("\n\n", 1)[0]
         text = " ".join(opening.split())
         sentence_end = re.search(r"(?<=[.!?])\s", text)
         return text[: sentence_end.start()] if sentence_end else text
 
+    @property
+    def fix_safety(self) -> str:
+        """"safe", "unsafe" or "none", from the first word of the "Fix safety" section."""
+        if not self.fixable:
+            return "none"
+        first_word = doc_section(self.doc, "Fix safety").split(":", 1)[0].strip().lower()
+        return "unsafe" if first_word.startswith("unsafe") else "safe"
+
 
 _HEADING = re.compile(r"^\s*(?:#+\s*)?(?P<title>[A-Z][A-Za-z ?]*?)\s*:?\s*$")
+_SECTIONS = ("What it does", "Why is this bad?", "Example", "Use instead", "Fix safety", "References")
+
+
+def _heading(line: str) -> str | None:
+    """The section title a line introduces (`## Title`, `Title:` or `Title`), if any."""
+    match = _HEADING.match(line)
+    if match is None:
+        return None
+    title = match.group("title").rstrip(":")
+    return title if title in _SECTIONS else None
 
 
 def doc_section(doc: str, title: str) -> str:
-    """The text under heading `title` (`## Title`, `Title:` or `Title`), up to the next heading."""
-    lines = inspect.cleandoc(doc).splitlines()
-    known = {"What it does", "Why is this bad?", "Example", "Use instead", "Fix safety", "References"}
+    """The text under heading `title`, up to the next heading (dedented)."""
     collected: list[str] | None = None
-    for line in lines:
-        heading = _HEADING.match(line)
-        if heading is not None and heading.group("title").rstrip(":") in known:
+    for line in inspect.cleandoc(doc).splitlines():
+        heading = _heading(line)
+        if heading is not None:
             if collected is not None:
                 break
-            if heading.group("title").rstrip(":").lower() == title.lower():
+            if heading.lower() == title.lower():
                 collected = []
             continue
         if collected is not None:

@@ -409,7 +409,9 @@ def discover(
         if not path.exists():
             raise DiscoveryError(f"{given}: no such file or directory")
         if path.is_dir():
-            below = [file for file in project if file == path or path in file.parents]
+            below = [file for file in project if path in file.parents]
+            if not below:
+                warnings.append(f"{rel}: no Python files to audit (excluded or ignored?)")
             report.extend(below)
         elif force_exclude and _excluded(rel, excludes):
             continue

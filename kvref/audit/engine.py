@@ -154,7 +154,14 @@ def _build_index(
     packages = {
         primary[path] for path in summaries if path.name in ("__init__.py", "__init__.pyi")
     }
-    index = ProjectIndex(modules, aliases=aliases, packages=packages, search_paths=search_paths)
+    scripts = {primary[path] for path in summaries if not is_package(path.parent)}
+    index = ProjectIndex(
+        modules,
+        aliases=aliases,
+        packages=packages,
+        scripts=scripts,
+        search_paths=search_paths,
+    )
     return primary, index
 
 
@@ -169,7 +176,10 @@ def _module_context(
     partial: list[ClassInfo] = []
     for cls in summary.classes:
         key = ClassKey(module, cls.qualname)
-        mro = index.mro(key)
+        try:
+            mro = index.mro(key)
+        except RecursionError:  # hundreds of levels of inheritance: treat as unknown
+            mro = Unresolved(frozenset({f"{key.dotted} (hierarchy too deep)"}))
         info = index.class_info(key)
         if isinstance(mro, Unresolved) or info is None:
             names = mro.names if isinstance(mro, Unresolved) else frozenset({key.dotted})

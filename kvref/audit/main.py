@@ -529,12 +529,12 @@ def _silence(stream: TextIO) -> None:
 def list_rules(rules: Sequence[RuleInfo], out: TextIO) -> int:
     """Print a table of the rules: code, name, default, fixable, summary."""
     name_width = max((len(rule.name) for rule in rules), default=4)
-    out.write(f"{'code':<7} {'name':<{name_width}} {'default':<7} {'fix':<4} summary\n")
+    out.write(f"{'code':<7} {'name':<{name_width}} {'default':<7} {'fix':<6} summary\n")
     for rule in rules:
         out.write(
             f"{rule.code:<7} {rule.name:<{name_width}} "
             f"{'on' if rule.default_enabled else 'off':<7} "
-            f"{'yes' if rule.fixable else 'no':<4} {rule.summary}\n"
+            f"{rule.fix_safety:<6} {rule.summary}\n"
         )
     return EXIT_CLEAN
 
@@ -546,8 +546,8 @@ def explain_rule(rules: Sequence[RuleInfo], code: str, out: TextIO, err: TextIO)
         known = ", ".join(r.code for r in rules)
         err.write(f"kvref: error: unknown rule {code!r} (known: {known})\n")
         return EXIT_ERROR
-    default = "on by default" if rule.default_enabled else "off by default (select it by code)"
-    fixable = "fixable" if rule.fixable else "not fixable"
+    default = "on by default" if rule.default_enabled else "off by default: select it by code"
+    fixable = {"safe": "safe fix", "unsafe": "unsafe fix (--unsafe-fixes)"}.get(rule.fix_safety, "no fix")
     out.write(f"{rule.code} {rule.name} ({default}; {fixable})\n\n{rule.doc.rstrip()}\n")
     return EXIT_CLEAN
 
@@ -568,7 +568,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kvref audit",
         description="Check @override use and Collection conformance across a project.",
     )
-    parser.add_argument("paths", nargs="*", type=Path, help="files or directories to report on")
+    parser.add_argument(
+        "paths",
+        nargs="*",
+        type=Path,
+        help="files or directories to report on (default: the current directory); "
+        "the whole project is indexed either way",
+    )
     parser.add_argument("--select", action="append", metavar="CODES", help="rule codes or prefixes (ALL)")
     parser.add_argument("--ignore", action="append", metavar="CODES", help="rule codes or prefixes to skip")
     parser.add_argument(

@@ -17,6 +17,7 @@ __all__ = [
     "Edit",
     "Fix",
     "Finding",
+    "RequiredImport",
     "FileError",
     "AnalysisOptions",
     "AnalysisResult",
@@ -45,6 +46,29 @@ class Edit:
     text: str
 
 
+@dataclass(frozen=True, slots=True, order=True)
+class RequiredImport:
+    """A module-level import that a fixed file needs: `from module import name [as alias]`.
+
+    Attributes:
+        module: the module as the statement spells it; leading dots make it relative
+            (`.base`, `..keys`).
+        name: the imported name; "" for `import module [as alias]`.
+        alias: the `as` name ("" for none).
+    """
+
+    module: str
+    name: str = ""
+    alias: str = ""
+
+    @property
+    def bound_name(self) -> str:
+        """The module-level name the import binds (`collections` for `import collections.abc`)."""
+        if self.alias:
+            return self.alias
+        return self.name or self.module.partition(".")[0]
+
+
 @dataclass(frozen=True, slots=True)
 class Fix:
     """The edits that resolve one finding.
@@ -55,12 +79,16 @@ class Fix:
         needs_override_import: the fixed file must import the `override` decorator (the fixer
             adds or merges the import, once per file, per the `override-import` setting).
         description: a short imperative line, e.g. "Add @override".
+        imports: imports the fixed file needs, e.g. the names of an annotation the fix
+            writes (the fixer adds each once per file, merged into an existing
+            `from module import ...` where there is one).
     """
 
     applicability: Applicability
     edits: tuple[Edit, ...]
     needs_override_import: bool = False
     description: str = ""
+    imports: tuple[RequiredImport, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

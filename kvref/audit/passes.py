@@ -52,7 +52,10 @@ def count_passes(body: Sequence[ast.stmt], names: set[str]) -> dict[str, tuple[i
         name -> (line of the first pass, line of the second pass), for each multi-pass name.
     """
     counter = _PassCounter(names)
-    counter.statements(body, False)
+    try:
+        counter.statements(body, False)
+    except RecursionError:  # a pathological expression (thousands of chained operators)
+        return {}
     return {
         name: (passes[0], passes[1]) for name, passes in counter.passes.items() if len(passes) >= 2
     }

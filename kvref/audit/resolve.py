@@ -77,6 +77,9 @@ _TYPING_REDIRECTS: dict[str, tuple[str, str]] = {
     "AsyncContextManager": ("contextlib", "AbstractAsyncContextManager"),
 }
 _PROTOCOL = ("typing", "Protocol")
+# Special forms to type checkers: their runtime helpers (`__class_getitem__`...) are no
+# members a user class overrides.
+_SPECIAL_FORMS = frozenset({("typing", "Protocol"), ("typing", "Generic")})
 # Process-wide cache of parsed standard-library and search-path files (they do not change).
 _FILE_CACHE: dict[str, ModuleSummary | None] = {}
 
@@ -223,6 +226,7 @@ class ProjectIndex:
         *,
         aliases: Mapping[str, str] | None = None,
         packages: Iterable[str] = (),
+        scripts: Iterable[str] = (),
         search_paths: Sequence[Path] = (),
     ) -> None:
         """Build the index.
@@ -233,6 +237,8 @@ class ProjectIndex:
                 (see `module_names_for`), so one class never gets two identities.
             packages: the names of the project modules that are packages (`__init__` files),
                 so their relative imports resolve from the package itself.
+            scripts: the project modules outside any regular package: their absolute
+                imports also find modules in their own directory (as `python script.py`).
             search_paths: extra roots for installed packages, searched after the project.
         """
         self._modules: dict[str, ModuleSummary | None] = dict(modules)
@@ -244,6 +250,7 @@ class ProjectIndex:
             for depth in range(1, name.count(".") + 1)
         }
         self._packages = set(packages)
+        self._scripts = frozenset(scripts)
         self._search_paths = tuple(search_paths)
         self._symbols: dict[str, dict[str, tuple[Binding, ...]]] = {}
         self._classes: dict[str, dict[str, ClassSummary]] = {}
@@ -379,14 +386,11 @@ class ProjectIndex:
         bindings = self._symbol_table(module, summary).get(name, ())
         if defining:
             bindings = tuple(b for b in bindings if not (b.kind == "class" and b.target == defining))
-        first: _Target | None = None
-        for binding in bindings:
-            target = self._follow(module, binding, name)
-            if isinstance(target, ClassKey | ModuleTarget):
-                return target
-            first = first or target
-        if first is not None:
-            return first
+        if bindings:
+            # The binding a type checker sees first decides, even when it cannot be
+            # resolved: `except ImportError: Base = object` must not stand in for an
+            # uninstalled base (that would invent KVR002s).
+            return self._follow(module, bindings[0], name)
         for star_module, level in summary.star_imports:
             source = self.absolute_module(module, star_module, level)
             exported = self.module(source)
@@ -418,11 +422,14 @@ class ProjectIndex:
         if binding.kind == "class":
             return ClassKey(module, binding.target)
         if binding.kind == "module":
-            if self._module_exists(binding.target):
-                return ModuleTarget(binding.target)
+            target = self._script_sibling(module, binding.target)
+            if self._module_exists(target):
+                return ModuleTarget(target)
             return Unresolved(frozenset({binding.target}))
         if binding.kind == "import":
             source = self.absolute_module(module, binding.module, binding.level)
+            if binding.level == 0:
+                source = self._script_sibling(module, source)
             if source in ("typing", "typing_extensions"):
                 redirected = self._typing_member(binding.target)
                 if redirected is not None:
@@ -436,6 +443,17 @@ class ProjectIndex:
         if binding.kind == "alias" and binding.target:
             return self.resolve(module, binding.target)
         return _NotAClass(f"{module}.{name}")
+
+    def _script_sibling(self, module: str, imported: str) -> str:
+        """`imported` as a script sees it: a module next to it wins when nothing else exists.
+
+        A file outside any regular package (a script, a test directory without
+        `__init__.py`) runs with its own directory on `sys.path`.
+        """
+        if module not in self._scripts or "." not in module or self._module_exists(imported):
+            return imported
+        sibling = f"{module.rpartition('.')[0]}.{imported}"
+        return sibling if self._module_exists(sibling) else imported
 
     def _typing_member(self, name: str) -> _Target | None:
         if name in _TYPING_REDIRECTS:
@@ -631,6 +649,8 @@ class ProjectIndex:
         in the real MRO; None proves nothing then (the unknown base may bind `name`).
         """
         for base in self.known_ancestors(key):
+            if base in _SPECIAL_FORMS:
+                continue  # typing's special forms are no bases to the type checkers
             info = self.class_info(base)
             if info is not None and name in info.members:
                 return MemberHit(info, tuple(info.methods.get(name, ())))
@@ -648,7 +668,9 @@ class ProjectIndex:
         if bases is None:
             linearization = self.mro(key)
             bases = [] if isinstance(linearization, Unresolved) else [
-                info for base in linearization[1:] if (info := self.class_info(base)) is not None
+                info
+                for base in linearization[1:]
+                if base not in _SPECIAL_FORMS and (info := self.class_info(base)) is not None
             ]
             self._base_infos[key] = bases
         hit = None

@@ -106,7 +106,8 @@ class TypeExpr:
     `head` is canonical where the name is known (`collections.abc.Sequence` for both
     `typing.Sequence` and `collections.abc.Sequence`, `builtins.list` for `List` and `list`,
     `typing.Union` for `X | Y` and `Optional[X]`, `None`), else the dotted name as written,
-    or "" for an expression that is not a name. `text` is the source spelling.
+    or "" for an expression that is not a name. `text` is the source spelling (kept for the
+    annotation and its direct arguments only; "" deeper down).
     """
 
     head: str
@@ -430,7 +431,7 @@ def summarize(path: str, source: bytes) -> ModuleSummary:
         raise SummaryError(f"cannot parse: {error}") from None
     newline = detect_newline(text)
     lines = split_lines(text)
-    walker = _ModuleWalker(lines, path.endswith(".pyi"))
+    walker = _ModuleWalker(lines, path.endswith(".pyi"), text.isascii())
     walker.walk_body(tree.body, "", None)
     return walker.finish(path, encoding, bom, newline, import_facts(tree, lines))
 
@@ -449,8 +450,9 @@ class _ClassBuilder:
 class _ModuleWalker:
     """Collects bindings, classes and functions from the statements that run at import."""
 
-    def __init__(self, lines: list[str], is_stub: bool) -> None:
+    def __init__(self, lines: list[str], is_stub: bool, ascii_only: bool) -> None:
         self.lines = lines
+        self.ascii_only = ascii_only  # byte columns are character columns: no conversion
         self.is_stub = is_stub
         self.primary: dict[str, list[Binding]] = {}
         self.fallback: dict[str, list[Binding]] = {}
@@ -555,14 +557,25 @@ class _ModuleWalker:
             value = statement.value
             targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
             for target in targets:
-                if isinstance(target, ast.Name) and target.id == "__all__":
+                if not isinstance(target, ast.Name):
+                    for name in _target_names(target):
+                        self._bind(name, Binding("other"), mode)
+                elif target.id == "__all__":
                     self.all_names = _literal_strings(value)
-                elif isinstance(target, ast.Name) and value is not None:
-                    dotted = dotted_name(value) if isinstance(value, ast.Name | ast.Attribute) else ""
-                    self._bind(target.id, Binding("alias", dotted) if dotted else Binding("other"), mode)
-            for name in _assigned_names(statement, slots=False):
-                if name not in self.primary and name not in self.fallback:
-                    self._bind(name, Binding("other"), mode)
+                elif value is not None:  # a bare `x: int` binds nothing at run time
+                    # `Base = pkg.Base` and `IntStore = Store[int]` alias a class.
+                    aliased = isinstance(value, ast.Name | ast.Attribute | ast.Subscript)
+                    dotted = dotted_name(value) if aliased else ""
+                    binding = Binding("alias", dotted) if dotted else Binding("other")
+                    self._bind(target.id, binding, mode)
+        elif (
+            isinstance(statement, ast.AugAssign)
+            and isinstance(statement.target, ast.Name)
+            and statement.target.id == "__all__"
+        ):
+            added = _literal_strings(statement.value)
+            if self.all_names is not None and added is not None:
+                self.all_names = (*self.all_names, *added)
         else:
             for name in _assigned_names(statement, slots=False):
                 self._bind(name, Binding("other"), mode)
@@ -747,8 +760,12 @@ class _ModuleWalker:
         return bound and self._qualify(dotted).rpartition(".")[2] == "override"
 
     def _type(self, node: ast.expr, depth: int = 0, quoted: bool = False) -> TypeExpr:
-        """Normalize an annotation; `quoted` parts come from a string (no usable positions)."""
-        text = ast.unparse(node) if quoted else self._text(node)
+        """Normalize an annotation; `quoted` parts come from a string (no usable positions).
+
+        Only the annotation and its direct arguments (union members) keep their text: the
+        rules never look deeper, and slicing every nested name costs time on big trees.
+        """
+        text = "" if depth > 1 else ast.unparse(node) if quoted else self._text(node)
         if depth > 8:
             return TypeExpr("", (), text)
         if isinstance(node, ast.Constant):
@@ -789,7 +806,7 @@ class _ModuleWalker:
     # --- positions ------------------------------------------------------------------------
 
     def _char_col(self, line: int, byte_col: int) -> int:
-        return _char_col(self.lines, line, byte_col)
+        return byte_col if self.ascii_only else _char_col(self.lines, line, byte_col)
 
     def _span(self, node: ast.expr | ast.arg, length: int | None = None) -> Span:
         col = self._char_col(node.lineno, node.col_offset)

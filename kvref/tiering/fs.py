@@ -16,7 +16,8 @@ Crash safety: a segment is written to `<name>.tmp` (optionally `fsync`ed) and re
 place with `os.replace`, so a final name always holds whole records. Each record carries its
 key and a CRC-32 of its payload; a load verifies the record's header, key and checksum after
 reading straight into the primary slot, and any mismatch fails the job and drops the block from
-the index, so it is a miss afterwards and wrong bytes are never reported as loaded. At start-up
+the index (its record is marked dead on disk, or its segment deleted once empty), so it is a
+miss afterwards, restarts included, and wrong bytes are never reported as loaded. At start-up
 the tier re-indexes the segments already there (blocks survive a restart), deletes stale `.tmp`
 files left by a crash, and skips records that are truncated or of another block size.
 
@@ -30,9 +31,10 @@ thread.
 
 Capacity: with `capacity_bytes`, storing evicts whole segments, least recently used first (a
 block's `touch`, store or promotion makes its segment recent), skipping segments being written
-or read; a segment that cannot be placed fails its job. Blocks of one segment were stored
-together by one request, so they tend to be reused together. I/O is buffered (through the page
-cache); `fsync=True` makes stores durable before they are reported finished.
+or read and segments holding blocks of the storing job; a segment that cannot be placed fails
+its job. Blocks of one segment were stored together by one request, so they tend to be reused
+together. I/O is buffered (through the page cache); `fsync=True` makes stores durable before
+they are reported finished.
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ CONFIG_FILE_NAME = "kvref_fs_tier.json"
 
 _FORMAT_VERSION = 2
 _MAGIC = b"KVREFBLK"
+# A record dropped (damaged) while the rest of its segment lives on: skipped at re-indexing.
+_DEAD_MAGIC = b"KVREFDED"
 # magic, format version, key length, CRC-32 of the payload, payload length
 _HEADER = struct.Struct("<8sHHIQ")
 RECORD_HEADER_BYTES = _HEADER.size
@@ -404,9 +408,9 @@ class FileSystemSecondaryTier(SecondaryTierManager):
                     return records, 1
                 magic, version, key_len, _crc, payload_len = _HEADER.unpack(header)
                 end = offset + _HEADER.size + key_len + payload_len
-                if magic != _MAGIC or version != _FORMAT_VERSION or end > size:
+                if magic not in (_MAGIC, _DEAD_MAGIC) or version != _FORMAT_VERSION or end > size:
                     return records, 1  # what follows cannot be located
-                if payload_len == self.block_bytes:
+                if magic == _MAGIC and payload_len == self.block_bytes:
                     key = os.pread(fd, key_len, offset + _HEADER.size)
                     records.append((OffloadKey(key), offset))
                 offset = end
@@ -465,12 +469,12 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         for key, block_id in new.items():
             record_bytes = self._record_bytes(key)
             if chunk and chunk_bytes + record_bytes > self._max_segment_bytes:
-                self._plan_segment(state, chunk, chunk_bytes, plans)
+                self._plan_segment(state, chunk, chunk_bytes, plans, job.keys)
                 chunk, chunk_bytes = [], 0
             chunk.append((key, block_id))
             chunk_bytes += record_bytes
         if chunk:
-            self._plan_segment(state, chunk, chunk_bytes, plans)
+            self._plan_segment(state, chunk, chunk_bytes, plans, job.keys)
         state.remaining = len(plans)
         if not plans:
             self._finish(state)
@@ -484,8 +488,9 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         records: list[tuple[OffloadKey, int]],
         size: int,
         plans: list[tuple[_Segment, list[tuple[OffloadKey, int]]]],
+        protected: Collection[OffloadKey],
     ) -> None:
-        if not self._make_room(size):
+        if not self._make_room(size, protected):
             state.failed = True
             return
         segment = _Segment(self._new_path(), size, writing=True)
@@ -561,10 +566,13 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             segment = entry.segment
             segment.readers -= 1
             if key in failed and self._index.get(key) is entry:
-                # Corrupt, truncated or vanished: never offer this block again.
+                # Corrupt, truncated or vanished: never offer this block again, not even after
+                # a restart (its record is marked dead unless the whole segment goes).
                 del self._index[key]
                 segment.keys.discard(key)
                 dropped.append(key)
+                if segment.keys:
+                    self._pool.submit(self._mark_dead_task(segment.path, entry.offset), read=False)
             if not segment.keys and segment.idle and segment in self._segments:
                 self._forget(segment)
                 self._pool.submit(self._delete_task(segment.path), read=False)
@@ -587,15 +595,21 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         if self._events is not None and keys:
             self._events.append(OffloadingEvent(keys, self.medium, removed=True))
 
-    def _make_room(self, size: int) -> bool:
+    def _make_room(self, size: int, protected: Collection[OffloadKey]) -> bool:
+        """Evict idle segments, least recently used first, until `size` more bytes fit.
+
+        A segment holding one of `protected` (the storing job's keys, some of which may be
+        stored already) is never evicted, so a job never evicts its own blocks.
+        """
         if self._capacity is None or self._used_bytes + size <= self._capacity:
             return True
+        protected_keys = set(protected)
         victims: list[_Segment] = []
         freed = 0
         for segment in self._segments:
             if self._used_bytes - freed + size <= self._capacity:
                 break
-            if segment.idle:
+            if segment.idle and segment.keys.isdisjoint(protected_keys):
                 victims.append(segment)
                 freed += segment.size
         if self._used_bytes - freed + size > self._capacity:
@@ -666,7 +680,21 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         return _Task(run, lambda: self._task_done(state, key))
 
     def _delete_task(self, path: str) -> _Task:
-        return _Task(lambda: _unlink_quietly(path), lambda: None)
+        # Run even when cancelled by shutdown: a restart must not find the data again.
+        return _Task(lambda: _unlink_quietly(path), lambda: _unlink_quietly(path))
+
+    def _mark_dead_task(self, path: str, offset: int) -> _Task:
+        def run() -> None:
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+                try:
+                    os.pwrite(fd, _DEAD_MAGIC, offset)
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                logger.debug("could not mark the record at %s:%d dead: %s", path, offset, exc)
+
+        return _Task(run, run)
 
     def _write_segment(self, path: str, records: list[tuple[OffloadKey, int]]) -> bool:
         tmp_path = path + _TMP_SUFFIX
@@ -675,17 +703,16 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             if directory not in self._made_dirs:
                 os.makedirs(directory, exist_ok=True)
                 self._made_dirs.add(directory)
-            parts: list[memoryview] = []
-            for key, block_id in records:
-                payload = self._primary.row(block_id)
-                header = _HEADER.pack(
-                    _MAGIC, _FORMAT_VERSION, len(key), zlib.crc32(payload), len(payload)
-                )
-                parts.append(memoryview(header + key))
-                parts.append(payload)
             fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
             try:
-                _write_all(fd, parts)
+                # One record per system call, checksummed just before it is written: the
+                # payload is still in cache for the copy, and no call grows past one block.
+                for key, block_id in records:
+                    payload = self._primary.row(block_id)
+                    header = _HEADER.pack(
+                        _MAGIC, _FORMAT_VERSION, len(key), zlib.crc32(payload), len(payload)
+                    )
+                    _write_all(fd, [memoryview(header + key), payload])
                 if self.fsync:
                     os.fsync(fd)
             finally:

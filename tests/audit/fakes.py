@@ -33,19 +33,20 @@ from kvref.errors import KVRefError
 __all__ = ["FAKE_RULES", "FakeFixError", "FakeEngine", "fake_backend"]
 
 
-def _doc(what: str) -> str:
+def _doc(what: str, safety: str = "Safe: only adds a decorator.") -> str:
     return (
         f"## What it does\n{what} Second sentence.\n\n## Why is this bad?\nBecause.\n\n"
-        "## Example\n```python\nx\n```\n\nUse instead:\n```python\ny\n```\n\n## Fix safety\nSafe."
+        "## Example\n```python\nx\n```\n\nUse instead:\n```python\ny\n```\n\n"
+        f"## Fix safety\n{safety}"
     )
 
 
 FAKE_RULES: tuple[RuleInfo, ...] = (
     RuleInfo("KVR001", "missing-override", True, True, _doc("Checks for overrides without it.")),
     RuleInfo("KVR002", "stale-override", True, True, _doc("Checks for stale @override.")),
-    RuleInfo("KVR101", "narrowed-collection-parameter", True, True, _doc("Checks narrowing.")),
+    RuleInfo("KVR101", "narrowed-collection-parameter", True, True, _doc("Checks narrowing.", "Unsafe: the body may index.")),
     RuleInfo("KVR102", "multi-pass-iterable", True, False, _doc("Checks double iteration.")),
-    RuleInfo("KVR103", "override-annotation-drift", False, True, _doc("Checks drift.")),
+    RuleInfo("KVR103", "override-annotation-drift", False, True, _doc("Checks drift.", "Unsafe: narrows.")),
 )
 
 

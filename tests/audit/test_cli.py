@@ -365,15 +365,17 @@ def test_rules_lists_every_rule(project: Project) -> None:
     assert outcome.code == EXIT_CLEAN
     lines = outcome.stdout.splitlines()
     assert lines[0].split() == ["code", "name", "default", "fix", "summary"]
-    assert lines[1].split()[:4] == ["KVR001", "missing-override", "on", "yes"]
-    assert lines[5].split()[:4] == ["KVR103", "override-annotation-drift", "off", "yes"]
+    assert lines[1].split()[:4] == ["KVR001", "missing-override", "on", "safe"]
+    assert lines[3].split()[:4] == ["KVR101", "narrowed-collection-parameter", "on", "unsafe"]
+    assert lines[4].split()[:4] == ["KVR102", "multi-pass-iterable", "on", "none"]
+    assert lines[5].split()[:4] == ["KVR103", "override-annotation-drift", "off", "unsafe"]
     assert lines[4].endswith("Checks double iteration.")
 
 
 def test_explain_prints_the_rule_documentation(project: Project) -> None:
     outcome = project.cli("explain", "kvr001")
     assert outcome.code == EXIT_CLEAN
-    assert outcome.stdout.startswith("KVR001 missing-override (on by default; fixable)\n")
+    assert outcome.stdout.startswith("KVR001 missing-override (on by default; safe fix)\n")
     assert "## Why is this bad?" in outcome.stdout
     assert project.cli("explain", "stale-override").stdout.startswith("KVR002 stale-override")
     unknown = project.cli("explain", "KVR999")

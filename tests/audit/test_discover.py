@@ -212,7 +212,7 @@ def gitignore_lines(draw: st.DrawFn) -> str:
 
 
 @pytest.mark.skipif(not HAS_GIT, reason="git is not installed")
-@settings(max_examples=int(os.environ.get("KVREF_GITIGNORE_EXAMPLES", "40")))
+@settings(max_examples=int(os.environ.get("KVREF_GITIGNORE_EXAMPLES", "25")))
 @given(root_lines=st.lists(gitignore_lines(), max_size=4), nested_lines=st.lists(gitignore_lines(), max_size=2))
 def test_the_fallback_walker_agrees_with_git_on_generated_patterns(
     root_lines: list[str], nested_lines: list[str]
@@ -228,3 +228,10 @@ def test_the_fallback_walker_agrees_with_git_on_generated_patterns(
                 _git_init(root)
             results.append(_rel(root, discover(root).project_files))
         assert results[0] == results[1], (root_lines, nested_lines)
+
+
+def test_a_directory_with_nothing_to_audit_says_so(tmp_path: Path) -> None:
+    _touch(tmp_path, "a.py", "build/gen.py")
+    found = discover(tmp_path, [tmp_path / "build"])
+    assert found.report_files == ()
+    assert found.warnings == ("build: no Python files to audit (excluded or ignored?)",)

@@ -3,7 +3,9 @@
 Each `fixtures/KVRnnn*.py` is audited on its own; the (line, code) pairs found must equal the
 `# KVRnnn` markers. When a `.fixed.py` twin exists, applying every fix (safe and unsafe) must
 produce it byte for byte, the result must parse, and fixing the result again changes nothing.
-An `# OPTIONS: name=value, ...` line sets `AnalysisOptions` fields for that fixture.
+An `# OPTIONS: name=value, ...` line sets `AnalysisOptions` fields for that fixture. A fixture
+may subclass the bases in `fixtures/support/` (on the search path), so that its fixes must
+import names of another module; the fixed twins of the annotation rules must then also run.
 """
 
 from __future__ import annotations
@@ -11,6 +13,9 @@ from __future__ import annotations
 import ast
 import dataclasses
 import re
+import runpy
+import sys
+import typing
 from pathlib import Path
 
 import pytest
@@ -18,6 +23,7 @@ import pytest
 from kvref.audit import AnalysisOptions, Finding, analyze, apply_fixes
 
 FIXTURES = Path(__file__).parent / "fixtures"
+SUPPORT = FIXTURES / "support"
 _MARKER = re.compile(r"#\s*((?:KVR\d{3}\s*)+)$")
 _OPTIONS = re.compile(r"^# OPTIONS: (.*)$", re.MULTILINE)
 
@@ -50,7 +56,7 @@ def fixture_options(source: str) -> AnalysisOptions:
 
 
 def audit(path: Path, options: AnalysisOptions) -> list[Finding]:
-    result = analyze([path], root=path.parent, options=options)
+    result = analyze([path], root=path.parent, options=options, search_paths=[SUPPORT])
     assert result.errors == []
     return result.findings
 
@@ -84,3 +90,16 @@ def test_fixture_fixes_match_twin(path: Path, tmp_path: Path) -> None:
     again = tmp_path / path.name
     again.write_bytes(fixed)
     assert fix_all(fixed, audit(again, options), options) == fixed
+
+
+@pytest.mark.parametrize("name", ["KVR101", "KVR103"])
+def test_annotation_fixes_leave_a_module_that_runs(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The twins have no `from __future__ import annotations`: every annotation is evaluated
+    # when the module runs, so a name the fix wrote without importing it is a NameError.
+    monkeypatch.setattr(sys, "path", [str(SUPPORT), *sys.path])
+    namespace = runpy.run_path(str(FIXTURES / f"{name}.fixed.py"), run_name=f"{name}_fixed")
+    remote = namespace["Remote"]
+    assert isinstance(remote, type)
+    for method in vars(remote).values():
+        if callable(method):
+            typing.get_type_hints(method, globalns=namespace)

@@ -1,6 +1,7 @@
 """KVR001/KVR002 agree with Python itself on random class hierarchies spread over modules.
 
-Hypothesis draws classes (bases among earlier classes, C3-consistent), methods with and
+Hypothesis draws classes (bases among earlier classes, `dict` or `Generic[T]` subscripted as
+`C0[int]` by subclasses, C3-consistent), methods with and
 without `@override` (plain, static, class methods, properties), and how each base is
 imported (directly, under an alias, through a module alias, relatively, or through a relay
 module that re-exports with `*`). The package is written to a temporary directory, audited,
@@ -46,7 +47,7 @@ class MethodSpec:
 class ClassSpec:
     index: int
     module: int
-    bases: tuple[int, ...]  # indexes of earlier classes; -1 is `dict`
+    bases: tuple[int, ...]  # indexes of earlier classes; -1 is `dict`, -2 is `Generic[T]`
     methods: tuple[MethodSpec, ...]
     import_style: str
 
@@ -72,7 +73,7 @@ def hierarchies(draw: st.DrawFn) -> list[ClassSpec]:
     module_count = draw(st.integers(1, 3))
     class_count = draw(st.integers(2, 7))
     classes: list[ClassSpec] = []
-    linearizations: dict[int, list[int]] = {-1: [-1]}
+    linearizations: dict[int, list[int]] = {-1: [-1], -2: [-2]}
     module_of_class: list[int] = []
     for index in range(class_count):
         module = draw(st.integers(0, module_count - 1))
@@ -80,7 +81,7 @@ def hierarchies(draw: st.DrawFn) -> list[ClassSpec]:
         bases = tuple(
             draw(st.lists(st.sampled_from([-1, *candidates]), max_size=3, unique=True))
             if candidates
-            else draw(st.lists(st.just(-1), max_size=1))
+            else draw(st.lists(st.sampled_from([-1, -2]), max_size=1))
         )
         linear = c3([linearizations[b] for b in bases] + [list(bases)]) if bases else []
         if linear is None:  # not C3-consistent: Python would refuse the class
@@ -132,32 +133,35 @@ def write_package(root: Path, package: str, classes: list[ClassSpec]) -> None:
         decorated = any(m.decorated for c in classes if c.module == module for m in c.methods)
         # Without decorated methods the import is left out: the fixer must add it.
         body = ["from typing_extensions import override", ""] if decorated else [""]
+        body.insert(0, 'from typing import Generic, TypeVar\nT = TypeVar("T")')
         for cls in (c for c in classes if c.module == module):
             base_names: list[str] = []
             for base in cls.bases:
-                if base == -1:
-                    base_names.append("dict")
+                if base < 0:
+                    base_names.append("dict" if base == -1 else "Generic[T]")
                     continue
                 source = classes[base]
+                # A generic class is subclassed through a subscript: `C0[int]`.
+                subscript = "[int]" if -2 in source.bases else ""
                 if source.module == module:
-                    base_names.append(f"C{base}")
+                    base_names.append(f"C{base}{subscript}")
                     continue
                 style = cls.import_style
                 if style == "direct":
                     body.insert(0, f"from {package}.m{source.module} import C{base}")
-                    base_names.append(f"C{base}")
+                    base_names.append(f"C{base}{subscript}")
                 elif style == "alias":
                     body.insert(0, f"from {package}.m{source.module} import C{base} as Alias{base}")
-                    base_names.append(f"Alias{base}")
+                    base_names.append(f"Alias{base}{subscript}")
                 elif style == "module_alias":
                     body.insert(0, f"import {package}.m{source.module} as mod{source.module}")
-                    base_names.append(f"mod{source.module}.C{base}")
+                    base_names.append(f"mod{source.module}.C{base}{subscript}")
                 elif style == "relative_module":
                     body.insert(0, f"from . import m{source.module}")
-                    base_names.append(f"m{source.module}.C{base}")
+                    base_names.append(f"m{source.module}.C{base}{subscript}")
                 else:
                     body.insert(0, f"from .relay{source.module} import C{base}")
-                    base_names.append(f"C{base}")
+                    base_names.append(f"C{base}{subscript}")
             header = f"class C{cls.index}({', '.join(base_names)}):" if base_names else f"class C{cls.index}:"
             body.append(header)
             for method in cls.methods:

@@ -25,7 +25,7 @@ CASES: dict[str, tuple[str, tuple[str, ...], dict[str, int]]] = {
     "thirdparty": (
         ".",
         (),
-        {"torch.nn.Module": 2, "torch.nn.Linear": 1, "not_installed.make_base()": 1},
+        {"torch.nn.Module": 3, "torch.nn.Linear": 1, "not_installed.make_base()": 1},
     ),
     "conditional": (".", (), {}),
     "srclayout": (".", (), {}),
@@ -75,3 +75,13 @@ def test_only_report_files_are_reported_but_all_are_indexed() -> None:
     assert {f.path for f in result.findings} == {"pkg/sub/relative.py"}
     assert len(result.findings) == 2
     assert result.files_analyzed == len(files)
+
+
+def test_scripts_import_their_siblings_when_audited_from_an_outer_root() -> None:
+    # generic/ has no __init__.py: `from bases import Store` is a sibling import, as when
+    # running `python generic/impl.py`, even though the root is two levels up.
+    project = PROJECTS / "generic"
+    result = analyze(sorted(project.rglob("*.py")), root=PROJECTS.parent)
+    assert result.unresolved_bases == {}
+    found = sorted((f.path, f.line, f.code) for f in result.findings)
+    assert found == [(f"projects/generic/{p}", n, c) for p, n, c in markers(project)]

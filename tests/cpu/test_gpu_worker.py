@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from typing_extensions import override
 
 from kvref.base import GPULoadStoreSpec
 from kvref.cpu.common import CPULoadStoreSpec
@@ -26,7 +28,7 @@ from kvref.cpu.gpu_worker import (
     CPUViewSource,
     SingleDirectionOffloadingHandler,
 )
-from kvref.worker import OffloadingWorker, TransferProtocolError, TransferResult
+from kvref.worker import OffloadingWorker, TransferProtocolError, TransferResult, TransferSpec
 
 CUDA = torch.cuda.is_available()
 requires_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device; none is available")
@@ -670,3 +672,118 @@ def test_memory_already_pinned_by_its_owner_is_used_as_is(monkeypatch: pytest.Mo
 def test_pin_arguments_are_validated() -> None:
     with pytest.raises(ValueError, match="chunk_bytes"):
         HostMemoryPin(0, 10, chunk_bytes=0)
+
+
+# ---- stateful: a worker over both handlers, against a naive model ----
+
+
+class WorkerMachine(RuleBasedStateMachine):
+    """Random interleavings of stores, loads, bad jobs, polls and waits through one worker.
+
+    The model applies each accepted job block by block to shadow copies of the tensors (the
+    obvious way, without the planner); the real tensors must match it after every step, and
+    every job must be reported exactly once, stores and loads each in submission order.
+    """
+
+    FACTOR = 2
+    GROUPS = ((0, 1), (2,))
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.handlers = make_handlers(self.FACTOR, [list(g) for g in self.GROUPS])
+        self.worker = OffloadingWorker()
+        self.handlers.register_with(self.worker)
+        self.gpu_model = [t.clone() for t in self.handlers.gpu_tensors]
+        self.cpu_model = [t.clone() for t in self.handlers.cpu_tensors]
+        self.next_job = 0
+        self.submitted: dict[str, list[int]] = {"store": [], "load": [], "bad": []}
+        self.reported: list[TransferResult] = []
+
+    def _mapping(self, data: st.DataObject) -> tuple[int, Mapping]:
+        group = data.draw(st.integers(0, len(self.GROUPS) - 1))
+        size = data.draw(st.integers(1, 5))
+        index = data.draw(st.integers(0, 3))
+        cpu_count = -(-(size + index % self.FACTOR) // self.FACTOR)
+        gpu = data.draw(st.lists(st.integers(0, NUM_GPU_BLOCKS - 1), min_size=size, max_size=size, unique=True))
+        cpu = data.draw(
+            st.lists(st.integers(0, NUM_CPU_BLOCKS - 1), min_size=cpu_count, max_size=cpu_count, unique=True)
+        )
+        return group, Mapping(gpu, cpu, index)
+
+    def _specs(self, group: int, mapping: Mapping) -> tuple[GPULoadStoreSpec, CPULoadStoreSpec]:
+        empty = Mapping([], [], 0)
+        return specs([mapping if g == group else empty for g in range(len(self.GROUPS))])
+
+    def _apply(self, group: int, mapping: Mapping, to_cpu: bool) -> None:
+        for gpu, cpu, sub in unit_pairs(mapping, self.FACTOR):
+            for t in self.GROUPS[group]:
+                page = self.gpu_model[t].shape[1]
+                cpu_page = self.cpu_model[t][cpu, sub * page : (sub + 1) * page]
+                if to_cpu:
+                    cpu_page.copy_(self.gpu_model[t][gpu])
+                else:
+                    self.gpu_model[t][gpu].copy_(cpu_page)
+
+    def _submit(self, kind: str, spec: TransferSpec) -> bool:
+        self.next_job += 1
+        self.submitted[kind].append(self.next_job)
+        return self.worker.transfer_async(self.next_job, spec)
+
+    @rule(data=st.data())
+    def store(self, data: st.DataObject) -> None:
+        group, mapping = self._mapping(data)
+        gpu, cpu = self._specs(group, mapping)
+        assert self._submit("store", (gpu, cpu))
+        self._apply(group, mapping, to_cpu=True)
+
+    @rule(data=st.data())
+    def load(self, data: st.DataObject) -> None:
+        group, mapping = self._mapping(data)
+        gpu, cpu = self._specs(group, mapping)
+        assert self._submit("load", (cpu, gpu))
+        self._apply(group, mapping, to_cpu=False)
+
+    @rule(data=st.data())
+    def bad_job(self, data: st.DataObject) -> None:
+        # One CPU block too many: the handler raises, the worker reports a failed result.
+        group, mapping = self._mapping(data)
+        gpu, _ = self._specs(group, mapping)
+        too_many = CPULoadStoreSpec([*mapping.cpu_blocks, 0])
+        assert not self._submit("bad", (gpu, too_many))
+
+    @rule()
+    def poll(self) -> None:
+        self.reported += self.worker.get_finished()
+
+    @rule()
+    def wait_for_everything(self) -> None:
+        self.worker.wait(self.submitted["store"] + self.submitted["load"])
+        self.reported += self.worker.get_finished()
+
+    @invariant()
+    def tensors_match_the_model(self) -> None:
+        for real, model in zip(self.handlers.gpu_tensors + self.handlers.cpu_tensors, self.gpu_model + self.cpu_model):
+            assert torch.equal(real, model)
+
+    @invariant()
+    def every_job_is_reported_once_in_order(self) -> None:
+        ids = [r.job_id for r in self.reported]
+        assert len(ids) == len(set(ids))
+        by_type = {
+            "store": [r.job_id for r in self.reported if r.success and r.transfer_type == ("GPU", "CPU")],
+            "load": [r.job_id for r in self.reported if r.success and r.transfer_type == ("CPU", "GPU")],
+            "bad": [r.job_id for r in self.reported if not r.success],
+        }
+        for kind, reported in by_type.items():
+            assert reported == self.submitted[kind][: len(reported)], kind
+
+    @override
+    def teardown(self) -> None:
+        self.reported += self.worker.get_finished()
+        assert sorted(r.job_id for r in self.reported) == list(range(1, self.next_job + 1))
+        self.worker.shutdown()
+        self.handlers.shutdown()
+
+
+WorkerMachine.TestCase.settings = settings(max_examples=25, stateful_step_count=15, deadline=None)
+test_worker_state_machine = WorkerMachine.TestCase

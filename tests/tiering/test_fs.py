@@ -501,3 +501,17 @@ def test_partial_reads_are_completed(harness: Harness, monkeypatch: pytest.Monke
     assert harness.store([k1])
     monkeypatch.setattr(os, "preadv", short_preadv)
     assert harness.load([k1], [3]) and harness.row(3) == content(k1)
+
+
+def test_dropped_blocks_stay_dropped_after_a_restart(tmp_path: Path) -> None:
+    k1, k2, k3 = to_keys([1, 2, 3])
+    first = Harness(tmp_path / "fs")
+    assert first.store([k1, k2]) and first.store([k3], [2])
+    corrupt_payload(*record_of(first, k2))  # its segment lives on (k1): the record is marked dead
+    corrupt_payload(*record_of(first, k3))  # its segment empties: deleted, even at shutdown
+    assert not first.load([k2], [4]) and not first.load([k3], [5])
+    first.close()
+    second = Harness(tmp_path / "fs")
+    assert [second.tier.lookup(k, CTX) for k in (k1, k2, k3)] == [True, False, False]
+    assert second.tier.num_segments == 1
+    second.close()

@@ -70,9 +70,10 @@ def render_summary(report: Report, *, color: bool = False, diff: bool = False) -
         safe = sum(is_fixable(f, unsafe_fixes=False) for f in report.findings)
         any_fix = sum(is_fixable(f, unsafe_fixes=True) for f in report.findings)
         fixable = any_fix if summary.unsafe_fixes else safe
-        line = f"Found {_plural(remaining, 'finding')}"
         if diff:
-            line += " that remain after the fixes"
+            line = f"{_plural(remaining, 'finding')} would remain after the fixes"
+        else:
+            line = f"Found {_plural(remaining, 'finding')}"
         notes: list[str] = []
         if fixable and not diff:
             notes.append(f"{fixable} fixable with --fix")

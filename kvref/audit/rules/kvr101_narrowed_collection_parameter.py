@@ -44,8 +44,9 @@ class NarrowedCollectionParameter(Rule):
 
     Fix safety:
         Unsafe: the annotation is rewritten to the base's spelling, but the body may rely on
-        the narrower type (indexing, `len`), and the base's names may not be imported in
-        the override's module.
+        the narrower type (indexing, `len`). Names of the base's annotation that the
+        override's module lacks are imported as the base's module imports them; when one
+        cannot be (bound to something else there, local to the base), no fix is offered.
     """
 
     code = "KVR101"
@@ -64,7 +65,7 @@ class NarrowedCollectionParameter(Rule):
                 context,
                 pair.param.annotation_span or pair.param.span,
                 param_symbol(pair.method, pair.param.name),
-                annotation_fix(pair, self.fix_title),
+                annotation_fix(context, pair, self.fix_title),
                 param=pair.param.name,
                 method=pair.method.qualname,
                 base=pair.base_name,

@@ -23,7 +23,8 @@ class MultiPassIterable(Rule):
         consume their argument (`len`, `list`, `tuple`, `set`, `sorted`, `sum`, `any`, `all`,
         `min`, `max`, `zip`, `str.join`, `list.extend`, `set.update`...). A pass inside a loop
         body counts as several; of `if`/`match` arms the worst one counts; rebinding the name
-        starts over; nested functions are not followed.
+        starts over; nested functions are not followed. Methods of a class with a base
+        that cannot be resolved are skipped, as by every rule.
 
     Why is this bad?
         The annotation promises that any iterable will do, but a generator or an iterator is
@@ -54,8 +55,9 @@ class MultiPassIterable(Rule):
     @override
     def check(self, context: ModuleContext) -> Iterator[Finding]:
         functions: list[FunctionSummary] = list(context.summary.functions)
-        for cls in context.summary.classes:
-            functions.extend(cls.methods)
+        for cls in context.classes:  # like every rule, silent on classes with unknown bases
+            if cls.info.summary is not None:
+                functions.extend(cls.info.summary.methods)
         for function in functions:
             params = {p.name: p for p in function.params}
             for fact in function.multi_pass:

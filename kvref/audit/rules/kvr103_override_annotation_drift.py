@@ -43,7 +43,8 @@ class OverrideAnnotationDrift(Rule):
 
     Fix safety:
         Unsafe: rewriting a widened annotation to the base's narrows what direct callers of
-        the override may pass, and the base's names may not be imported in this module.
+        the override may pass. Names the module lacks are imported as the base's module
+        imports them; when one cannot be, no fix is offered.
     """
 
     code = "KVR103"
@@ -63,7 +64,7 @@ class OverrideAnnotationDrift(Rule):
                 context,
                 pair.param.annotation_span or pair.param.span,
                 param_symbol(pair.method, pair.param.name),
-                annotation_fix(pair, self.fix_title),
+                annotation_fix(context, pair, self.fix_title),
                 param=pair.param.name,
                 method=pair.method.qualname,
                 base=pair.base_name,
