@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from audit_corpus import (  # noqa: E402
+from _audit_corpus import (  # noqa: E402
     Corpus,
     bare_python,
     fetch_corpus,

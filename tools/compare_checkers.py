@@ -16,7 +16,7 @@ methods), an overload or a property setter all land on one key. Then:
   naming `object` as the base is enough for the consensus, and with it off they leave both sets.
 
 Every disagreement is listed with who reported it. Caches live outside the repository (see
-`audit_corpus.cache_root`); `--refresh` reruns the checkers.
+`_audit_corpus.cache_root`); `--refresh` reruns the checkers.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from audit_corpus import (  # noqa: E402
+from _audit_corpus import (  # noqa: E402
     Corpus,
     bare_python,
     cache_root,

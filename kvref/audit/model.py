@@ -158,7 +158,9 @@ class AnalysisResult:
         findings: every finding of every rule (selection and suppression are applied later).
         errors: files that could not be audited.
         unresolved_bases: dotted name of each base class that could not be resolved, with
-            the number of classes that inherit from it (those classes get no findings).
+            the number of classes that inherit from it. Such classes are checked for KVR001
+            against their resolvable ancestors only (a hit there is an override whatever the
+            unknown base holds) and get no KVR002/KVR1xx findings (absence proves nothing).
         files_analyzed: how many files were indexed.
     """
 

@@ -41,7 +41,7 @@ class Summary:
         suppressed: findings hidden by inline `noqa` / `kvref: ignore` comments.
         stale_baseline: baseline entries matching fewer findings than recorded.
         unresolved_bases: base classes that could not be resolved, with how many classes use
-            them (those classes were not checked).
+            them (those classes were checked for KVR001 against their known bases only).
         warnings: one line each (skipped paths, unreadable directories).
         unsafe_fixes: whether `--unsafe-fixes` was given (decides what counts as fixable).
     """

@@ -106,7 +106,7 @@ def render_summary(report: Report, *, color: bool = False, diff: bool = False) -
         lines.append(
             f"{_plural(len(ranked), 'base class', 'base classes')} could not be resolved, so "
             f"{_plural(classes, 'class', 'classes')} inheriting from them "
-            f"{'was' if classes == 1 else 'were'} not checked: {listed}"
+            f"{'was' if classes == 1 else 'were'} only checked against their known bases: {listed}"
             + (f", and {more} more" if more > 0 else "")
         )
     if report.errors:

@@ -1,0 +1,56 @@
+"""Smoke tests of the maintenance tools: every tool answers --help, and the benchmarks run tiny.
+
+The figures themselves are not asserted (benchmarks are measured, not tested); these tests only
+keep the tools from rotting as the library changes under them.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TOOLS = Path(__file__).resolve().parents[2] / "tools"
+RUNNABLE = sorted(p for p in TOOLS.glob("*.py") if not p.name.startswith("_"))
+
+
+def run_tool(tool: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(tool), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=TOOLS.parent,
+        check=False,
+    )
+
+
+def test_there_are_tools() -> None:
+    assert {p.name for p in RUNNABLE} >= {"bench_manager.py", "bench_tiering.py", "bench_transfer.py"}
+
+
+@pytest.mark.parametrize("tool", RUNNABLE, ids=[p.name for p in RUNNABLE])
+def test_tool_answers_help(tool: Path) -> None:
+    result = run_tool(tool, "--help")
+    assert result.returncode == 0, result.stderr
+    assert "usage" in result.stdout.lower()
+
+
+def test_bench_manager_runs_tiny() -> None:
+    result = run_tool(
+        TOOLS / "bench_manager.py", "--sizes", "200", "--policies", "lru", "--repeat", "1"
+    )
+    assert result.returncode == 0, result.stderr
+    assert "lru" in result.stdout
+
+
+def test_bench_transfer_runs_tiny(tmp_path: Path) -> None:
+    plot = tmp_path / "transfer.png"
+    result = run_tool(
+        TOOLS / "bench_transfer.py", "--sizes", "4K,64K", "--total-mib", "1", "--repeats", "1",
+        "--device", "cpu", "--plot", str(plot),
+    )
+    assert result.returncode == 0, result.stderr
+    assert plot.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
