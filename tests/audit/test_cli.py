@@ -174,8 +174,8 @@ def test_unresolved_bases_are_named_in_the_summary(project: Project, run: Callab
     project.write(SELECTION_PROJECT)
     outcome = run()
     assert (
-        "1 base class could not be resolved, so 1 class inheriting from them was not checked: "
-        "pkg.Missing (1)" in outcome.stderr
+        "1 base class could not be resolved, so 1 class inheriting from them was only checked "
+        "against their known bases: pkg.Missing (1)" in outcome.stderr
     )
 
 

@@ -61,8 +61,8 @@ def test_summary_counts_fixability_errors_and_bases() -> None:
         "Found 3 findings (1 fixable with --fix; 1 more with --unsafe-fixes).",
         "2 findings hidden by the baseline.",
         "1 finding suppressed by inline comments.",
-        "2 base classes could not be resolved, so 4 classes inheriting from them were not "
-        "checked: torch.nn.Module (3), x.Y (1)",
+        "2 base classes could not be resolved, so 4 classes inheriting from them were only "
+        "checked against their known bases: torch.nn.Module (3), x.Y (1)",
         "1 file error.",
         "Checked 3 files (5 indexed).",
     ]
