@@ -104,7 +104,9 @@ class SuppressionFilter:
         comments = self._cache.get(finding.path)
         if comments is None:
             source = self.read_source(finding.path) or b""
-            comments = self._cache[finding.path] = _FileComments(source, source.splitlines())
+            # Most files never mention a suppression word: skip splitting them into lines.
+            lines = source.splitlines() if _SUPPRESSION_WORD.search(source) else []
+            comments = self._cache[finding.path] = _FileComments(source, lines)
         return finding.code.upper() in comments.codes(finding.line)
 
     def keep(self, findings: Iterable[Finding]) -> list[Finding]:

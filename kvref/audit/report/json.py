@@ -99,4 +99,22 @@ def render_json(report: Report) -> str:
             "unresolved_bases": dict(sorted(summary.unresolved_bases.items())),
         },
     }
-    return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
+    return dumps_one_item_per_line(document)
+
+
+def dumps_one_item_per_line(document: dict[str, JSONValue]) -> str:
+    """`document` as JSON with one top-level key, and one list item, per line.
+
+    `json.dumps(indent=...)` falls back to the pure-Python encoder, which took a quarter of a
+    warm audit of vLLM (10,000 findings); dumping each item compactly keeps the C encoder and
+    still gives one finding per line to read and diff.
+    """
+    lines: list[str] = []
+    for key, value in document.items():
+        head = f"  {json.dumps(key)}: "
+        if isinstance(value, list) and value:
+            items = ",\n".join(f"    {json.dumps(item, ensure_ascii=False)}" for item in value)
+            lines.append(f"{head}[\n{items}\n  ]")
+        else:
+            lines.append(head + json.dumps(value, ensure_ascii=False))
+    return "{\n" + ",\n".join(lines) + "\n}\n"
