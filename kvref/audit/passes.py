@@ -13,17 +13,18 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator, Sequence
 
-__all__ = ["count_passes"]
+__all__ = ["count_passes", "target_names"]
 
 
-def _target_names(target: ast.expr) -> Iterator[str]:
+def target_names(target: ast.expr) -> Iterator[str]:
+    """The names an assignment target binds (through tuples, lists and starred targets)."""
     if isinstance(target, ast.Name):
         yield target.id
     elif isinstance(target, ast.Tuple | ast.List):
         for element in target.elts:
-            yield from _target_names(element)
+            yield from target_names(element)
     elif isinstance(target, ast.Starred):
-        yield from _target_names(target.value)
+        yield from target_names(target.value)
 
 
 _CONSUMING_CALLS = frozenset(
@@ -79,7 +80,7 @@ class _PassCounter:
                 self.passes[node.id].append(node.lineno)
 
     def rebind(self, target: ast.expr) -> None:
-        self.live.difference_update(_target_names(target))
+        self.live.difference_update(target_names(target))
 
     def statements(self, body: Sequence[ast.stmt], in_loop: bool) -> None:
         for statement in body:

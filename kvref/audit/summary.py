@@ -26,7 +26,7 @@ import tokenize
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from kvref.audit.passes import count_passes
+from kvref.audit.passes import count_passes, target_names
 from kvref.errors import KVRefError
 
 __all__ = [
@@ -558,7 +558,7 @@ class _ModuleWalker:
             targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
             for target in targets:
                 if not isinstance(target, ast.Name):
-                    for name in _target_names(target):
+                    for name in target_names(target):
                         self._bind(name, Binding("other"), mode)
                 elif target.id == "__all__":
                     self.all_names = _literal_strings(value)
@@ -889,28 +889,18 @@ def _literal_strings(node: ast.expr | None) -> tuple[str, ...] | None:
     return None
 
 
-def _target_names(target: ast.expr) -> Iterator[str]:
-    if isinstance(target, ast.Name):
-        yield target.id
-    elif isinstance(target, ast.Tuple | ast.List):
-        for element in target.elts:
-            yield from _target_names(element)
-    elif isinstance(target, ast.Starred):
-        yield from _target_names(target.value)
-
-
 def _assigned_names(statement: ast.stmt, *, slots: bool) -> Iterator[str]:
     """Names a simple statement binds (in a class body, `__slots__` entries too)."""
     if isinstance(statement, ast.Assign):
         for target in statement.targets:
-            yield from _target_names(target)
+            yield from target_names(target)
             if slots and isinstance(target, ast.Name) and target.id == "__slots__":
                 yield from _literal_strings(statement.value) or ()
     elif isinstance(statement, ast.AnnAssign | ast.AugAssign):
-        yield from _target_names(statement.target)
+        yield from target_names(statement.target)
     elif isinstance(statement, ast.Import | ast.ImportFrom):
         for alias in statement.names:
             if alias.name != "*":
                 yield alias.asname or alias.name.partition(".")[0]
     elif isinstance(statement, ast.For | ast.AsyncFor):
-        yield from _target_names(statement.target)
+        yield from target_names(statement.target)
