@@ -23,6 +23,8 @@ app = typer.Typer(
     add_completion=False,
     # A CI tool must never print a rich traceback with locals: errors exit 2 with one line.
     pretty_exceptions_enable=False,
+    # Plain click-style errors and help: a usage error is one "Error: ..." line, not a box.
+    rich_markup_mode=None,
 )
 
 
