@@ -13,6 +13,10 @@ report nothing on it. MROs and member lookups are computed on demand and cached.
 from __future__ import annotations
 
 import builtins
+import functools
+import importlib
+import importlib.machinery
+import importlib.util
 import os
 import sys
 import sysconfig
@@ -704,8 +708,15 @@ def _is_loaded_stdlib(name: str) -> bool:
 
 
 def _loaded_extension(name: str) -> types.ModuleType | None:
-    """An already-imported module without Python source (a C extension or builtin module)."""
+    """An imported module without Python source (a C extension or builtin module).
+
+    A top-level standard-library extension module (`_pickle`, `_ctypes`...) is imported on
+    demand: such modules run no Python code, so importing one has no side effect, while
+    anything else is only introspected if the process has already imported it.
+    """
     module = sys.modules.get(name)
+    if module is None:
+        module = _import_stdlib_extension(name)
     if module is None:
         return None
     file = getattr(module, "__file__", None)
@@ -741,3 +752,21 @@ def _summarize_from(root: Path, name: str) -> ModuleSummary | None:
         if summary is not None:
             return summary
     return None
+
+
+@functools.cache
+def _import_stdlib_extension(name: str) -> types.ModuleType | None:
+    if "." in name or name not in sys.stdlib_module_names:
+        return None
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not isinstance(
+        spec.loader, importlib.machinery.ExtensionFileLoader | importlib.machinery.BuiltinImporter
+    ):
+        return None
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
