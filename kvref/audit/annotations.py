@@ -12,14 +12,19 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kvref.audit.annotation_imports import required_imports
-from kvref.audit.context import ModuleContext, is_private_name, primary_definition
-from kvref.audit.model import Applicability, Edit, Fix
+from kvref.audit.context import ModuleContext, is_private_name, param_symbol, primary_definition
+from kvref.audit.model import Applicability, Edit, Finding, Fix
 from kvref.audit.resolve import ClassInfo, MemberHit
 from kvref.audit.summary import FunctionSummary, Param, TypeExpr
 
+if TYPE_CHECKING:
+    from kvref.audit.rules import Rule
+
 __all__ = [
+    "report_parameter_pairs",
     "ParamPair",
     "Relation",
     "annotation_fix",
@@ -209,3 +214,23 @@ def annotation_fix(context: ModuleContext, pair: ParamPair, title: str) -> Fix |
         return None
     edit = Edit(span.line, span.col, span.end_line, span.end_col, text)
     return Fix(Applicability.UNSAFE, (edit,), description=title, imports=imports)
+
+
+def report_parameter_pairs(rule: Rule, context: ModuleContext, *relations: Relation) -> Iterator[Finding]:
+    """Findings of `rule` for each override parameter whose annotation relates as `relations`.
+
+    KVR101 and KVR103 differ only in the relations they report; both messages take the same
+    fields and both offer the same unsafe fix.
+    """
+    for pair in overridden_parameters(context, *relations):
+        yield rule.report(
+            context,
+            pair.param.annotation_span or pair.param.span,
+            param_symbol(pair.method, pair.param.name),
+            annotation_fix(context, pair, rule.fix_title),
+            param=pair.param.name,
+            method=pair.method.qualname,
+            base=pair.base_name,
+            annotation=pair.annotation.text,
+            base_annotation=pair.base_annotation.text,
+        )

@@ -27,6 +27,8 @@ class Rule(abc.ABC):
     message: ClassVar[str]
     default_enabled: ClassVar[bool] = True
     fixable: ClassVar[bool] = False
+    fix_title: ClassVar[str] = ""
+    """What a fix does, in the imperative ("Add @override"); empty for rules without one."""
 
     @abc.abstractmethod
     def check(self, context: ModuleContext) -> Iterator[Finding]:

@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 from typing_extensions import override
 
-from kvref.audit.annotations import Relation, annotation_fix, overridden_parameters
-from kvref.audit.context import ModuleContext, param_symbol
+from kvref.audit.annotations import Relation, report_parameter_pairs
+from kvref.audit.context import ModuleContext
 from kvref.audit.model import Finding
 from kvref.audit.rules import Rule
 
@@ -59,15 +59,4 @@ class OverrideAnnotationDrift(Rule):
 
     @override
     def check(self, context: ModuleContext) -> Iterator[Finding]:
-        for pair in overridden_parameters(context, Relation.WIDENED, Relation.RESPELLED):
-            yield self.report(
-                context,
-                pair.param.annotation_span or pair.param.span,
-                param_symbol(pair.method, pair.param.name),
-                annotation_fix(context, pair, self.fix_title),
-                param=pair.param.name,
-                method=pair.method.qualname,
-                base=pair.base_name,
-                annotation=pair.annotation.text,
-                base_annotation=pair.base_annotation.text,
-            )
+        return report_parameter_pairs(self, context, Relation.WIDENED, Relation.RESPELLED)
