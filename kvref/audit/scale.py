@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TextIO
+from typing import TextIO, cast
 
 from kvref.audit.cache import ResultCache, SummaryCache, default_cache_dir, version_stamp
 from kvref.audit.environment import InterpreterError, discover_environment
@@ -67,13 +67,15 @@ def _stats(files: Sequence[Path]) -> list[tuple[str, int, int]] | None:
 
 
 def _options_key(options: AnalysisOptions) -> tuple[object, ...]:
-    return (
-        options.object_dunders,
-        options.abstract_implementations,
-        options.protocol_members,
-        tuple(sorted(options.exempt_names)),
-        options.override_import,
-    )
+    # Derived from the dataclass's fields, so an option added later can never be left out
+    # of the key (a stale result would then be served for the new setting).
+    key: list[tuple[str, object]] = []
+    for item in fields(options):
+        value: object = getattr(options, item.name)
+        if isinstance(value, frozenset):
+            value = sorted(str(member) for member in cast("frozenset[object]", value))
+        key.append((item.name, value))
+    return tuple(key)
 
 
 def analyze_at_scale(

@@ -125,3 +125,23 @@ def test_jobs_must_be_a_positive_number(
 ) -> None:
     assert main(["--jobs", value]) == 2
     assert "--jobs" in capsys.readouterr().err
+
+
+def test_every_analysis_option_is_part_of_the_result_cache_key() -> None:
+    from dataclasses import fields, replace
+
+    from kvref.audit.model import AnalysisOptions
+
+    key = kvref.audit.scale._options_key  # pyright: ignore[reportPrivateUsage]
+    default = AnalysisOptions()
+    changed = {
+        "object_dunders": False,
+        "abstract_implementations": False,
+        "protocol_members": False,
+        "exempt_names": frozenset({"__init__"}),
+        "override_import": "typing",
+    }
+    assert {item.name for item in fields(default)} == set(changed)
+    for name, value in changed.items():
+        assert key(replace(default, **{name: value})) != key(default), name
+    assert key(AnalysisOptions()) == key(default)

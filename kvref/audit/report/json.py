@@ -99,10 +99,10 @@ def render_json(report: Report) -> str:
             "unresolved_bases": dict(sorted(summary.unresolved_bases.items())),
         },
     }
-    return dumps_one_item_per_line(document)
+    return _dumps_one_item_per_line(document)
 
 
-def dumps_one_item_per_line(document: dict[str, JSONValue]) -> str:
+def _dumps_one_item_per_line(document: dict[str, JSONValue]) -> str:
     """`document` as JSON with one top-level key, and one list item, per line.
 
     `json.dumps(indent=...)` falls back to the pure-Python encoder, which took a quarter of a
