@@ -1,9 +1,11 @@
 """An on-disk cache of per-file summaries, so a warm `kvref audit` re-reads only what changed.
 
 Layout: one packed file per cache version in the cache directory, holding for every source file
-its size, mtime (ns), a content digest and its summary. A packed file is read with one `read`
-and one unpickle, which is what makes a warm run on thousands of files cheap; one file per
-source file would cost an `open` per file before any work starts.
+its size, mtime (ns), a content digest and its summary pickled on its own. A pack is read with
+one `read` and one `marshal.loads` of plain values, which is what makes a warm run on thousands
+of files cheap (one file per source file would cost an `open` per file before any work
+starts); a summary is unpickled only when the run looks it up, so an audit that needs a
+hundred of a project's ten thousand summaries pays for a hundred.
 
 Validation, cheapest first:
 
@@ -38,7 +40,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar, cast
 
@@ -52,7 +53,6 @@ __all__ = [
     "dumps",
     "loads",
     "RACY_WINDOW_NS",
-    "CacheEntry",
     "ResultCache",
     "SummaryCache",
     "content_digest",
@@ -60,13 +60,13 @@ __all__ = [
     "version_stamp",
 ]
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 """Bumped whenever the pack layout changes (part of every version stamp)."""
 
 RACY_WINDOW_NS = 2_000_000_000
 """Files modified this close to the pack's write time are re-hashed rather than trusted."""
 
-_MAGIC = b"KVRAUDC\x01"
+_MAGIC = b"KVRAUDC\x02"
 # Builtins a summary may legitimately contain; everything else must come from kvref.audit.
 _SAFE_BUILTINS = frozenset(
     {"frozenset", "set", "tuple", "list", "dict", "bytes", "str", "int", "float", "bool", "complex"}
@@ -130,13 +130,27 @@ def _constructor_reducers() -> dict[type, _Reducer]:
     return reducers
 
 
+_dispatch_table: dict[type, _Reducer] | None = None
+
+
+def _reducers() -> dict[type, _Reducer]:
+    global _dispatch_table
+    if _dispatch_table is not None:
+        return _dispatch_table
+    table = cast(dict[type, _Reducer], dict(copyreg.dispatch_table))
+    table.update(_constructor_reducers())
+    # Kept once every module with kvref dataclasses is imported (summaries are pickled one
+    # file at a time, and building the table costs more than pickling a small summary).
+    if all(name in sys.modules for name in _FAST_MODULES):
+        _dispatch_table = table
+    return table
+
+
 def dumps(value: object) -> bytes:
     """Pickle `value`, rebuilding kvref's dataclasses through their constructors."""
     buffer = io.BytesIO()
     pickler = pickle.Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL)
-    table = dict(copyreg.dispatch_table)
-    table.update(_constructor_reducers())
-    pickler.dispatch_table = table
+    pickler.dispatch_table = _reducers()
     pickler.dump(value)
     return buffer.getvalue()
 
@@ -184,16 +198,6 @@ def version_stamp(schema_files: Iterable[Path] = ()) -> str:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class CacheEntry(Generic[T]):
-    """What the cache knows about one source file."""
-
-    size: int
-    mtime_ns: int
-    digest: bytes
-    value: T
-
-
 class _RestrictedUnpickler(pickle.Unpickler):
     """Constructs only kvref.audit classes and plain containers; anything else is corruption."""
 
@@ -228,6 +232,27 @@ def _atomic_write(directory: Path, target: Path, payload: bytes) -> None:
         raise
 
 
+class _Entry:
+    """One cached file: its stat, digest and summary, pickled and unpickled only when needed.
+
+    The pack holds every summary as its own pickle, so loading the pack costs one `marshal`
+    read whatever the project's size, a file's summary is rebuilt only when the run asks
+    for it, and saving re-pickles only the summaries computed in this run.
+    """
+
+    __slots__ = ("size", "mtime_ns", "digest", "blob", "value", "decoded")
+
+    def __init__(
+        self, size: int, mtime_ns: int, digest: bytes, blob: bytes | None, value: object = None
+    ) -> None:
+        self.size = size
+        self.mtime_ns = mtime_ns
+        self.digest = digest
+        self.blob = blob
+        self.value = value
+        self.decoded = blob is None
+
+
 class SummaryCache(Generic[T]):
     """Per-file summaries cached on disk, validated by stat and by content digest.
 
@@ -242,12 +267,12 @@ class SummaryCache(Generic[T]):
     def __init__(self, directory: Path, stamp: str) -> None:
         self.directory = directory
         self.stamp = stamp
-        self._entries: dict[str, CacheEntry[T]] = {}
+        self._entries: dict[str, _Entry] = {}
         self._written_at_ns = 0
         self._dirty = False
         self._loaded = False
         self.discarded: str | None = None
-        """Why an existing pack was thrown away (corrupt, foreign), for diagnostics."""
+        """Why an existing pack (or one entry of it) was thrown away, for diagnostics."""
         self.hits = 0
         self.misses = 0
 
@@ -277,10 +302,12 @@ class SummaryCache(Generic[T]):
             # Rewrite it on the next save even if this run computes nothing new.
             self._dirty = True
 
-    def _decode(self, data: bytes) -> tuple[dict[str, CacheEntry[T]], int]:
+    def _decode(self, data: bytes) -> tuple[dict[str, _Entry], int]:
         if not data.startswith(_MAGIC):
             raise ValueError("not a kvref cache pack")
-        header = loads(data[len(_MAGIC) :])
+        # marshal builds only plain values (no code runs); each summary stays a pickle until
+        # it is looked up, and is then unpickled with the restricted unpickler.
+        header = marshal.loads(data[len(_MAGIC) :])
         if not (isinstance(header, tuple) and len(cast(tuple[object, ...], header)) == 3):
             raise ValueError("malformed pack header")
         stamp, written_at_ns, rows = cast(tuple[object, object, object], header)
@@ -288,29 +315,50 @@ class SummaryCache(Generic[T]):
             raise ValueError(f"foreign cache version {stamp!r}")
         if not isinstance(written_at_ns, int) or not isinstance(rows, dict):
             raise ValueError("malformed pack body")
-        entries: dict[str, CacheEntry[T]] = {}
+        entries: dict[str, _Entry] = {}
         for key, row in cast(dict[object, object], rows).items():
-            if not (isinstance(key, str) and isinstance(row, tuple)):
+            fields = cast(tuple[object, ...], row) if isinstance(row, tuple) else ()
+            if not (isinstance(key, str) and len(fields) == 4):
                 raise ValueError("malformed pack entry")
-            size, mtime_ns, digest, value = cast(tuple[object, object, object, T], row)
+            size, mtime_ns, digest, blob = fields
             if not (
-                isinstance(size, int) and isinstance(mtime_ns, int) and isinstance(digest, bytes)
+                isinstance(size, int)
+                and isinstance(mtime_ns, int)
+                and isinstance(digest, bytes)
+                and isinstance(blob, bytes)
             ):
                 raise ValueError("malformed pack entry")
-            entries[key] = CacheEntry(size, mtime_ns, digest, value)
+            entries[key] = _Entry(size, mtime_ns, digest, blob)
         return entries, written_at_ns
+
+    def _value(self, key: str, entry: _Entry) -> T | None:
+        """The entry's summary, unpickled on first use; a corrupt one is dropped (a miss)."""
+        if not entry.decoded:
+            assert entry.blob is not None
+            try:
+                entry.value = loads(entry.blob)
+            except Exception as error:  # noqa: BLE001 - a bad entry is recomputed, not trusted
+                del self._entries[key]
+                self.discarded = f"entry for {key}: {type(error).__name__}: {error}"
+                self._dirty = True
+                return None
+            entry.decoded = True
+        return cast(T, entry.value)
 
     def lookup(self, path: Path, stat: StatLike) -> T | None:
         """The cached summary of `path` if its size and mtime prove it unchanged, else None."""
-        entry = self._entries.get(str(path))
+        key = str(path)
+        entry = self._entries.get(key)
         if (
             entry is not None
             and entry.size == stat.st_size
             and entry.mtime_ns == stat.st_mtime_ns
             and entry.mtime_ns < self._written_at_ns - RACY_WINDOW_NS
         ):
-            self.hits += 1
-            return entry.value
+            value = self._value(key, entry)
+            if value is not None:
+                self.hits += 1
+            return value
         return None
 
     def expected_digest(self, path: Path) -> bytes | None:
@@ -320,24 +368,37 @@ class SummaryCache(Generic[T]):
 
     def lookup_digest(self, path: Path, digest: bytes, stat: StatLike) -> T | None:
         """The cached summary when the content is unchanged; refreshes the stored stat."""
-        entry = self._entries.get(str(path))
+        key = str(path)
+        entry = self._entries.get(key)
         if entry is None or entry.digest != digest:
+            return None
+        value = self._value(key, entry)
+        if value is None:
             return None
         self.hits += 1
         racy = entry.mtime_ns >= self._written_at_ns - RACY_WINDOW_NS
         if racy or entry.size != stat.st_size or entry.mtime_ns != stat.st_mtime_ns:
             # Rewriting moves the pack's write time past this mtime, so the next run can trust
             # the stat alone again.
-            self._entries[str(path)] = CacheEntry(
-                stat.st_size, stat.st_mtime_ns, digest, entry.value
-            )
+            entry.size, entry.mtime_ns = stat.st_size, stat.st_mtime_ns
             self._dirty = True
-        return entry.value
+        return value
 
-    def store(self, path: Path, stat: StatLike, digest: bytes, value: T) -> None:
-        """Remember the summary computed from the bytes whose stat and digest are given."""
+    def store(
+        self, path: Path, stat: StatLike, digest: bytes, value: T, pickled: bytes | None = None
+    ) -> None:
+        """Remember the summary computed from the bytes whose stat and digest are given.
+
+        Args:
+            path, stat, digest: the file, and the stat and digest of the bytes summarised.
+            value: the summary.
+            pickled: `dumps(value)` when the caller already has it (a worker process sends
+                summaries pickled), so saving does not pickle it again.
+        """
         self.misses += 1
-        self._entries[str(path)] = CacheEntry(stat.st_size, stat.st_mtime_ns, digest, value)
+        entry = _Entry(stat.st_size, stat.st_mtime_ns, digest, pickled, value)
+        entry.decoded = True
+        self._entries[str(path)] = entry
         self._dirty = True
 
     def forget_missing(self, keep: Iterable[Path]) -> None:
@@ -358,13 +419,13 @@ class SummaryCache(Generic[T]):
         if not self._dirty:
             return
         _ensure_directory(self.directory)
-        rows = {
-            key: (entry.size, entry.mtime_ns, entry.digest, entry.value)
-            for key, entry in self._entries.items()
-        }
-        _atomic_write(
-            self.directory, self.pack_path, _MAGIC + dumps((self.stamp, time.time_ns(), rows))
-        )
+        rows: dict[str, tuple[int, int, bytes, bytes]] = {}
+        for key, entry in self._entries.items():
+            if entry.blob is None:
+                entry.blob = dumps(entry.value)
+            rows[key] = (entry.size, entry.mtime_ns, entry.digest, entry.blob)
+        payload = marshal.dumps((self.stamp, time.time_ns(), rows))
+        _atomic_write(self.directory, self.pack_path, _MAGIC + payload)
         self._dirty = False
 
 

@@ -8,6 +8,7 @@ audited. Selection and suppression of codes happen later, in the command line.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -65,7 +66,8 @@ def analyze(
     """Audit a project.
 
     Args:
-        project_files: every Python file of the project (all are indexed).
+        project_files: every Python file of the project (all are indexed: the reported ones
+            are summarized first, any other when a name is first looked up in it).
         root: the project root: paths are reported relative to it and module names derive
             from it (a `src/` layout is understood).
         report_files: the files to report findings and errors for (default: all). Files
@@ -73,9 +75,9 @@ def analyze(
         options: the policy choices of the override rules.
         search_paths: extra roots for installed packages (site-packages), searched after the
             project; the standard library comes from the running interpreter.
-        summarize_many: summarizes a batch of files (parallel, cached...); by default each
-            file goes through `summarize_file` in turn. It returns a mapping keyed by the
-            paths it was given.
+        summarize_many: summarizes a batch of files (parallel, cached...): the reported
+            files at once, then each other file the lookups reach; by default each file goes
+            through `summarize_file`. It returns a mapping keyed by the paths it was given.
 
     Returns:
         The findings of every rule, file errors, unresolved bases and the file count.
@@ -88,25 +90,35 @@ def analyze(
         else {Path(os.path.abspath(p)) for p in report_files}
     )
     files.extend(sorted(reported.difference(files)))
+    # Only the reported files are summarized up front; any other project file is summarized
+    # when a name is first looked up in it (a base class, a re-export), so auditing one file
+    # of a big project reads that file and the modules its classes' bases lead to.
+    eager = [path for path in files if path in reported]
     if summarize_many is not None:
-        summaries = dict(summarize_many(files))
+        summaries = dict(summarize_many(eager))
     else:
-        summaries = {path: summarize_file(path, root) for path in files}
+        summaries = {path: summarize_file(path, root) for path in eager}
+
+    def load(path: Path) -> ModuleSummary | None:
+        loaded = (
+            summarize_many([path]).get(path) if summarize_many is not None else None
+        ) or summarize_file(path, root)
+        return loaded if isinstance(loaded, ModuleSummary) else None
 
     result = AnalysisResult()
     good: dict[Path, ModuleSummary] = {}
-    for path in files:
+    for path in eager:
         summary = summaries.get(path)
         if summary is None:
             summary = summarize_file(path, root)
         if isinstance(summary, FileError):
-            if path in reported:
-                result.errors.append(summary)
+            result.errors.append(summary)
         else:
             good[path] = summary
-    result.files_analyzed = len(good)
+    deferred = [path for path in files if path not in reported]
+    result.files_analyzed = len(good) + len(deferred)
 
-    primary, index = _build_index(good, root, search_paths)
+    primary, index = _build_index(good, deferred, load, root, search_paths)
     unresolved: Counter[str] = Counter()
     for path in sorted(reported.intersection(good)):
         context = _module_context(good[path], primary[path], index, options, unresolved)
@@ -119,11 +131,14 @@ def analyze(
 
 
 def _build_index(
-    summaries: Mapping[Path, ModuleSummary], root: Path, search_paths: Sequence[Path]
+    summaries: Mapping[Path, ModuleSummary],
+    deferred: Sequence[Path],
+    load: Callable[[Path], ModuleSummary | None],
+    root: Path,
+    search_paths: Sequence[Path],
 ) -> tuple[dict[Path, str], ProjectIndex]:
-    package_dirs = {
-        path.parent for path in summaries if path.name in ("__init__.py", "__init__.pyi")
-    }
+    paths = [*summaries, *deferred]
+    package_dirs = {path.parent for path in paths if path.name in ("__init__.py", "__init__.pyi")}
     known: dict[Path, bool] = {}
 
     def is_package(directory: Path) -> bool:
@@ -135,28 +150,32 @@ def _build_index(
             )
         return known[directory]
 
-    names = {path: module_names_for(path, root, is_package) for path in summaries}
+    names = {path: module_names_for(path, root, is_package) for path in paths}
     modules: dict[str, ModuleSummary] = {}
+    loaders: dict[str, Callable[[], ModuleSummary | None]] = {}
     primary: dict[Path, str] = {}
     # Implementations before stubs, then path order: the first claim of a name wins.
-    ordered = sorted(summaries, key=lambda p: (p.suffix == ".pyi", str(p)))
+    ordered = sorted(paths, key=lambda p: (p.suffix == ".pyi", str(p)))
     for path in ordered:
         name = names[path][0]
-        if name in modules:
+        if name in modules or name in loaders:
             name = f"{name}@{relative_path(path, root)}"  # a duplicate: indexed, not importable
-        modules[name] = summaries[path]
+        summary = summaries.get(path)
+        if summary is not None:
+            modules[name] = summary
+        else:
+            loaders[name] = functools.partial(load, path)
         primary[path] = name
     aliases: dict[str, str] = {}
     for path in ordered:
         for alias in names[path][1:]:
             if alias not in modules and alias not in aliases:
                 aliases[alias] = primary[path]
-    packages = {
-        primary[path] for path in summaries if path.name in ("__init__.py", "__init__.pyi")
-    }
-    scripts = {primary[path] for path in summaries if not is_package(path.parent)}
+    packages = {primary[path] for path in paths if path.name in ("__init__.py", "__init__.pyi")}
+    scripts = {primary[path] for path in paths if not is_package(path.parent)}
     index = ProjectIndex(
         modules,
+        deferred=loaders,
         aliases=aliases,
         packages=packages,
         scripts=scripts,

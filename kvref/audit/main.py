@@ -9,9 +9,11 @@ an uncaught exception would exit 1 and read as "findings".
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import os
 import sys
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Protocol, TextIO
@@ -467,6 +469,24 @@ class _Runner:
         return EXIT_FINDINGS if failing and not request.exit_zero else EXIT_CLEAN
 
 
+@contextlib.contextmanager
+def _cyclic_gc_paused() -> Generator[None, None, None]:
+    """Turn the cyclic garbage collector off for one audit (worker processes inherit it).
+
+    An audit allocates about a million small objects (summaries, index entries) that form no
+    cycles; every gen-2 pass re-scans all of them. On vLLM's 1.16 M lines, unpickling the
+    summaries took 2.7x longer with the collector on. Reference counting still frees
+    everything that is dropped, and the collector is back on for the caller afterwards.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def _uri_prefix(root: Path, vcs_root: Path | None) -> str:
     if vcs_root is None:
         return ""
@@ -503,7 +523,8 @@ def run_audit(
         else:
             resolved = backend if isinstance(backend, Backend) else backend()
         runner = _Runner(request, resolved, cwd if cwd is not None else Path.cwd(), out, err)
-        return runner.run()
+        with _cyclic_gc_paused():
+            return runner.run()
     except KVRefError as exc:
         err.write(f"kvref: error: {exc}\n")
     except BrokenPipeError:

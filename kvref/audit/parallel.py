@@ -14,6 +14,7 @@ each reported once, and the rest is audited.
 from __future__ import annotations
 
 import importlib
+import marshal
 import multiprocessing
 import os
 import stat as stat_module
@@ -182,15 +183,52 @@ def _summarize_chunk(
     return outcomes
 
 
+_SUMMARY, _ERROR, _UNCHANGED = 0, 1, 2
+_Row = tuple[str, int, object, int, int, bytes]
+
+
 def _summarize_chunk_packed(
     chunk: Sequence[tuple[Path, bytes | None]],
     root: Path,
     summarize: Summarizer[S],
     max_bytes: int,
 ) -> bytes:
-    # Pickled here with kvref's constructor reducers: cheaper to rebuild in the parent than
-    # the executor's default pickling of frozen dataclasses.
-    return dumps(_summarize_chunk(chunk, root, summarize, max_bytes))
+    """A worker's answer: `marshal` of one plain row per file, each summary pickled alone.
+
+    One pickle per file lets the parent keep it as the summary cache's entry without pickling
+    it again; the rows themselves are plain values, the cheapest thing to send.
+    """
+    rows: list[_Row] = []
+    for outcome in _summarize_chunk(chunk, root, summarize, max_bytes):
+        size, mtime_ns = (
+            (outcome.stamp.st_size, outcome.stamp.st_mtime_ns) if outcome.stamp else (-1, 0)
+        )
+        result = outcome.result
+        if isinstance(result, Unchanged):
+            rows.append((outcome.path, _UNCHANGED, result.digest, size, mtime_ns, outcome.digest))
+        elif isinstance(result, FileError):
+            fields = (result.path, result.line, result.col, result.message)
+            rows.append((outcome.path, _ERROR, fields, size, mtime_ns, outcome.digest))
+        else:
+            rows.append((outcome.path, _SUMMARY, dumps(result), size, mtime_ns, outcome.digest))
+    return marshal.dumps(rows)
+
+
+def _unpack_rows(data: bytes) -> list[tuple[_Outcome[object], bytes | None]]:
+    outcomes: list[tuple[_Outcome[object], bytes | None]] = []
+    for path, kind, payload, size, mtime_ns, digest in cast(list[_Row], marshal.loads(data)):
+        stamp = FileStamp(size, mtime_ns) if size >= 0 else None
+        pickled: bytes | None = None
+        result: object
+        if kind == _UNCHANGED:
+            result = Unchanged(cast(bytes, payload))
+        elif kind == _ERROR:
+            result = FileError(*cast(tuple[str, int, int, str], payload))
+        else:
+            pickled = cast(bytes, payload)
+            result = loads(pickled)
+        outcomes.append((_Outcome(path, result, stamp, digest), pickled))
+    return outcomes
 
 
 def _size(path: Path) -> int:
@@ -288,9 +326,9 @@ def summarize_many(
         on_progress(len(results))
     by_name = {str(path): path for path, _ in work}
 
-    def absorb(outcomes: Iterable[_Outcome[S]]) -> None:
+    def absorb(outcomes: Iterable[tuple[_Outcome[S], bytes | None]]) -> None:
         finished = 0
-        for outcome in outcomes:
+        for outcome, pickled in outcomes:
             finished += 1
             path = by_name[outcome.path]
             result = outcome.result
@@ -304,13 +342,13 @@ def summarize_many(
             results[path] = result
             # Errors from reading (no stat) depend on the filesystem, not the bytes: not cached.
             if cache is not None and outcome.stamp is not None and outcome.digest:
-                cache.store(path, outcome.stamp, outcome.digest, result)
+                cache.store(path, outcome.stamp, outcome.digest, result, pickled)
         if on_progress is not None and finished:
             on_progress(finished)
 
     if jobs == 1 or len(work) < SERIAL_THRESHOLD:
         for item in work:
-            absorb(_summarize_chunk([item], root, summarizer, max_bytes))
+            absorb((outcome, None) for outcome in _summarize_chunk([item], root, summarizer, max_bytes))
         return results
     if not sizes:
         sizes = {path: _size(path) for path, _ in work}
@@ -321,5 +359,5 @@ def summarize_many(
             for chunk in chunks
         ]
         for future in as_completed(futures):
-            absorb(cast(list[_Outcome[S]], loads(future.result())))
+            absorb(cast(list[tuple[_Outcome[S], bytes | None]], _unpack_rows(future.result())))
     return results

@@ -228,6 +228,7 @@ class ProjectIndex:
         self,
         modules: Mapping[str, ModuleSummary],
         *,
+        deferred: Mapping[str, Callable[[], ModuleSummary | None]] | None = None,
         aliases: Mapping[str, str] | None = None,
         packages: Iterable[str] = (),
         scripts: Iterable[str] = (),
@@ -236,7 +237,11 @@ class ProjectIndex:
         """Build the index.
 
         Args:
-            modules: primary dotted module name -> summary, for every project file.
+            modules: primary dotted module name -> summary, for the project files already
+                summarized.
+            deferred: primary dotted module name -> a loader, for the other project files:
+                each is summarized the first time a name is looked up in it (None when it
+                cannot be read or parsed), so files no reported class leads to cost nothing.
             aliases: every other name a project file is importable as -> its primary name
                 (see `module_names_for`), so one class never gets two identities.
             packages: the names of the project modules that are packages (`__init__` files),
@@ -246,11 +251,12 @@ class ProjectIndex:
             search_paths: extra roots for installed packages, searched after the project.
         """
         self._modules: dict[str, ModuleSummary | None] = dict(modules)
+        self._deferred = dict(deferred or {})
         self._aliases = dict(aliases or {})
         # Every proper prefix of a project module is importable (a namespace package at least).
         self._namespaces = {
             name.rsplit(".", depth)[0]
-            for name in [*modules, *self._aliases]
+            for name in [*modules, *self._deferred, *self._aliases]
             for depth in range(1, name.count(".") + 1)
         }
         self._packages = set(packages)
@@ -274,7 +280,13 @@ class ProjectIndex:
         name = self._aliases.get(name, name)
         if name in self._modules:
             return self._modules[name]
-        found: ModuleSummary | None = None
+        load = self._deferred.pop(name, None)
+        found = load() if load is not None else None
+        if found is not None:
+            self._modules[name] = found
+            return found
+        # A project file that does not parse is absent, as if it were not there: the name may
+        # still come from an installed package.
         top = name.partition(".")[0]
         roots = (_STDLIB, *self._search_paths) if top in _STDLIB_NAMES else (*self._search_paths, _STDLIB)
         for root in roots:

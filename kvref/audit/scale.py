@@ -132,7 +132,10 @@ def analyze_at_scale(
     if cache_dir is not None:
         summaries = SummaryCache(cache_dir, version_stamp(_SUMMARY_SCHEMA) + f"@{root}")
         summaries.load()
-    bar = ProgressBar(len(files), progress) if progress is not None else None
+    # The bar counts the reported files (summarised up front); other project files are read
+    # only when a lookup reaches them, so they are not part of the total (the bar clamps).
+    total = len(files) if reported is None else len(reported)
+    bar = ProgressBar(total, progress) if progress is not None else None
 
     def summarize_batch(paths: Sequence[Path]) -> Mapping[Path, ModuleSummary | FileError]:
         return summarize_many(

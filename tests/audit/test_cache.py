@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import marshal
 import os
 import pickle
 import subprocess
@@ -191,13 +192,27 @@ def test_pack_with_foreign_classes_is_refused_not_executed(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "victim").write_text("still here")
+    source = tmp_path / "a.py"
+    file_stat = write_old(source, "x = 1\n")
     cache = SummaryCache[str](tmp_path / "cache", STAMP)
     cache.directory.mkdir()
-    rows = {str(tmp_path / "a.py"): (1, 1, b"d", Evil())}
-    cache.pack_path.write_bytes(b"KVRAUDC\x01" + pickle.dumps((STAMP, 0, rows)))
+    entry = (file_stat.st_size, file_stat.st_mtime_ns, b"d", pickle.dumps(Evil()))
+    pack = marshal.dumps((STAMP, time.time_ns(), {str(source): entry}))
+    cache.pack_path.write_bytes(b"KVRAUDC\x02" + pack)
     cache.load()
+    assert cache.discarded is None and len(cache) == 1  # entries are unpickled on lookup
+    assert cache.lookup(source, file_stat) is None
     assert cache.discarded is not None and "refusing" in cache.discarded
     assert (tmp_path / "victim").exists()
+    assert len(cache) == 0  # the bad entry is dropped and recomputed, never trusted
+
+
+def test_a_pickled_pack_of_the_old_layout_is_discarded(tmp_path: Path) -> None:
+    cache = SummaryCache[str](tmp_path / "cache", STAMP)
+    cache.directory.mkdir()
+    cache.pack_path.write_bytes(b"KVRAUDC\x01" + pickle.dumps((STAMP, 0, {})))
+    cache.load()
+    assert cache.discarded is not None and len(cache) == 0
 
 
 def test_file_errors_and_audit_types_round_trip(tmp_path: Path) -> None:

@@ -117,3 +117,30 @@ def test_kvref_itself_has_no_findings() -> None:
     result = analyze(sorted(package.rglob("*.py")), root=package.parent)
     assert result.errors == []
     assert result.findings == [], [f"{f.path}:{f.line} {f.code}" for f in result.findings]
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n", "\r"])
+def test_classes_defined_in_function_bodies_are_found_with_any_line_ending(newline: str) -> None:
+    # Function bodies are walked only around lines that start with indentation and `class`;
+    # the line numbers of those candidates must agree with ast's for every line ending.
+    source = (
+        "import x\n"
+        "def f():\n"
+        "    y = 1\n"
+        "    class A(B):\n"
+        "        def g(self): ...\n"
+        "    return A\n"
+        "\n"
+        "def h():\n"
+        "    '''Docs that say\n"
+        "    class is a keyword.'''\n"
+        "    if y:\n"
+        "        class C(D): pass\n"
+        "def k():\n"
+        "    return 'class'\n"
+    ).replace("\n", newline)
+    summary = summarize("m.py", source.encode())
+    assert [(c.qualname, c.name_span.line) for c in summary.classes] == [
+        ("f.<locals>.A", 4),
+        ("h.<locals>.C", 12),
+    ]
