@@ -138,19 +138,22 @@ def _build_index(
     search_paths: Sequence[Path],
 ) -> tuple[dict[Path, str], ProjectIndex]:
     paths = [*summaries, *deferred]
-    package_dirs = {path.parent for path in paths if path.name in ("__init__.py", "__init__.pyi")}
-    known: dict[Path, bool] = {}
+    package_dirs = {
+        os.path.dirname(str(path)) for path in paths if path.name in ("__init__.py", "__init__.pyi")
+    }
+    known: dict[str, bool] = {}
 
-    def is_package(directory: Path) -> bool:
+    def is_package(directory: str) -> bool:
         if directory in package_dirs:
             return True
         if directory not in known:
-            known[directory] = os.path.isfile(directory / "__init__.py") or os.path.isfile(
-                directory / "__init__.pyi"
-            )
+            known[directory] = os.path.isfile(
+                os.path.join(directory, "__init__.py")
+            ) or os.path.isfile(os.path.join(directory, "__init__.pyi"))
         return known[directory]
 
-    names = {path: module_names_for(path, root, is_package) for path in paths}
+    root_text = str(root)
+    names = {path: module_names_for(str(path), root_text, is_package) for path in paths}
     modules: dict[str, ModuleSummary] = {}
     loaders: dict[str, Callable[[], ModuleSummary | None]] = {}
     primary: dict[Path, str] = {}
@@ -172,7 +175,7 @@ def _build_index(
             if alias not in modules and alias not in aliases:
                 aliases[alias] = primary[path]
     packages = {primary[path] for path in paths if path.name in ("__init__.py", "__init__.pyi")}
-    scripts = {primary[path] for path in paths if not is_package(path.parent)}
+    scripts = {primary[path] for path in paths if not is_package(os.path.dirname(str(path)))}
     index = ProjectIndex(
         modules,
         deferred=loaders,

@@ -484,6 +484,10 @@ def _cyclic_gc_paused() -> Generator[None, None, None]:
         yield
     finally:
         if was_enabled:
+            # Without the freeze, the first allocation after `enable` scans every object the
+            # run left alive as one huge youngest generation (0.7 s on vLLM). Frozen objects
+            # are still freed by reference counting; the audit's results hold no cycles.
+            gc.freeze()
             gc.enable()
 
 

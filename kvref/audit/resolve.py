@@ -174,7 +174,7 @@ class MemberHit:
 
 
 def module_names_for(
-    path: Path, root: Path, is_package: Callable[[Path], bool]
+    path: str, root: str, is_package: Callable[[str], bool]
 ) -> tuple[str, ...]:
     """The dotted names a file is importable as, the primary (used for relative imports) first.
 
@@ -183,41 +183,46 @@ def module_names_for(
     (a src layout) and to the root.
 
     Args:
-        path: the file (absolute).
-        root: the project root (absolute).
+        path: the file (absolute, normalized; plain strings, since the engine names every
+            file of a big project and `pathlib` arithmetic was most of that cost).
+        root: the project root (absolute, normalized).
         is_package: whether a directory holds an `__init__.py`/`.pyi`.
     """
-    stem_parts = list(path.parts[:-1])
-    stem = path.name.rsplit(".", 1)[0]
+    directory, filename = os.path.split(path)
+    stem = filename.rsplit(".", 1)[0]
     names: list[str] = []
-
-    def dotted(parts: Sequence[str]) -> str:
-        return ".".join(parts)
-
     chain: list[str] = [] if stem == "__init__" else [stem]
-    directory = path.parent
-    while directory != directory.parent and is_package(directory):
-        chain.insert(0, directory.name)
-        directory = directory.parent
-    try:
-        relative = list(path.parent.relative_to(root).parts)
-    except ValueError:
+    current = directory
+    while True:
+        parent, name = os.path.split(current)
+        if parent == current or not is_package(current):
+            break
+        chain.insert(0, name)
+        current = parent
+    prefix = root if root.endswith(os.sep) else root + os.sep
+    relative: list[str] | None
+    if directory == root:
+        relative = []
+    elif directory.startswith(prefix):
+        relative = directory[len(prefix) :].split(os.sep)
+    else:
         relative = None
-    if is_package(path.parent) and chain:
+    if chain and is_package(directory):
         # A regular package is importable only through its `__init__` chain: a root-relative
         # name would be wrong when the root lies inside the package (and could shadow the
         # standard library, like torch/types.py as `types`).
-        return (dotted(chain),)
+        return (".".join(chain),)
     if relative is not None:
         own = relative + ([] if stem == "__init__" else [stem])
         if relative[:1] == ["src"] and len(own) > 1:
-            names.append(dotted(own[1:]))
+            names.append(".".join(own[1:]))
         if own:
-            names.append(dotted(own))
+            names.append(".".join(own))
     if not names and chain:
-        names.append(dotted(chain))
+        names.append(".".join(chain))
     if not names:
-        names.append(dotted([*stem_parts[-1:], stem]))
+        last_directory = os.path.basename(directory)
+        names.append(".".join([last_directory, stem] if last_directory else [stem]))
     return tuple(dict.fromkeys(n for n in names if n))
 
 

@@ -105,7 +105,10 @@ class SuppressionFilter:
         if comments is None:
             source = self.read_source(finding.path) or b""
             # Most files never mention a suppression word: skip splitting them into lines.
-            lines = source.splitlines() if _SUPPRESSION_WORD.search(source) else []
+            # (`lower` and `in` scan bytes several times faster than a case-blind regex.)
+            lowered = source.lower()
+            mentioned = b"noqa" in lowered or b"kvref" in lowered
+            lines = source.splitlines() if mentioned else []
             comments = self._cache[finding.path] = _FileComments(source, lines)
         return finding.code.upper() in comments.codes(finding.line)
 
