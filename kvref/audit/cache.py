@@ -451,16 +451,26 @@ def _encode_result(result: AnalysisResult) -> tuple[object, ...]:
         for f in result.findings
     )
     errors = tuple((e.path, e.line, e.col, e.message) for e in result.errors)
-    return (findings, errors, tuple(result.unresolved_bases.items()), result.files_analyzed)
+    suppression = (
+        None if result.suppression_lines is None else tuple(result.suppression_lines.items())
+    )
+    return (
+        findings,
+        errors,
+        tuple(result.unresolved_bases.items()),
+        result.files_analyzed,
+        suppression,
+    )
 
 
 def _decode_result(data: object) -> AnalysisResult:
-    findings_data, errors_data, unresolved, files_analyzed = cast(
+    findings_data, errors_data, unresolved, files_analyzed, suppression = cast(
         tuple[
             tuple[tuple[object, ...], ...],
             tuple[tuple[str, int, int, str], ...],
             tuple[tuple[str, int], ...],
             int,
+            tuple[tuple[str, tuple[int, ...]], ...] | None,
         ],
         data,
     )
@@ -486,6 +496,7 @@ def _decode_result(data: object) -> AnalysisResult:
         errors=[FileError(*row) for row in errors_data],
         unresolved_bases=dict(unresolved),
         files_analyzed=files_analyzed,
+        suppression_lines=None if suppression is None else dict(suppression),
     )
 
 

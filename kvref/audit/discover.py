@@ -177,6 +177,8 @@ class GitignoreRule:
     negate: bool
     dir_only: bool
     base: str
+    name_regex: re.Pattern[str] | None = None
+    """For a pattern without '/': the same test on the last path component alone."""
 
 
 def parse_gitignore(text: str, base: str) -> list[GitignoreRule]:
@@ -198,11 +200,17 @@ def parse_gitignore(text: str, base: str) -> list[GitignoreRule]:
         line = line.rstrip("/")
         if not line:
             continue
+        name_regex = None
         if "/" in line:
             regex = re.compile(_translate(line.lstrip("/")), re.DOTALL)
         else:
             regex = re.compile("(?:.*/)?" + _translate(line), re.DOTALL)
-        rules.append(GitignoreRule(regex=regex, negate=negate, dir_only=dir_only, base=base))
+            name_regex = re.compile(_translate(line), re.DOTALL)
+        rules.append(
+            GitignoreRule(
+                regex=regex, negate=negate, dir_only=dir_only, base=base, name_regex=name_regex
+            )
+        )
     return rules
 
 
@@ -251,6 +259,7 @@ class _IgnoreMatcher:
         return _IgnoreMatcher([segment, *self._segments])
 
     def ignored(self, rel_path: str, *, is_dir: bool) -> bool:
+        name = rel_path.rpartition("/")[2]
         for base, files, dirs in self._segments:
             alternation = dirs if is_dir else files
             if alternation is None:
@@ -261,24 +270,51 @@ class _IgnoreMatcher:
                 sub_path = rel_path[len(base) + 1 :]
             else:
                 sub_path = rel_path
-            match = alternation.regex.fullmatch(sub_path)
-            if match is not None:
-                return not alternation.negate[int((match.lastgroup or "r0")[1:])]
+            last = alternation.last_match(name, sub_path)
+            if last is not None:
+                return not alternation.negate[last]
         return False
 
 
 @dataclass(frozen=True, slots=True)
 class _Alternation:
-    regex: re.Pattern[str]
+    """One .gitignore's rules as (at most) two regexes; see `last_match`."""
+
+    by_name: re.Pattern[str] | None
+    by_path: re.Pattern[str] | None
     negate: tuple[bool, ...]
 
     @staticmethod
     def of(rules: Sequence[GitignoreRule]) -> _Alternation | None:
         if not rules:
             return None
-        ordered = list(reversed(rules))
-        pattern = "|".join(f"(?P<r{i}>{rule.regex.pattern})" for i, rule in enumerate(ordered))
-        return _Alternation(re.compile(pattern, re.DOTALL), tuple(r.negate for r in ordered))
+
+        def joined(patterns: list[str]) -> re.Pattern[str] | None:
+            return re.compile("|".join(patterns), re.DOTALL) if patterns else None
+
+        # Reversed, so the alternative that matches is the last matching rule; a group's
+        # name is the rule's position in the file.
+        by_name: list[str] = []
+        by_path: list[str] = []
+        for index in reversed(range(len(rules))):
+            rule = rules[index]
+            if rule.name_regex is not None:
+                by_name.append(f"(?P<r{index}>{rule.name_regex.pattern})")
+            else:
+                by_path.append(f"(?P<r{index}>{rule.regex.pattern})")
+        return _Alternation(joined(by_name), joined(by_path), tuple(r.negate for r in rules))
+
+    def last_match(self, name: str, sub_path: str) -> int | None:
+        """The position of the last rule matching the entry: patterns without '/' test its
+        name alone (cheaper than `(?:.*/)?...` on the whole path, the same answer), the
+        others its path below the .gitignore's directory."""
+        found: int | None = None
+        for regex, text in ((self.by_name, name), (self.by_path, sub_path)):
+            match = regex.fullmatch(text) if regex is not None else None
+            if match is not None:
+                index = int((match.lastgroup or "r0")[1:])
+                found = index if found is None else max(found, index)
+        return found
 
 
 def _parts(path: Path) -> tuple[str, ...]:
@@ -482,7 +518,8 @@ def discover(
         if not path.exists():
             raise DiscoveryError(f"{given}: no such file or directory")
         if path.is_dir():
-            below = [file for file in project if path in file.parents]
+            prefix = os.path.join(str(path), "")
+            below = [file for file in project if str(file).startswith(prefix)]
             if not below:
                 warnings.append(f"{rel}: no Python files to audit (excluded or ignored?)")
             report.extend(below)
@@ -494,5 +531,8 @@ def discover(
         else:
             warnings.append(f"{rel}: not a Python file, skipped")
     return Discovery(
-        tuple(sorted(indexed)), tuple(sorted(set(report))), tuple(warnings), vcs_root
+        tuple(sorted(indexed, key=_parts)),
+        tuple(sorted(set(report), key=_parts)),
+        tuple(warnings),
+        vcs_root,
     )

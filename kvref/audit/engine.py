@@ -127,6 +127,11 @@ def analyze(
     result.findings.sort(key=lambda f: (f.path, f.line, f.col, f.code))
     result.errors.sort(key=lambda e: (e.path, e.line, e.col))
     result.unresolved_bases = dict(sorted(unresolved.items()))
+    result.suppression_lines = {
+        summary.path: summary.suppression_lines
+        for summary in good.values()
+        if summary.suppression_lines
+    }
     return result
 
 

@@ -283,7 +283,7 @@ class _Runner:
             and (reported is None or finding.path in reported)
             and finding.code not in per_file_ignored(finding.path)
         ]
-        suppression = SuppressionFilter(read)
+        suppression = SuppressionFilter(read, result.suppression_lines)
         findings = sorted(suppression.keep(candidates), key=lambda f: (f.path, f.line, f.col, f.code))
         errors = [e for e in result.errors if reported is None or e.path in reported]
         return _Analysis(
@@ -298,7 +298,13 @@ class _Runner:
     def _reported(config: AuditConfig, discovery: Discovery) -> set[str] | None:
         if discovery.report_files is None:
             return None
-        return {path.relative_to(config.root).as_posix() for path in discovery.report_files}
+        prefix = os.path.join(str(config.root), "")
+        return {
+            str(path)[len(prefix) :].replace(os.sep, "/")
+            if str(path).startswith(prefix)
+            else path.relative_to(config.root).as_posix()
+            for path in discovery.report_files
+        }
 
     def _plan(self, config: AuditConfig, findings: Sequence[Finding]) -> FixPlan:
         return plan_fixes(

@@ -162,9 +162,14 @@ class AnalysisResult:
             against their resolvable ancestors only (a hit there is an override whatever the
             unknown base holds) and get no KVR002/KVR1xx findings (absence proves nothing).
         files_analyzed: how many files were indexed.
+        suppression_lines: for each reported file that was analyzed, the lines that mention
+            `noqa` or `kvref` (only those can carry a suppression comment), so suppressions
+            are checked without reading files again; None when not known (then the files
+            with findings are read).
     """
 
     findings: list[Finding] = field(default_factory=lambda: [])
     errors: list[FileError] = field(default_factory=lambda: [])
     unresolved_bases: Mapping[str, int] = field(default_factory=lambda: {})
     files_analyzed: int = 0
+    suppression_lines: Mapping[str, tuple[int, ...]] | None = None

@@ -51,6 +51,14 @@ class ScaleSettings:
     jobs: int | None = None
 
 
+def _absolute(path: Path) -> Path:
+    # Discovery already yields normalized absolute paths: building them again costs more
+    # than the rest of a warm run's bookkeeping on a big tree.
+    text = str(path)
+    absolute = os.path.abspath(text)
+    return path if absolute == text else Path(absolute)
+
+
 def _engine_sources() -> list[Path]:
     return sorted(path for path in _AUDIT_DIR.rglob("*.py") if "__pycache__" not in path.parts)
 
@@ -107,7 +115,7 @@ def analyze_at_scale(
         raise ValueError(f"--jobs must be at least 1, got {settings.jobs}")
     root = Path(os.path.abspath(root))
     environment = discover_environment(settings.python, project_root=root)
-    files = [Path(os.path.abspath(path)) for path in project_files]
+    files = [_absolute(path) for path in project_files]
     reported = None if report_files is None else sorted(os.path.abspath(p) for p in report_files)
 
     cache_dir = (settings.cache_dir or default_cache_dir(root)) if settings.cache else None

@@ -254,6 +254,8 @@ class ModuleSummary:
         classes: module-level and nested classes, in source order.
         functions: the module-level functions with KVR102 facts (no other rule looks at
             module functions, so the rest are not kept).
+        suppression_lines: the lines that mention `noqa` or `kvref` in any case (only they
+            can carry a suppression comment).
     """
 
     path: str
@@ -268,6 +270,7 @@ class ModuleSummary:
     functions: tuple[FunctionSummary, ...]
     import_facts: ImportFacts
     line_count: int = 0
+    suppression_lines: tuple[int, ...] = ()
 
 
 def split_lines(text: str) -> list[str]:
@@ -435,6 +438,8 @@ def summarize(path: str, source: bytes) -> ModuleSummary:
     newline = detect_newline(text)
     lines = split_lines(text)
     walker = _ModuleWalker(lines, path.endswith(".pyi"), text.isascii(), _indented_class_lines(text))
+    lowered = text.lower()
+    walker.mentions_suppression = "noqa" in lowered or "kvref" in lowered
     walker.walk_body(tree.body, "", None)
     return walker.finish(path, encoding, bom, newline, import_facts(tree, lines))
 
@@ -460,6 +465,7 @@ class _ModuleWalker:
         # Lines that may hold a class statement inside a function; a function body with none
         # of them in its range is not walked (most are not, and walking them all is costly).
         self.local_class_lines = local_class_lines
+        self.mentions_suppression = True
         self.ascii_only = ascii_only  # byte columns are character columns: no conversion
         self.is_stub = is_stub
         self.primary: dict[str, list[Binding]] = {}
@@ -643,6 +649,7 @@ class _ModuleWalker:
             functions=functions,
             import_facts=facts,
             line_count=len(self.lines),
+            suppression_lines=_suppression_lines(self.lines, self.mentions_suppression),
         )
 
     def _freeze_class(self, builder: _ClassBuilder) -> ClassSummary:
@@ -860,6 +867,18 @@ def _indented_class_lines(text: str) -> list[int]:
         position = match.start()
         lines.append(line)
     return lines
+
+
+def _suppression_lines(lines: Sequence[str], mentioned: bool) -> tuple[int, ...]:
+    """The 1-based lines mentioning `noqa` or `kvref` (any case): the only lines that can hold
+    a suppression comment (`kvref.audit.suppress` still tokenizes to be sure)."""
+    if not mentioned:  # most files: one scan of the whole text instead of one per line
+        return ()
+    return tuple(
+        number
+        for number, line in enumerate(lines, start=1)
+        if "noqa" in line.lower() or "kvref" in line.lower()
+    )
 
 
 def _mentions_iteration(args: ast.arguments) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import re
 import tokenize
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from kvref.audit.model import Finding
@@ -90,15 +90,23 @@ class SuppressionFilter:
 
     Attributes:
         read_source: returns a project-relative file's bytes, or None when unreadable.
+        candidate_lines: when known (`AnalysisResult.suppression_lines`), the lines of each
+            file that mention a suppression word; a file not listed has none, and a finding
+            on any other line is kept without reading its file.
         suppressed: how many findings were dropped so far.
     """
 
     read_source: Callable[[str], bytes | None]
+    candidate_lines: Mapping[str, tuple[int, ...]] | None = None
     suppressed: int = 0
     _cache: dict[str, _FileComments] | None = None
 
     def is_suppressed(self, finding: Finding) -> bool:
         """Whether the finding's line suppresses its code."""
+        if self.candidate_lines is not None and finding.line not in self.candidate_lines.get(
+            finding.path, ()
+        ):
+            return False
         if self._cache is None:
             self._cache = {}
         comments = self._cache.get(finding.path)
