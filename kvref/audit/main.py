@@ -16,7 +16,9 @@ import sys
 from collections.abc import Callable, Collection, Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, Protocol, TextIO
+from typing import Final, NoReturn, Protocol, TextIO
+
+from typing_extensions import override
 
 from kvref.audit.apply import ApplyFixesFn, FixPlan, plan_fixes, unified_diff, write_fixes
 from kvref.audit.baseline import (
@@ -56,6 +58,7 @@ __all__ = [
     "UsageError",
     "real_backend",
     "run_audit",
+    "request_from_argv",
     "list_rules",
     "explain_rule",
     "split_selectors",
@@ -593,11 +596,27 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argparse parser of `kvref audit` (the same options as the typer command)."""
-    parser = argparse.ArgumentParser(
+class _Refused(Exception):
+    """argparse refused the arguments (the quiet parser raises this instead of exiting)."""
+
+
+class _QuietParser(argparse.ArgumentParser):
+    @override
+    def error(self, message: str) -> NoReturn:
+        raise _Refused(message)
+
+
+def build_parser(*, quiet: bool = False) -> argparse.ArgumentParser:
+    """The argparse parser of `kvref audit` (the same options as the typer command).
+
+    Args:
+        quiet: raise instead of printing a usage error and exiting (for `request_from_argv`).
+    """
+    parser = (_QuietParser if quiet else argparse.ArgumentParser)(
         prog="kvref audit",
         description="Check @override use and Collection conformance across a project.",
+        # click (under typer) takes no abbreviations: neither may this parser.
+        allow_abbrev=False,
     )
     parser.add_argument(
         "paths",
@@ -644,7 +663,22 @@ def main(
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on usage errors and 0 for --help
         return exc.code if isinstance(exc.code, int) else EXIT_ERROR
-    request = AuditRequest(
+    return run_audit(_request(args), backend=backend)
+
+
+def request_from_argv(argv: Sequence[str]) -> AuditRequest | None:
+    """The request `kvref audit ARGV` makes, or None (printing nothing) when argparse refuses
+    ARGV or it asks for help: the caller then lets typer parse it and report the problem."""
+    if any(arg in ("-h", "--help") for arg in argv):
+        return None
+    try:
+        return _request(build_parser(quiet=True).parse_args(argv))
+    except _Refused:
+        return None
+
+
+def _request(args: argparse.Namespace) -> AuditRequest:
+    return AuditRequest(
         paths=tuple(args.paths),
         select=split_selectors(args.select),
         ignore=split_selectors(args.ignore) or (),
@@ -660,4 +694,3 @@ def main(
             cache=not args.no_cache, cache_dir=args.cache_dir, python=args.python, jobs=args.jobs
         ),
     )
-    return run_audit(request, backend=backend)

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
+import sys
 from collections.abc import Callable
 
 import pytest
 
+import kvref.cli
 from kvref.audit.main import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS
 from tests.audit.conftest import Outcome, Project
 
@@ -46,7 +49,23 @@ def _via_typer(project: Project, argv: tuple[str, ...]) -> Outcome:
     return project.cli("audit", *argv)
 
 
-FRONT_ENDS = [pytest.param(_via_main, id="main"), pytest.param(_via_typer, id="typer")]
+def _via_console_script(project: Project, argv: tuple[str, ...]) -> Outcome:
+    # `kvref audit ...` as installed: argparse when it accepts argv, typer otherwise.
+    project.monkeypatch.chdir(project.root)
+    project.monkeypatch.setattr(sys, "argv", ["kvref", "audit", *argv])
+    project.capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        kvref.cli.main()
+    captured = project.capsys.readouterr()
+    code = exited.value.code
+    return Outcome(code if isinstance(code, int) else EXIT_ERROR, captured.out, captured.err)
+
+
+FRONT_ENDS = [
+    pytest.param(_via_main, id="main"),
+    pytest.param(_via_typer, id="typer"),
+    pytest.param(_via_console_script, id="console-script"),
+]
 
 
 @pytest.fixture(params=FRONT_ENDS)
@@ -423,3 +442,32 @@ def test_only_excluded_files_named_means_nothing_to_do(project: Project, run: Ca
     assert outcome.stdout == ""
     assert "Checked 0 files" in outcome.stderr
     assert project.engine.calls == []
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("--help",),
+        ("--jobs", "0"),
+        ("--output-format", "yaml"),
+        ("--no-such-option",),
+        ("--exit",),  # click takes no abbreviation of --exit-zero: neither may the fast path
+    ],
+)
+def test_the_console_script_leaves_help_and_usage_errors_to_typer(
+    project: Project, argv: tuple[str, ...]
+) -> None:
+    project.write({"pkg/__init__.py": "", "pkg/base.py": BASE})
+    typer_outcome = _via_typer(project, argv)
+    script = _via_console_script(project, argv)
+    # click names the program after sys.argv[0] and `python -m`; CliRunner calls it kvref.
+    prog = re.compile(r"python -m [\w.]*kvref")
+    # (Help text wraps at the terminal's width, which CliRunner fixes: compare its first line.)
+    first_line = prog.sub("kvref", script.stdout).partition("\n")[0]
+    assert (script.code, first_line, prog.sub("kvref", script.stderr)) == (
+        typer_outcome.code,
+        typer_outcome.stdout.partition("\n")[0],
+        typer_outcome.stderr,
+    )
+    assert typer_outcome.code in (EXIT_CLEAN, EXIT_ERROR)
+    assert not project.engine.calls  # nothing was audited
