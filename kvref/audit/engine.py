@@ -188,6 +188,7 @@ def _build_index(
         packages=packages,
         scripts=scripts,
         search_paths=search_paths,
+        summarize_external=load,
     )
     return primary, index
 

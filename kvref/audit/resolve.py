@@ -238,6 +238,7 @@ class ProjectIndex:
         packages: Iterable[str] = (),
         scripts: Iterable[str] = (),
         search_paths: Sequence[Path] = (),
+        summarize_external: Callable[[Path], ModuleSummary | None] | None = None,
     ) -> None:
         """Build the index.
 
@@ -254,6 +255,8 @@ class ProjectIndex:
             scripts: the project modules outside any regular package: their absolute
                 imports also find modules in their own directory (as `python script.py`).
             search_paths: extra roots for installed packages, searched after the project.
+            summarize_external: summarizes a standard-library or installed file (the engine
+                passes its cached summarizer); by default the file is read and summarized.
         """
         self._modules: dict[str, ModuleSummary | None] = dict(modules)
         self._deferred = dict(deferred or {})
@@ -267,6 +270,7 @@ class ProjectIndex:
         self._packages = set(packages)
         self._scripts = frozenset(scripts)
         self._search_paths = tuple(search_paths)
+        self._summarize_external = summarize_external or _summarize_path
         self._symbols: dict[str, dict[str, tuple[Binding, ...]]] = {}
         self._classes: dict[str, dict[str, ClassSummary]] = {}
         self._infos: dict[ClassKey, ClassInfo | None] = {}
@@ -295,7 +299,7 @@ class ProjectIndex:
         top = name.partition(".")[0]
         roots = (_STDLIB, *self._search_paths) if top in _STDLIB_NAMES else (*self._search_paths, _STDLIB)
         for root in roots:
-            found = _summarize_from(root, name)
+            found = _summarize_from(root, name, self._summarize_external)
             if found is not None:
                 if found.path.endswith(("__init__.py", "__init__.pyi")):
                     self._packages.add(name)
@@ -742,7 +746,16 @@ def _loaded_extension(name: str) -> types.ModuleType | None:
     return None
 
 
-def _summarize_from(root: Path, name: str) -> ModuleSummary | None:
+def _summarize_path(path: Path) -> ModuleSummary | None:
+    try:
+        return summarize(str(path), path.read_bytes())
+    except (OSError, SummaryError):
+        return None
+
+
+def _summarize_from(
+    root: Path, name: str, summarize_file: Callable[[Path], ModuleSummary | None]
+) -> ModuleSummary | None:
     """Find `name` under one search root (stubs first, PEP 561 `-stubs` packages too)."""
     parts = name.split(".")
     candidates: list[Path] = []
@@ -761,10 +774,7 @@ def _summarize_from(root: Path, name: str) -> ModuleSummary | None:
         if not os.path.isfile(key):
             _FILE_CACHE[key] = None
             continue
-        try:
-            summary = summarize(key, candidate.read_bytes())
-        except (OSError, SummaryError):
-            summary = None
+        summary = summarize_file(candidate)
         _FILE_CACHE[key] = summary
         if summary is not None:
             return summary
