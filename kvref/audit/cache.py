@@ -31,6 +31,7 @@ import builtins
 import copyreg
 import dataclasses
 import hashlib
+import importlib
 import io
 import marshal
 import operator
@@ -137,12 +138,13 @@ def _reducers() -> dict[type, _Reducer]:
     global _dispatch_table
     if _dispatch_table is not None:
         return _dispatch_table
+    # Summaries are pickled one file at a time, and building the table costs more than
+    # pickling a small summary: import every module with kvref dataclasses, build it once.
+    for name in _FAST_MODULES:
+        importlib.import_module(name)
     table = cast(dict[type, _Reducer], dict(copyreg.dispatch_table))
     table.update(_constructor_reducers())
-    # Kept once every module with kvref dataclasses is imported (summaries are pickled one
-    # file at a time, and building the table costs more than pickling a small summary).
-    if all(name in sys.modules for name in _FAST_MODULES):
-        _dispatch_table = table
+    _dispatch_table = table
     return table
 
 

@@ -466,6 +466,7 @@ class _ModuleWalker:
         # of them in its range is not walked (most are not, and walking them all is costly).
         self.local_class_lines = local_class_lines
         self.mentions_suppression = True
+        self.types: dict[str, TypeExpr] = {}
         self.ascii_only = ascii_only  # byte columns are character columns: no conversion
         self.is_stub = is_stub
         self.primary: dict[str, list[Binding]] = {}
@@ -789,6 +790,17 @@ class _ModuleWalker:
         rules never look deeper, and slicing every nested name costs time on big trees.
         """
         text = "" if depth > 1 else ast.unparse(node) if quoted else self._text(node)
+        if depth == 0 and not quoted:
+            # A module spells the same annotations over and over (`torch.Tensor`, `int`); their
+            # meaning depends only on the text and the module's names, so one object serves
+            # them all (and pickles once per file).
+            known = self.types.get(text)
+            if known is None:
+                known = self.types[text] = self._type_uncached(node, text, depth, quoted)
+            return known
+        return self._type_uncached(node, text, depth, quoted)
+
+    def _type_uncached(self, node: ast.expr, text: str, depth: int, quoted: bool) -> TypeExpr:
         if depth > 8:
             return TypeExpr("", (), text)
         if isinstance(node, ast.Constant):
