@@ -29,6 +29,7 @@ __all__ = [
     "cache_root",
     "parse_spec",
     "fetch_corpus",
+    "package_dir",
     "python_files",
 ]
 
@@ -194,6 +195,14 @@ def fetch_corpus(spec: str, *, log: bool = True) -> Corpus:
     entries = [entry for entry in target.iterdir() if entry.is_dir()]
     root = entries[0] if len(entries) == 1 else target
     return Corpus(name=_normalise(name), version=version, root=root)
+
+
+def package_dir(corpus: Corpus) -> Path:
+    """The corpus's import package (`vllm/`, `src/transformers/`), else its root."""
+    for candidate in (corpus.name.replace("-", "_"), f"src/{corpus.name.replace('-', '_')}"):
+        if (corpus.root / candidate / "__init__.py").is_file():
+            return corpus.root / candidate
+    return corpus.root
 
 
 def python_files(root: Path) -> list[Path]:

@@ -33,9 +33,9 @@ from typing import cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _audit_corpus import (  # noqa: E402
-    Corpus,
     bare_python,
     fetch_corpus,
+    package_dir,
     package_project,
     python_files,
 )
@@ -173,13 +173,6 @@ def _audit(
     return Measurement(label, seconds, rss, tree, _count_findings(out))
 
 
-def _package_dir(corpus: Corpus) -> Path:
-    for candidate in (corpus.name.replace("-", "_"), f"src/{corpus.name.replace('-', '_')}"):
-        if (corpus.root / candidate / "__init__.py").is_file():
-            return corpus.root / candidate
-    return corpus.root
-
-
 def _mib(value: int) -> str:
     return f"{value / 1048576:7.0f} MiB"
 
@@ -187,7 +180,7 @@ def _mib(value: int) -> str:
 def bench_corpus(spec: str, *, warm_runs: int, extra: Sequence[str]) -> list[Measurement]:
     """Measure the floor, a cold run and warm runs on one corpus and print the table."""
     corpus = fetch_corpus(spec)
-    package = _package_dir(corpus)
+    package = package_dir(corpus)
     files = python_files(package)
     cold_mtime_ns = files[len(files) // 2].stat().st_mtime_ns
     lines = 0

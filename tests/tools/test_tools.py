@@ -54,3 +54,10 @@ def test_bench_transfer_runs_tiny(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert plot.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_profile_audit_stages_runs_on_a_directory() -> None:
+    result = run_tool(TOOLS / "profile_audit_stages.py", "--path", "kvref/audit", "--step", "4")
+    assert result.returncode == 0, result.stderr
+    for stage in ("parse", "free", "extraction", "pickling"):
+        assert stage in result.stdout
