@@ -280,6 +280,7 @@ class ProjectIndex:
         self._live: dict[ClassKey, type] = {}
         self._base_infos: dict[ClassKey, list[ClassInfo]] = {}
         self._hits: dict[tuple[ClassKey, str], MemberHit | None] = {}
+        self._known_ancestors: dict[ClassKey, tuple[ClassKey, ...]] = {}
         self._resolving: set[tuple[str, str]] = set()
 
     # --- modules --------------------------------------------------------------------------
@@ -651,6 +652,9 @@ class ProjectIndex:
         bases which cannot be followed (an uninstalled package), which is what the type
         checkers do with an unknown base: its own members are unknown, the rest is not.
         """
+        known = self._known_ancestors.get(key)
+        if known is not None:
+            return known
         linearization = self.mro(key)
         if not isinstance(linearization, Unresolved):
             return linearization[1:]
@@ -665,7 +669,12 @@ class ProjectIndex:
 
         visit(key)
         everything = ClassKey(BUILTINS, "object")
-        return (*(base for base in seen if base != everything), everything)
+        # Asked once per method of the class: remembered like the MROs it stands in for.
+        known = self._known_ancestors[key] = (
+            *(base for base in seen if base != everything),
+            everything,
+        )
+        return known
 
     def find_known_member(self, key: ClassKey, name: str) -> MemberHit | None:
         """Like `find_member`, but through `known_ancestors` when the MRO does not resolve.
