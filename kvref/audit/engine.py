@@ -16,6 +16,7 @@ from pathlib import Path
 
 from kvref.audit.context import ClassContext, ModuleContext
 from kvref.audit.model import AnalysisOptions, AnalysisResult, FileError
+from kvref.audit.paths import absolute_path, relative_path
 from kvref.audit.resolve import ClassInfo, ClassKey, ProjectIndex, Unresolved, module_names_for
 from kvref.audit.rules import ALL_RULES
 from kvref.audit.summary import ModuleSummary, SummaryError, summarize
@@ -25,12 +26,6 @@ __all__ = ["SummarizeMany", "analyze", "relative_path", "summarize_file"]
 SummarizeMany = Callable[[Sequence[Path]], Mapping[Path, ModuleSummary | FileError]]
 _DEFAULT_OPTIONS = AnalysisOptions()
 _REFUSED = ("(inconsistent MRO)", "(circular bases)")
-
-
-def relative_path(path: Path, root: Path) -> str:
-    """`path` relative to `root` with `/` separators (absolute-ized first, no symlink walk)."""
-    relative = os.path.relpath(os.path.abspath(path), os.path.abspath(root))
-    return relative.replace(os.sep, "/")
 
 
 def summarize_file(path: Path, root: Path) -> ModuleSummary | FileError:
@@ -83,12 +78,8 @@ def analyze(
         The findings of every rule, file errors, unresolved bases and the file count.
     """
     root = Path(os.path.abspath(root))
-    files = list(dict.fromkeys(Path(os.path.abspath(p)) for p in project_files))
-    reported = (
-        set(files)
-        if report_files is None
-        else {Path(os.path.abspath(p)) for p in report_files}
-    )
+    files = list(dict.fromkeys(absolute_path(p) for p in project_files))
+    reported = set(files) if report_files is None else {absolute_path(p) for p in report_files}
     files.extend(sorted(reported.difference(files)))
     # Only the reported files are summarized up front; any other project file is summarized
     # when a name is first looked up in it (a base class, a re-export), so auditing one file

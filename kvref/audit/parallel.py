@@ -28,6 +28,7 @@ from typing import Final, Generic, TypeVar, cast
 
 from kvref.audit.cache import SummaryCache, content_digest, dumps, loads
 from kvref.audit.model import FileError
+from kvref.audit.paths import relative_path
 
 __all__ = [
     "DEFAULT_MAX_FILE_BYTES",
@@ -84,11 +85,6 @@ class _Outcome(Generic[S]):
     digest: bytes
 
 
-def _relative(path: Path, root: Path) -> str:
-    # The engine's convention (`kvref.audit.engine.relative_path`): no symlink resolution.
-    return os.path.relpath(os.path.abspath(path), os.path.abspath(root)).replace(os.sep, "/")
-
-
 def _error_from(exception: BaseException, relative: str) -> FileError:
     message = getattr(exception, "message", None)
     line = getattr(exception, "line", None)
@@ -130,7 +126,7 @@ def summarize_path(
         (result, the size/mtime of the bytes read or None when unreadable, their digest or
         b"" when they were not read).
     """
-    relative = _relative(path, root)
+    relative = relative_path(path, root)
     try:
         # O_NONBLOCK: a FIFO named like a module must not hang the audit.
         descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
@@ -311,7 +307,7 @@ def summarize_many(
                 file_stat = os.stat(path)
             except OSError as error:
                 results[path] = FileError(
-                    _relative(path, root), 1, 1, f"cannot read: {error.strerror or error}"
+                    relative_path(path, root), 1, 1, f"cannot read: {error.strerror or error}"
                 )
                 continue
             cached = cache.lookup(path, file_stat)

@@ -23,6 +23,7 @@ from typing import TextIO, cast
 from kvref.audit.cache import ResultCache, SummaryCache, default_cache_dir, version_stamp
 from kvref.audit.environment import InterpreterError, discover_environment
 from kvref.audit.model import AnalysisOptions, AnalysisResult, FileError
+from kvref.audit.paths import absolute_path
 from kvref.audit.parallel import summarize_many
 from kvref.audit.progress import ProgressBar
 from kvref.audit.summary import ModuleSummary, summarize
@@ -49,14 +50,6 @@ class ScaleSettings:
     cache_dir: Path | None = None
     python: Path | None = None
     jobs: int | None = None
-
-
-def _absolute(path: Path) -> Path:
-    # Discovery already yields normalized absolute paths: building them again costs more
-    # than the rest of a warm run's bookkeeping on a big tree.
-    text = str(path)
-    absolute = os.path.abspath(text)
-    return path if absolute == text else Path(absolute)
 
 
 def _engine_sources() -> list[Path]:
@@ -115,7 +108,7 @@ def analyze_at_scale(
         raise ValueError(f"--jobs must be at least 1, got {settings.jobs}")
     root = Path(os.path.abspath(root))
     environment = discover_environment(settings.python, project_root=root)
-    files = [_absolute(path) for path in project_files]
+    files = [absolute_path(path) for path in project_files]
     reported = None if report_files is None else sorted(os.path.abspath(p) for p in report_files)
 
     cache_dir = (settings.cache_dir or default_cache_dir(root)) if settings.cache else None
