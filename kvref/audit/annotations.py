@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from kvref.audit.annotation_imports import required_imports
 from kvref.audit.context import ModuleContext, is_private_name, param_symbol, primary_definition
@@ -172,7 +172,22 @@ def paired_parameters(
 
 
 def overridden_parameters(context: ModuleContext, *relations: Relation) -> Iterator[ParamPair]:
-    """Every override parameter in the module whose relation to the base's is in `relations`."""
+    """Every override parameter in the module whose relation to the base's is in `relations`.
+
+    SAME and UNKNOWN (the vast majority) are never asked for; the other pairs are found once
+    per module and shared by the rules that report them (KVR101 and KVR103).
+    """
+    found = context.derived.get(_PAIRS_KEY)
+    if found is None:
+        found = context.derived[_PAIRS_KEY] = list(_related_parameters(context))
+    return (pair for pair in cast(list[ParamPair], found) if pair.relation in relations)
+
+
+_PAIRS_KEY = "annotations.related_parameters"
+_UNRELATED = frozenset({Relation.SAME, Relation.UNKNOWN})
+
+
+def _related_parameters(context: ModuleContext) -> Iterator[ParamPair]:
     for cls in context.classes:
         for name, definitions in cls.info.methods.items():
             if is_private_name(name) or name in _LSP_EXEMPT:
@@ -184,7 +199,7 @@ def overridden_parameters(context: ModuleContext, *relations: Relation) -> Itera
             for _, param, base_param in paired_parameters(method, hit):
                 assert param.annotation is not None and base_param.annotation is not None
                 relation = compare_annotations(base_param.annotation, param.annotation)
-                if relation in relations:
+                if relation not in _UNRELATED:
                     yield ParamPair(
                         method,
                         param,

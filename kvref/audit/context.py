@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvref.audit.model import AnalysisOptions, Finding, Fix
 from kvref.audit.resolve import ClassInfo, ClassKey, ProjectIndex
@@ -41,6 +41,8 @@ class ModuleContext:
         partial_classes: its classes whose MRO does not resolve (a base from an uninstalled
             package): only a rule that a known base proves (KVR001) looks at them, through
             `ProjectIndex.find_known_member`.
+        derived: facts about the module that several rules need, computed by the first rule
+            that asks and kept here for the others (see `kvref.audit.annotations`).
     """
 
     path: str
@@ -50,6 +52,7 @@ class ModuleContext:
     index: ProjectIndex
     options: AnalysisOptions
     partial_classes: Sequence[ClassInfo] = ()
+    derived: dict[str, object] = field(default_factory=lambda: {})
 
 
 def is_private_name(name: str) -> bool:
