@@ -74,6 +74,7 @@ _BUILTIN_NAMES = frozenset(dir(builtins))
 _DEF_NAME = re.compile(r"(?:async\s+)?def\s+|class\s+")
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 # From the line break before: much faster than a MULTILINE `^` tried at every line start.
+_SUPPRESSION_WORD = re.compile("noqa|kvref")  # searched in lowered text
 _INDENTED_CLASS = re.compile(r"\n[ \t\f]+class\b")
 
 
@@ -438,8 +439,7 @@ def summarize(path: str, source: bytes) -> ModuleSummary:
     newline = detect_newline(text)
     lines = split_lines(text)
     walker = _ModuleWalker(lines, path.endswith(".pyi"), text.isascii(), _indented_class_lines(text))
-    lowered = text.lower()
-    walker.mentions_suppression = "noqa" in lowered or "kvref" in lowered
+    walker.suppression_lines = _suppression_lines(text)
     walker.walk_body(tree.body, "", None)
     return walker.finish(path, encoding, bom, newline, import_facts(tree, lines))
 
@@ -465,7 +465,7 @@ class _ModuleWalker:
         # Lines that may hold a class statement inside a function; a function body with none
         # of them in its range is not walked (most are not, and walking them all is costly).
         self.local_class_lines = local_class_lines
-        self.mentions_suppression = True
+        self.suppression_lines: tuple[int, ...] = ()
         self.types: dict[str, TypeExpr] = {}
         self.ascii_only = ascii_only  # byte columns are character columns: no conversion
         self.is_stub = is_stub
@@ -650,7 +650,7 @@ class _ModuleWalker:
             functions=functions,
             import_facts=facts,
             line_count=len(self.lines),
-            suppression_lines=_suppression_lines(self.lines, self.mentions_suppression),
+            suppression_lines=self.suppression_lines,
         )
 
     def _freeze_class(self, builder: _ClassBuilder) -> ClassSummary:
@@ -844,6 +844,15 @@ class _ModuleWalker:
         return byte_col if self.ascii_only else _char_col(self.lines, line, byte_col)
 
     def _span(self, node: ast.expr | ast.arg, length: int | None = None) -> Span:
+        if self.ascii_only:  # byte columns are character columns (most files)
+            if length is not None:
+                return Span(node.lineno, node.col_offset, node.lineno, node.col_offset + length)
+            return Span(
+                node.lineno,
+                node.col_offset,
+                node.end_lineno or node.lineno,
+                node.end_col_offset or 0,
+            )
         col = self._char_col(node.lineno, node.col_offset)
         if length is not None:
             return Span(node.lineno, col, node.lineno, col + length)
@@ -857,12 +866,14 @@ class _ModuleWalker:
         return Span(node.lineno, start, node.lineno, start + len(node.name))
 
     def _text(self, node: ast.expr) -> str:
-        span = self._span(node)
-        if span.line == span.end_line:
-            return self.lines[span.line - 1][span.col : span.end_col]
-        parts = [self.lines[span.line - 1][span.col :]]
-        parts.extend(self.lines[span.line : span.end_line - 1])
-        parts.append(self.lines[span.end_line - 1][: span.end_col])
+        line, end_line = node.lineno, node.end_lineno or node.lineno
+        col = self._char_col(line, node.col_offset)
+        end_col = self._char_col(end_line, node.end_col_offset or 0)
+        if line == end_line:
+            return self.lines[line - 1][col:end_col]
+        parts = [self.lines[line - 1][col:]]
+        parts.extend(self.lines[line : end_line - 1])
+        parts.append(self.lines[end_line - 1][:end_col])
         return "\n".join(parts)
 
 
@@ -881,16 +892,22 @@ def _indented_class_lines(text: str) -> list[int]:
     return lines
 
 
-def _suppression_lines(lines: Sequence[str], mentioned: bool) -> tuple[int, ...]:
+def _suppression_lines(text: str) -> tuple[int, ...]:
     """The 1-based lines mentioning `noqa` or `kvref` (any case): the only lines that can hold
     a suppression comment (`kvref.audit.suppress` still tokenizes to be sure)."""
-    if not mentioned:  # most files: one scan of the whole text instead of one per line
+    lowered = text.lower()
+    if "noqa" not in lowered and "kvref" not in lowered:  # most files: two scans, done
         return ()
-    return tuple(
-        number
-        for number, line in enumerate(lines, start=1)
-        if "noqa" in line.lower() or "kvref" in line.lower()
-    )
+    if "\r" in lowered:  # line numbers count every line break Python's tokenizer knows
+        lowered = lowered.replace("\r\n", "\n").replace("\r", "\n")
+    found: list[int] = []
+    line, position = 1, 0
+    for match in _SUPPRESSION_WORD.finditer(lowered):
+        line += lowered.count("\n", position, match.start())
+        position = match.start()
+        if not found or found[-1] != line:
+            found.append(line)
+    return tuple(found)
 
 
 def _mentions_iteration(args: ast.arguments) -> bool:
