@@ -34,6 +34,7 @@ __all__ = [
     "matches_glob",
     "GitignoreRule",
     "parse_gitignore",
+    "IgnoreMatcher",
     "is_gitignored",
 ]
 
@@ -215,7 +216,11 @@ def parse_gitignore(text: str, base: str) -> list[GitignoreRule]:
 
 
 def is_gitignored(rules: Iterable[GitignoreRule], rel_path: str, *, is_dir: bool) -> bool:
-    """Whether `rel_path` is ignored: the last matching rule wins, `!` re-includes."""
+    """Whether `rel_path` is ignored: the last matching rule wins, `!` re-includes.
+
+    The rule-by-rule statement of the semantics; the walker uses the compiled `IgnoreMatcher`,
+    which is tested against this.
+    """
     ignored = False
     for rule in rules:
         if rule.dir_only and not is_dir:
@@ -235,7 +240,7 @@ _Segment = tuple[str, "_Alternation | None", "_Alternation | None"]
 """One .gitignore: its directory, and its rules for files and for directories."""
 
 
-class _IgnoreMatcher:
+class IgnoreMatcher:
     """`is_gitignored` for one directory's rule list, with one regex match per .gitignore.
 
     The rules of each .gitignore are joined into one alternation in reverse order, so the
@@ -243,6 +248,9 @@ class _IgnoreMatcher:
     the files are tried from the deepest up: the first that matches decides, as the last
     matching rule does in git. A walk tests every entry, and a project's .gitignore often
     has a hundred rules.
+
+    Use: `IgnoreMatcher().extended(parse_gitignore(root_text, "")).extended(deeper_rules)`,
+    one `extended` per .gitignore from the root down, then `ignored(rel_path, is_dir=...)`.
     """
 
     __slots__ = ("_segments",)
@@ -250,13 +258,13 @@ class _IgnoreMatcher:
     def __init__(self, segments: Sequence[_Segment] = ()) -> None:
         self._segments = list(segments)  # the deepest .gitignore first
 
-    def extended(self, rules: Sequence[GitignoreRule]) -> _IgnoreMatcher:
+    def extended(self, rules: Sequence[GitignoreRule]) -> IgnoreMatcher:
         """This matcher with the rules of one more (deeper) .gitignore file."""
         if not rules:
             return self
         files = _Alternation.of([rule for rule in rules if not rule.dir_only])
         segment = (rules[0].base, files, _Alternation.of(rules))
-        return _IgnoreMatcher([segment, *self._segments])
+        return IgnoreMatcher([segment, *self._segments])
 
     def ignored(self, rel_path: str, *, is_dir: bool) -> bool:
         name = rel_path.rpartition("/")[2]
@@ -356,7 +364,7 @@ def _walk(
             return True
         return bool(path_patterns) and _excluded(rel, path_patterns)
 
-    def visit(directory: str, rel_dir: str, inherited: _IgnoreMatcher) -> None:
+    def visit(directory: str, rel_dir: str, inherited: IgnoreMatcher) -> None:
         try:
             stat = os.stat(directory)
         except OSError as exc:
@@ -403,7 +411,7 @@ def _walk(
             elif is_file:
                 found.append(Path(entry.path))
 
-    visit(str(root), "", _IgnoreMatcher().extended(rules))
+    visit(str(root), "", IgnoreMatcher().extended(rules))
     return found
 
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from kvref.audit import discover as discover_module
 from kvref.audit.discover import (
     DiscoveryError,
+    IgnoreMatcher,
     discover,
     is_gitignored,
     matches_glob,
@@ -235,3 +236,25 @@ def test_a_directory_with_nothing_to_audit_says_so(tmp_path: Path) -> None:
     found = discover(tmp_path, [tmp_path / "build"])
     assert found.report_files == ()
     assert found.warnings == ("build: no Python files to audit (excluded or ignored?)",)
+
+
+PATHS = st.lists(st.sampled_from(["a", "b", "ab", "a.py", "b.py", "ab.py", "c"]), min_size=1, max_size=4)
+
+
+@given(
+    root_lines=st.lists(gitignore_lines(), max_size=5),
+    nested_lines=st.lists(gitignore_lines(), max_size=3),
+    parts=PATHS,
+    is_dir=st.booleans(),
+)
+def test_the_walkers_matcher_agrees_with_the_rule_by_rule_reference(
+    root_lines: list[str], nested_lines: list[str], parts: list[str], is_dir: bool
+) -> None:
+    # The walker joins each .gitignore into one regex (see IgnoreMatcher); `is_gitignored`
+    # applies the rules one by one, last match winning: the two must always agree.
+    root_rules = parse_gitignore("\n".join(root_lines), "")
+    nested_rules = parse_gitignore("\n".join(nested_lines), "a")
+    matcher = IgnoreMatcher().extended(root_rules).extended(nested_rules)
+    rel_path = "/".join(parts)
+    expected = is_gitignored([*root_rules, *nested_rules], rel_path, is_dir=is_dir)
+    assert matcher.ignored(rel_path, is_dir=is_dir) == expected
