@@ -478,6 +478,9 @@ class _Runner:
         return EXIT_FINDINGS if failing and not request.exit_zero else EXIT_CLEAN
 
 
+_FREEZE_AFTER_ALLOCATIONS: Final = 200_000
+
+
 @contextlib.contextmanager
 def _cyclic_gc_paused() -> Generator[None, None, None]:
     """Turn the cyclic garbage collector off for one audit (worker processes inherit it).
@@ -493,10 +496,12 @@ def _cyclic_gc_paused() -> Generator[None, None, None]:
         yield
     finally:
         if was_enabled:
-            # Without the freeze, the first allocation after `enable` scans every object the
-            # run left alive as one huge youngest generation (0.7 s on vLLM). Frozen objects
-            # are still freed by reference counting; the audit's results hold no cycles.
-            gc.freeze()
+            # After a big run the first allocation once `enable` is back would scan every
+            # object the run left alive as one huge youngest generation (0.7 s on vLLM), so
+            # they are frozen first: reference counting still frees them, the cyclic collector
+            # just never scans them (a process-wide effect, kept to runs that need it).
+            if gc.get_count()[0] > _FREEZE_AFTER_ALLOCATIONS:
+                gc.freeze()
             gc.enable()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -145,3 +146,17 @@ def test_every_analysis_option_is_part_of_the_result_cache_key() -> None:
     for name, value in changed.items():
         assert key(replace(default, **{name: value})) != key(default), name
     assert key(AnalysisOptions()) == key(default)
+
+
+def test_an_audit_leaves_the_cyclic_collector_as_it_found_it(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert gc.isenabled()
+    audit_json(capsys)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        audit_json(capsys)
+        assert not gc.isenabled()  # a caller that turned it off keeps it off
+    finally:
+        gc.enable()
