@@ -85,3 +85,18 @@ def test_scripts_import_their_siblings_when_audited_from_an_outer_root() -> None
     assert result.unresolved_bases == {}
     found = sorted((f.path, f.line, f.code) for f in result.findings)
     assert found == [(f"projects/generic/{p}", n, c) for p, n, c in markers(project)]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_each_file_reported_alone_gets_the_findings_of_the_whole_run(name: str) -> None:
+    # Only reported files are summarised up front; every other file is read when a lookup
+    # reaches it. Reporting one file at a time must change nothing about its findings.
+    root_name, search, _ = CASES[name]
+    root = PROJECTS / name / root_name
+    files = sorted([*root.rglob("*.py"), *root.rglob("*.pyi")])
+    search_paths = [PROJECTS / name / s for s in search]
+    whole = analyze(files, root=root, search_paths=search_paths).findings
+    for path in files:
+        relative = path.relative_to(root).as_posix()
+        alone = analyze(files, root=root, report_files=[path], search_paths=search_paths)
+        assert alone.findings == [f for f in whole if f.path == relative], relative
