@@ -77,12 +77,16 @@ class FileStamp:
 
 @dataclass(frozen=True, slots=True)
 class _Outcome(Generic[S]):
-    """What summarising one file produced, with the stamp and digest it was computed from."""
+    """What summarising one file produced, with the stamp and digest it was computed from.
+
+    `pickled` is the summary as a worker sent it (kept as the cache entry), None in-process.
+    """
 
     path: str
     result: S | FileError | Unchanged
     stamp: FileStamp | None
     digest: bytes
+    pickled: bytes | None = None
 
 
 def _error_from(exception: BaseException, relative: str) -> FileError:
@@ -210,8 +214,8 @@ def _summarize_chunk_packed(
     return marshal.dumps(rows)
 
 
-def _unpack_rows(data: bytes) -> list[tuple[_Outcome[object], bytes | None]]:
-    outcomes: list[tuple[_Outcome[object], bytes | None]] = []
+def _unpack_rows(data: bytes) -> list[_Outcome[object]]:
+    outcomes: list[_Outcome[object]] = []
     for path, kind, payload, size, mtime_ns, digest in cast(list[_Row], marshal.loads(data)):
         stamp = FileStamp(size, mtime_ns) if size >= 0 else None
         pickled: bytes | None = None
@@ -223,7 +227,7 @@ def _unpack_rows(data: bytes) -> list[tuple[_Outcome[object], bytes | None]]:
         else:
             pickled = cast(bytes, payload)
             result = loads(pickled)
-        outcomes.append((_Outcome(path, result, stamp, digest), pickled))
+        outcomes.append(_Outcome(path, result, stamp, digest, pickled))
     return outcomes
 
 
@@ -322,9 +326,9 @@ def summarize_many(
         on_progress(len(results))
     by_name = {str(path): path for path, _ in work}
 
-    def absorb(outcomes: Iterable[tuple[_Outcome[S], bytes | None]]) -> None:
+    def absorb(outcomes: Iterable[_Outcome[S]]) -> None:
         finished = 0
-        for outcome, pickled in outcomes:
+        for outcome in outcomes:
             finished += 1
             path = by_name[outcome.path]
             result = outcome.result
@@ -338,13 +342,13 @@ def summarize_many(
             results[path] = result
             # Errors from reading (no stat) depend on the filesystem, not the bytes: not cached.
             if cache is not None and outcome.stamp is not None and outcome.digest:
-                cache.store(path, outcome.stamp, outcome.digest, result, pickled)
+                cache.store(path, outcome.stamp, outcome.digest, result, outcome.pickled)
         if on_progress is not None and finished:
             on_progress(finished)
 
     if jobs == 1 or len(work) < SERIAL_THRESHOLD:
         for item in work:
-            absorb((outcome, None) for outcome in _summarize_chunk([item], root, summarizer, max_bytes))
+            absorb(_summarize_chunk([item], root, summarizer, max_bytes))
         return results
     if not sizes:
         sizes = {path: _size(path) for path, _ in work}
@@ -355,5 +359,5 @@ def summarize_many(
             for chunk in chunks
         ]
         for future in as_completed(futures):
-            absorb(cast(list[tuple[_Outcome[S], bytes | None]], _unpack_rows(future.result())))
+            absorb(cast(list[_Outcome[S]], _unpack_rows(future.result())))
     return results

@@ -28,6 +28,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from kvref.audit.passes import count_passes, target_names
+from kvref.audit.suppress import candidate_lines
 from kvref.errors import KVRefError
 
 __all__ = [
@@ -74,7 +75,6 @@ _BUILTIN_NAMES = frozenset(dir(builtins))
 _DEF_NAME = re.compile(r"(?:async\s+)?def\s+|class\s+")
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 # From the line break before: much faster than a MULTILINE `^` tried at every line start.
-_SUPPRESSION_WORD = re.compile("noqa|kvref")  # searched in lowered text
 _INDENTED_CLASS = re.compile(r"\n[ \t\f]+class\b")
 
 
@@ -439,9 +439,10 @@ def summarize(path: str, source: bytes) -> ModuleSummary:
     newline = detect_newline(text)
     lines = split_lines(text)
     walker = _ModuleWalker(lines, path.endswith(".pyi"), text.isascii(), _indented_class_lines(text))
-    walker.suppression_lines = _suppression_lines(text)
     walker.walk_body(tree.body, "", None)
-    return walker.finish(path, encoding, bom, newline, import_facts(tree, lines))
+    return walker.finish(
+        path, encoding, bom, newline, import_facts(tree, lines), candidate_lines(text)
+    )
 
 
 @dataclass(slots=True)
@@ -465,7 +466,6 @@ class _ModuleWalker:
         # Lines that may hold a class statement inside a function; a function body with none
         # of them in its range is not walked (most are not, and walking them all is costly).
         self.local_class_lines = local_class_lines
-        self.suppression_lines: tuple[int, ...] = ()
         self.types: dict[str, TypeExpr] = {}
         self.ascii_only = ascii_only  # byte columns are character columns: no conversion
         self.is_stub = is_stub
@@ -614,7 +614,13 @@ class _ModuleWalker:
     # --- freezing -------------------------------------------------------------------------
 
     def finish(
-        self, path: str, encoding: str, bom: bool, newline: str, facts: ImportFacts
+        self,
+        path: str,
+        encoding: str,
+        bom: bool,
+        newline: str,
+        facts: ImportFacts,
+        suppression_lines: tuple[int, ...],
     ) -> ModuleSummary:
         symbols: dict[str, tuple[Binding, ...]] = {}
         for name in {**self.primary, **self.fallback}:
@@ -650,7 +656,7 @@ class _ModuleWalker:
             functions=functions,
             import_facts=facts,
             line_count=len(self.lines),
-            suppression_lines=self.suppression_lines,
+            suppression_lines=suppression_lines,
         )
 
     def _freeze_class(self, builder: _ClassBuilder) -> ClassSummary:
@@ -890,24 +896,6 @@ def _indented_class_lines(text: str) -> list[int]:
         position = match.start()
         lines.append(line)
     return lines
-
-
-def _suppression_lines(text: str) -> tuple[int, ...]:
-    """The 1-based lines mentioning `noqa` or `kvref` (any case): the only lines that can hold
-    a suppression comment (`kvref.audit.suppress` still tokenizes to be sure)."""
-    lowered = text.lower()
-    if "noqa" not in lowered and "kvref" not in lowered:  # most files: two scans, done
-        return ()
-    if "\r" in lowered:  # line numbers count every line break Python's tokenizer knows
-        lowered = lowered.replace("\r\n", "\n").replace("\r", "\n")
-    found: list[int] = []
-    line, position = 1, 0
-    for match in _SUPPRESSION_WORD.finditer(lowered):
-        line += lowered.count("\n", position, match.start())
-        position = match.start()
-        if not found or found[-1] != line:
-            found.append(line)
-    return tuple(found)
 
 
 def _mentions_iteration(args: ast.arguments) -> bool:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from kvref.audit.model import Finding
 
-__all__ = ["suppressions_by_line", "codes_in_comment", "SuppressionFilter"]
+__all__ = ["candidate_lines", "suppressions_by_line", "codes_in_comment", "SuppressionFilter"]
 
 _CODE = r"[A-Za-z]+[0-9]+"
 _CODES = rf"{_CODE}(?:[\s,]+{_CODE})*"
@@ -63,21 +63,41 @@ def suppressions_by_line(source: bytes) -> dict[int, frozenset[str]]:
     return found
 
 
-_SUPPRESSION_WORD = re.compile(rb"noqa|kvref", re.IGNORECASE)
+_SUPPRESSION_WORD = re.compile("noqa|kvref")  # searched in lowered text
+
+
+def candidate_lines(text: str) -> tuple[int, ...]:
+    """The 1-based lines that mention `noqa` or `kvref` in any case: the only lines that can
+    carry a suppression comment (`suppressions_by_line` still tokenizes to be sure).
+
+    The summariser records these for every file, so checking a finding on any other line
+    needs no file read at all.
+    """
+    lowered = text.lower()
+    if "noqa" not in lowered and "kvref" not in lowered:  # most files: two scans, done
+        return ()
+    if "\r" in lowered:  # line numbers count every line break Python's tokenizer knows
+        lowered = lowered.replace("\r\n", "\n").replace("\r", "\n")
+    found: list[int] = []
+    line, position = 1, 0
+    for match in _SUPPRESSION_WORD.finditer(lowered):
+        line += lowered.count("\n", position, match.start())
+        position = match.start()
+        if not found or found[-1] != line:
+            found.append(line)
+    return tuple(found)
 
 
 @dataclass(slots=True)
 class _FileComments:
-    """One file's lines; its comments are tokenized only once a finding's line needs them."""
+    """One file's candidate lines; its comments are tokenized only once a finding needs them."""
 
     source: bytes
-    lines: list[bytes]
+    candidates: tuple[int, ...]
     by_line: dict[int, frozenset[str]] | None = None
 
     def codes(self, line: int) -> frozenset[str]:
-        # A line that does not even mention a suppression word cannot carry one; only when
-        # one does is the file tokenized (a comment, not a string, must carry it).
-        if not 0 < line <= len(self.lines) or not _SUPPRESSION_WORD.search(self.lines[line - 1]):
+        if line not in self.candidates:
             return frozenset()
         if self.by_line is None:
             self.by_line = suppressions_by_line(self.source)
@@ -112,12 +132,8 @@ class SuppressionFilter:
         comments = self._cache.get(finding.path)
         if comments is None:
             source = self.read_source(finding.path) or b""
-            # Most files never mention a suppression word: skip splitting them into lines.
-            # (`lower` and `in` scan bytes several times faster than a case-blind regex.)
-            lowered = source.lower()
-            mentioned = b"noqa" in lowered or b"kvref" in lowered
-            lines = source.splitlines() if mentioned else []
-            comments = self._cache[finding.path] = _FileComments(source, lines)
+            text = source.decode("utf-8", errors="replace")
+            comments = self._cache[finding.path] = _FileComments(source, candidate_lines(text))
         return finding.code.upper() in comments.codes(finding.line)
 
     def keep(self, findings: Iterable[Finding]) -> list[Finding]:

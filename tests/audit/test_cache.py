@@ -20,13 +20,14 @@ from typing_extensions import override
 
 from kvref.audit.cache import (
     RACY_WINDOW_NS,
+    ResultCache,
     SummaryCache,
     content_digest,
     dumps,
     loads,
     version_stamp,
 )
-from kvref.audit.model import Applicability, Edit, FileError, Finding, Fix
+from kvref.audit.model import AnalysisResult, Applicability, Edit, FileError, Finding, Fix
 from kvref.audit.parallel import summarize_many
 
 STAMP = "test-stamp"
@@ -369,3 +370,21 @@ def test_audit_types_survive_the_fast_pickler() -> None:
 def test_loads_refuses_foreign_classes() -> None:
     with pytest.raises(pickle.UnpicklingError, match="refusing collections.OrderedDict"):
         loads(pickle.dumps(OrderedDict(a=1)))
+
+
+def test_a_stored_result_comes_back_whole(tmp_path: Path) -> None:
+    fix = Fix(Applicability.SAFE, (Edit(3, 0, 3, 0, "    @override\n"),), True, "Add @override")
+    result = AnalysisResult(
+        findings=[Finding("a.py", 3, 9, 3, 12, "KVR001", "m", "A.f", fix)],
+        errors=[FileError("b.py", 1, 5, "syntax error: invalid syntax")],
+        unresolved_bases={"torch.nn.Module": 2},
+        files_analyzed=7,
+        suppression_lines={"a.py": (3, 9)},
+    )
+    cache = ResultCache(tmp_path / "cache", STAMP)
+    cache.save(b"key", result)
+    assert cache.load(b"key", OLD_NS) == result
+    assert cache.load(b"other key", OLD_NS) is None
+    unknown = AnalysisResult(files_analyzed=1)  # suppression lines not known: stays None
+    cache.save(b"key", unknown)
+    assert cache.load(b"key", OLD_NS) == unknown

@@ -11,7 +11,12 @@ import pytest
 
 from kvref.audit.model import Finding
 from kvref.audit.summary import summarize
-from kvref.audit.suppress import SuppressionFilter, codes_in_comment, suppressions_by_line
+from kvref.audit.suppress import (
+    SuppressionFilter,
+    candidate_lines,
+    codes_in_comment,
+    suppressions_by_line,
+)
 import kvref.audit.engine
 from kvref.audit.main import main
 from tests.audit.conftest import Project, write_project
@@ -132,3 +137,10 @@ def test_suppressions_hold_when_the_real_result_comes_from_the_cache(
     assert outcomes[0] == outcomes[1]
     assert [f["line"] for f in json.loads(outcomes[1][1])["findings"]] == [5]
     assert "1 finding suppressed by inline comments." in outcomes[1][2]
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n", "\r"])
+def test_candidate_lines_count_every_line_ending(newline: str) -> None:
+    text = newline.join(["x = 1", "y = 'KVREF'", "", "def f(): ...  # NOQA: KVR001  # noqa", "z"])
+    assert candidate_lines(text) == (2, 4)
+    assert candidate_lines("x = 1\n") == ()
