@@ -26,6 +26,7 @@ import re
 import tokenize
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 from kvref.audit.passes import count_passes, target_names
 from kvref.audit.suppress import candidate_lines
@@ -121,13 +122,31 @@ class TypeExpr:
 
 @dataclass(frozen=True, slots=True)
 class Param:
-    """One parameter: kind is `posonly`, `arg`, `vararg`, `kwonly` or `kwarg`."""
+    """One parameter: kind is `posonly`, `arg`, `vararg`, `kwonly` or `kwarg`.
+
+    Positions are kept as plain ints (`line`, `col` of the name; `annotation_position` as
+    (line, col, end_line, end_col)) and offered as `Span`s by properties: a big project has
+    ~10^5 parameters, and a `Span` object each, built, pickled and unpickled, cost more than
+    the rest of the parameter.
+    """
 
     name: str
     kind: str
-    span: Span
+    line: int
+    col: int
     annotation: TypeExpr | None = None
-    annotation_span: Span | None = None
+    annotation_position: tuple[int, int, int, int] | None = None
+
+    @property
+    def span(self) -> Span:
+        """The parameter's name."""
+        return Span(self.line, self.col, self.line, self.col + len(self.name))
+
+    @property
+    def annotation_span(self) -> Span | None:
+        """The annotation expression, or None without one."""
+        position = self.annotation_position
+        return None if position is None else Span(*position)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +164,7 @@ class FunctionSummary:
     """One `def` (a method, or a module-level function).
 
     Attributes:
-        name_span: the function's name.
+        name_col: the column of the function's name on the `def` line (see `name_span`).
         def_line: the line of `def` (a new innermost decorator is inserted before it).
         indent: the text before `def` on that line, or None when it is not only whitespace
             (then no decorator can be inserted).
@@ -157,7 +176,7 @@ class FunctionSummary:
 
     name: str
     qualname: str
-    name_span: Span
+    name_col: int
     def_line: int
     indent: str | None
     decorators: tuple[str, ...]
@@ -170,6 +189,11 @@ class FunctionSummary:
     is_abstract: bool
     params: tuple[Param, ...]
     multi_pass: tuple[MultiPass, ...] = ()
+
+    @property
+    def name_span(self) -> Span:
+        """The function's name (on the `def` line)."""
+        return Span(self.def_line, self.name_col, self.def_line, self.name_col + len(self.name))
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +248,12 @@ class Binding:
     module: str = ""
     level: int = 0
     type_only: bool = False
+
+
+# Most bindings are "something other than a class or import": one shared object each (a
+# pickle then stores it once per file, not once per name).
+_OTHER: Final = Binding("other")
+_OTHER_TYPE_ONLY: Final = Binding("other", type_only=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -490,7 +520,7 @@ class _ModuleWalker:
                     qualname = f"{owner.qualname}.{statement.name}"
                 else:
                     self.functions.append(statement)
-                    self._bind(statement.name, Binding("other"), mode)
+                    self._bind(statement.name, _OTHER, mode)
                     qualname = statement.name
                 if self._may_define_classes(statement):
                     self._walk_local_classes(statement.body, f"{qualname}.<locals>")
@@ -582,14 +612,14 @@ class _ModuleWalker:
             for target in targets:
                 if not isinstance(target, ast.Name):
                     for name in target_names(target):
-                        self._bind(name, Binding("other"), mode)
+                        self._bind(name, _OTHER, mode)
                 elif target.id == "__all__":
                     self.all_names = _literal_strings(value)
                 elif value is not None:  # a bare `x: int` binds nothing at run time
                     # `Base = pkg.Base` and `IntStore = Store[int]` alias a class.
                     aliased = isinstance(value, ast.Name | ast.Attribute | ast.Subscript)
                     dotted = dotted_name(value) if aliased else ""
-                    binding = Binding("alias", dotted) if dotted else Binding("other")
+                    binding = Binding("alias", dotted) if dotted else _OTHER
                     self._bind(target.id, binding, mode)
         elif (
             isinstance(statement, ast.AugAssign)
@@ -601,11 +631,15 @@ class _ModuleWalker:
                 self.all_names = (*self.all_names, *added)
         else:
             for name in _assigned_names(statement, slots=False):
-                self._bind(name, Binding("other"), mode)
+                self._bind(name, _OTHER, mode)
 
     def _bind(self, name: str, binding: Binding, mode: str) -> None:
         if mode == "type":
-            binding = Binding(binding.kind, binding.target, binding.module, binding.level, True)
+            binding = (
+                _OTHER_TYPE_ONLY
+                if binding is _OTHER
+                else Binding(binding.kind, binding.target, binding.module, binding.level, True)
+            )
         if mode == "fallback":
             self.fallback.setdefault(name, []).append(binding)
         else:
@@ -709,7 +743,7 @@ class _ModuleWalker:
         return FunctionSummary(
             name=node.name,
             qualname=qualname,
-            name_span=self._name_span(node),
+            name_col=self._name_col(node),
             def_line=node.lineno,
             indent=prefix if not prefix.strip() else None,
             decorators=decorators,
@@ -736,15 +770,21 @@ class _ModuleWalker:
         for kind, arguments in groups:
             for argument in arguments:
                 annotation = argument.annotation
-                result.append(
-                    Param(
-                        name=argument.arg,
-                        kind=kind,
-                        span=self._span(argument, len(argument.arg)),
-                        annotation=self._type(annotation) if annotation is not None else None,
-                        annotation_span=self._span(annotation) if annotation is not None else None,
+                if annotation is None:
+                    result.append(
+                        Param(argument.arg, kind, argument.lineno, self._col(argument))
                     )
-                )
+                else:
+                    result.append(
+                        Param(
+                            argument.arg,
+                            kind,
+                            argument.lineno,
+                            self._col(argument),
+                            self._type(annotation),
+                            self._position(annotation),
+                        )
+                    )
         return tuple(result)
 
     # --- names and types ------------------------------------------------------------------
@@ -849,26 +889,27 @@ class _ModuleWalker:
     def _char_col(self, line: int, byte_col: int) -> int:
         return byte_col if self.ascii_only else _char_col(self.lines, line, byte_col)
 
-    def _span(self, node: ast.expr | ast.arg, length: int | None = None) -> Span:
-        if self.ascii_only:  # byte columns are character columns (most files)
-            if length is not None:
-                return Span(node.lineno, node.col_offset, node.lineno, node.col_offset + length)
-            return Span(
-                node.lineno,
-                node.col_offset,
-                node.end_lineno or node.lineno,
-                node.end_col_offset or 0,
-            )
-        col = self._char_col(node.lineno, node.col_offset)
-        if length is not None:
-            return Span(node.lineno, col, node.lineno, col + length)
-        end_line = node.end_lineno or node.lineno
-        return Span(node.lineno, col, end_line, self._char_col(end_line, node.end_col_offset or 0))
+    def _col(self, node: ast.expr | ast.arg) -> int:
+        return node.col_offset if self.ascii_only else self._char_col(node.lineno, node.col_offset)
 
-    def _name_span(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> Span:
+    def _position(self, node: ast.expr) -> tuple[int, int, int, int]:
+        end_line = node.end_lineno or node.lineno
+        if self.ascii_only:
+            return (node.lineno, node.col_offset, end_line, node.end_col_offset or 0)
+        return (
+            node.lineno,
+            self._char_col(node.lineno, node.col_offset),
+            end_line,
+            self._char_col(end_line, node.end_col_offset or 0),
+        )
+
+    def _name_col(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> int:
         col = self._char_col(node.lineno, node.col_offset)
         match = _DEF_NAME.match(self.lines[node.lineno - 1], col)
-        start = match.end() if match else col
+        return match.end() if match else col
+
+    def _name_span(self, node: ast.ClassDef) -> Span:
+        start = self._name_col(node)
         return Span(node.lineno, start, node.lineno, start + len(node.name))
 
     def _text(self, node: ast.expr) -> str:
