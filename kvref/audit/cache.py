@@ -270,6 +270,7 @@ class SummaryCache(Generic[T]):
         self.directory = directory
         self.stamp = stamp
         self._entries: dict[str, _Entry] = {}
+        self._stored: list[str] = []
         self._written_at_ns = 0
         self._dirty = False
         self._loaded = False
@@ -347,9 +348,7 @@ class SummaryCache(Generic[T]):
             entry.decoded = True
         return cast(T, entry.value)
 
-    def lookup(self, path: Path, stat: StatLike) -> T | None:
-        """The cached summary of `path` if its size and mtime prove it unchanged, else None."""
-        key = str(path)
+    def _fresh(self, key: str, stat: StatLike) -> _Entry | None:
         entry = self._entries.get(key)
         if (
             entry is not None
@@ -357,11 +356,31 @@ class SummaryCache(Generic[T]):
             and entry.mtime_ns == stat.st_mtime_ns
             and entry.mtime_ns < self._written_at_ns - RACY_WINDOW_NS
         ):
+            return entry
+        return None
+
+    def lookup(self, path: Path, stat: StatLike) -> T | None:
+        """The cached summary of `path` if its size and mtime prove it unchanged, else None."""
+        key = str(path)
+        entry = self._fresh(key, stat)
+        if entry is not None:
             value = self._value(key, entry)
             if value is not None:
                 self.hits += 1
             return value
         return None
+
+    def lookup_pickled(self, path: Path, stat: StatLike) -> bytes | None:
+        """Like `lookup`, but the entry's pickle as stored, for a caller that unpickles it
+        later (or elsewhere); None when the stat does not match or it is already unpickled.
+
+        The pickle is not checked here: whoever loads it must treat a failure as a miss.
+        """
+        entry = self._fresh(str(path), stat)
+        if entry is None or entry.decoded or entry.blob is None:
+            return None
+        self.hits += 1
+        return entry.blob
 
     def expected_digest(self, path: Path) -> bytes | None:
         """The digest stored for `path`, to compare with the file's bytes when stat differs."""
@@ -401,7 +420,65 @@ class SummaryCache(Generic[T]):
         entry = _Entry(stat.st_size, stat.st_mtime_ns, digest, pickled, value)
         entry.decoded = True
         self._entries[str(path)] = entry
+        self._stored.append(str(path))
         self._dirty = True
+
+    def store_pickled(self, path: Path, stat: StatLike, digest: bytes, pickled: bytes) -> None:
+        """Like `store`, for a summary known only in its pickled form (`dumps` of it)."""
+        self.misses += 1
+        self._entries[str(path)] = _Entry(stat.st_size, stat.st_mtime_ns, digest, pickled)
+        self._stored.append(str(path))
+        self._dirty = True
+
+    @property
+    def stored_count(self) -> int:
+        """How many entries this run has stored so far (a mark for `export_stored`)."""
+        return len(self._stored)
+
+    def export_stored(self, since: int = 0) -> bytes:
+        """The entries stored after mark `since`, as bytes for `import_stored`.
+
+        A forked process that summarised files (modules its lookups reached) sends these to
+        its parent, so what it learned is saved with the parent's cache.
+        """
+        rows: list[tuple[str, int, int, bytes, bytes]] = []
+        for key in dict.fromkeys(self._stored[since:]):
+            entry = self._entries.get(key)
+            if entry is None:
+                continue
+            if entry.blob is None:
+                entry.blob = dumps(entry.value)
+            rows.append((key, entry.size, entry.mtime_ns, entry.digest, entry.blob))
+        return marshal.dumps(rows)
+
+    def import_stored(self, data: bytes) -> None:
+        """Add the entries `export_stored` wrote (elsewhere); entries this cache has win.
+
+        Raises:
+            ValueError: the data is not what `export_stored` writes.
+        """
+        rows = marshal.loads(data)
+        if not isinstance(rows, list):
+            raise ValueError("malformed exported entries")
+        entries: dict[str, _Entry] = {}  # all checked before any is kept
+        for row in cast(list[object], rows):
+            fields = cast(tuple[object, ...], row) if isinstance(row, tuple) else ()
+            if len(fields) != 5:
+                raise ValueError("malformed exported entry")
+            key, size, mtime_ns, digest, blob = fields
+            if not (
+                isinstance(key, str)
+                and isinstance(size, int)
+                and isinstance(mtime_ns, int)
+                and isinstance(digest, bytes)
+                and isinstance(blob, bytes)
+            ):
+                raise ValueError("malformed exported entry")
+            entries[key] = _Entry(size, mtime_ns, digest, blob)
+        for key, entry in entries.items():
+            if key not in self._entries:
+                self._entries[key] = entry
+                self._dirty = True
 
     def forget_missing(self, keep: Iterable[Path]) -> None:
         """Drop entries of files that no longer exist (those in `keep` are known to exist)."""

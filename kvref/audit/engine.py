@@ -12,20 +12,78 @@ import functools
 import os
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Final, Protocol, runtime_checkable
 
+from kvref.audit.cache import dumps, loads
 from kvref.audit.context import ClassContext, ModuleContext
-from kvref.audit.model import AnalysisOptions, AnalysisResult, FileError
+from kvref.audit.forked import run_shares
+from kvref.audit.model import AnalysisOptions, AnalysisResult, FileError, Finding
 from kvref.audit.paths import absolute_path, relative_path
 from kvref.audit.resolve import ClassInfo, ClassKey, ProjectIndex, Unresolved, module_names_for
 from kvref.audit.rules import ALL_RULES
 from kvref.audit.summary import ModuleSummary, SummaryError, summarize
 
-__all__ = ["SummarizeMany", "analyze", "relative_path", "summarize_file"]
+__all__ = [
+    "LazySummary",
+    "SharedSummaries",
+    "SummarizeMany",
+    "analyze",
+    "relative_path",
+    "summarize_file",
+]
 
-SummarizeMany = Callable[[Sequence[Path]], Mapping[Path, ModuleSummary | FileError]]
+
+class LazySummary(Protocol):
+    """A summary not built yet (still pickled, say): `load()` builds it, where it is needed."""
+
+    @property
+    def weight(self) -> int:
+        """A relative measure of the work its module stands for (to balance shares)."""
+        ...
+
+    def load(self) -> ModuleSummary:
+        """Build the summary; raises if it cannot (the file is then summarised again)."""
+        ...
+
+
+@runtime_checkable
+class SharedSummaries(Protocol):
+    """What a `summarize_many` may offer so that summaries computed in forked checkers (of
+    modules their lookups reached) come back to the parent, to be cached with the rest."""
+
+    def mark(self) -> int:
+        """A position in what has been summarised so far."""
+        ...
+
+    def export_since(self, mark: int) -> bytes:
+        """What was summarised after `mark`, as bytes for `import_exported`."""
+        ...
+
+    def import_exported(self, data: bytes) -> None:
+        """Keep what another process's `export_since` returned."""
+        ...
+
+
+SummarizeMany = Callable[[Sequence[Path]], Mapping[Path, ModuleSummary | FileError | LazySummary]]
 _DEFAULT_OPTIONS = AnalysisOptions()
 _REFUSED = ("(inconsistent MRO)", "(circular bases)")
+MIN_SHARE: Final = 200
+"""Fewer reported modules than this per process are checked in one process: forking and
+sending the answer back would cost more than the checks."""
+_UNKNOWN_WEIGHT: Final = 4096  # about the pickled size of an average module's summary
+
+
+@dataclass(frozen=True, slots=True)
+class _ShareResult:
+    """What checking one share of the reported modules found (sent back by a forked child)."""
+
+    findings: list[Finding]
+    errors: list[FileError]
+    unresolved: dict[str, int]
+    suppression_lines: dict[str, tuple[int, ...]]
+    learned: bytes
 
 
 def summarize_file(path: Path, root: Path) -> ModuleSummary | FileError:
@@ -57,6 +115,7 @@ def analyze(
     options: AnalysisOptions = _DEFAULT_OPTIONS,
     search_paths: Sequence[Path] = (),
     summarize_many: SummarizeMany | None = None,
+    jobs: int = 1,
 ) -> AnalysisResult:
     """Audit a project.
 
@@ -72,7 +131,11 @@ def analyze(
             project; the standard library comes from the running interpreter.
         summarize_many: summarizes a batch of files (parallel, cached...): the reported
             files at once, then each other file the lookups reach; by default each file goes
-            through `summarize_file`. It returns a mapping keyed by the paths it was given.
+            through `summarize_file`. It returns a mapping keyed by the paths it was given,
+            whose summaries may be `LazySummary`s; if it is also `SharedSummaries`, what
+            forked checkers summarise comes back to it.
+        jobs: processes to check in (forked, where the platform allows it), at least
+            `MIN_SHARE` reported modules each; the findings do not depend on it.
 
     Returns:
         The findings of every rule, file errors, unresolved bases and the file count.
@@ -94,46 +157,113 @@ def analyze(
         loaded = (
             summarize_many([path]).get(path) if summarize_many is not None else None
         ) or summarize_file(path, root)
-        return loaded if isinstance(loaded, ModuleSummary) else None
+        if isinstance(loaded, FileError):
+            return None
+        return loaded if isinstance(loaded, ModuleSummary) else _load_lazy(path, loaded, root)
 
     result = AnalysisResult()
     good: dict[Path, ModuleSummary] = {}
+    lazy: dict[Path, LazySummary] = {}
     for path in eager:
         summary = summaries.get(path)
         if summary is None:
             summary = summarize_file(path, root)
         if isinstance(summary, FileError):
             result.errors.append(summary)
-        else:
+        elif isinstance(summary, ModuleSummary):
             good[path] = summary
+        else:
+            lazy[path] = summary
     deferred = [path for path in files if path not in reported]
-    result.files_analyzed = len(good) + len(deferred)
+    result.files_analyzed = len(good) + len(lazy) + len(deferred)
 
-    primary, index = _build_index(good, deferred, load, root, search_paths)
+    primary, index = _build_index(good, lazy, deferred, load, root, search_paths)
+    shared = summarize_many if isinstance(summarize_many, SharedSummaries) else None
+    parent = os.getpid()
+
+    def check(paths: Sequence[Path]) -> _ShareResult:
+        mark = shared.mark() if shared is not None else 0
+        unresolved: Counter[str] = Counter()
+        findings: list[Finding] = []
+        errors: list[FileError] = []
+        suppression_lines: dict[str, tuple[int, ...]] = {}
+        for path in paths:
+            summary = good.get(path) or index.module(primary[path])
+            if summary is None:  # its lazy form would not load, nor would the file parse
+                error = summarize_file(path, root)
+                if isinstance(error, FileError):
+                    errors.append(error)
+                continue
+            context = _module_context(summary, primary[path], index, options, unresolved)
+            for rule in ALL_RULES:
+                findings.extend(rule.check(context))
+            if summary.suppression_lines:
+                suppression_lines[summary.path] = summary.suppression_lines
+        # A forked checker's summaries die with it unless they are sent back.
+        learned = shared.export_since(mark) if shared is not None and os.getpid() != parent else b""
+        return _ShareResult(findings, errors, dict(unresolved), suppression_lines, learned)
+
+    checked = sorted(reported.intersection(good.keys() | lazy.keys()))
+    weights = [lazy[path].weight if path in lazy else _UNKNOWN_WEIGHT for path in checked]
+    shares = _split(checked, weights, min(jobs, len(checked) // MIN_SHARE))
     unresolved: Counter[str] = Counter()
-    for path in sorted(reported.intersection(good)):
-        context = _module_context(good[path], primary[path], index, options, unresolved)
-        for rule in ALL_RULES:
-            result.findings.extend(rule.check(context))
+    suppression_lines: dict[str, tuple[int, ...]] = {}
+    for share in run_shares(shares, check, encode=dumps, decode=_decode_share):
+        result.findings.extend(share.findings)
+        result.errors.extend(share.errors)
+        unresolved.update(share.unresolved)
+        suppression_lines.update(share.suppression_lines)
+        if share.learned and shared is not None:
+            shared.import_exported(share.learned)
     result.findings.sort(key=lambda f: (f.path, f.line, f.col, f.code))
     result.errors.sort(key=lambda e: (e.path, e.line, e.col))
     result.unresolved_bases = dict(sorted(unresolved.items()))
-    result.suppression_lines = {
-        summary.path: summary.suppression_lines
-        for summary in good.values()
-        if summary.suppression_lines
-    }
+    result.suppression_lines = dict(sorted(suppression_lines.items()))
     return result
+
+
+def _load_lazy(path: Path, lazy: LazySummary, root: Path) -> ModuleSummary | None:
+    try:
+        summary = lazy.load()
+    except Exception:  # noqa: BLE001 - a summary that will not load is recomputed
+        summary = None
+    if not isinstance(summary, ModuleSummary):
+        fresh = summarize_file(path, root)
+        return fresh if isinstance(fresh, ModuleSummary) else None
+    return summary
+
+
+def _decode_share(data: bytes) -> _ShareResult:
+    share = loads(data)
+    if not isinstance(share, _ShareResult):
+        raise TypeError(f"expected a share result, got {type(share).__name__}")
+    return share
+
+
+def _split(paths: Sequence[Path], weights: Sequence[int], count: int) -> list[list[Path]]:
+    """Cut `paths` (sorted, so a package stays together) into `count` runs of similar weight."""
+    if count <= 1:
+        return [list(paths)]
+    total = sum(weights)
+    shares: list[list[Path]] = [[]]
+    done = 0
+    for path, weight in zip(paths, weights, strict=True):
+        if done >= total * len(shares) / count and len(shares) < count:
+            shares.append([])
+        shares[-1].append(path)
+        done += weight
+    return [share for share in shares if share]
 
 
 def _build_index(
     summaries: Mapping[Path, ModuleSummary],
+    lazy: Mapping[Path, LazySummary],
     deferred: Sequence[Path],
     load: Callable[[Path], ModuleSummary | None],
     root: Path,
     search_paths: Sequence[Path],
 ) -> tuple[dict[Path, str], ProjectIndex]:
-    paths = [*summaries, *deferred]
+    paths = [*summaries, *lazy, *deferred]
     package_dirs = {
         os.path.dirname(str(path)) for path in paths if path.name in ("__init__.py", "__init__.pyi")
     }
@@ -162,6 +292,8 @@ def _build_index(
         summary = summaries.get(path)
         if summary is not None:
             modules[name] = summary
+        elif path in lazy:
+            loaders[name] = functools.partial(_load_lazy, path, lazy[path], root)
         else:
             loaders[name] = functools.partial(load, path)
         primary[path] = name

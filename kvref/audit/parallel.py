@@ -33,6 +33,7 @@ from kvref.audit.paths import relative_path
 __all__ = [
     "DEFAULT_MAX_FILE_BYTES",
     "FileStamp",
+    "Pickled",
     "SERIAL_THRESHOLD",
     "Summarizer",
     "Unchanged",
@@ -60,6 +61,33 @@ SERIAL_THRESHOLD: Final = 48
 _CHUNKS_PER_JOB: Final = 6
 
 
+class Pickled(Generic[S]):
+    """A summary still in the pickled form a worker sent or the cache holds; `load()` builds it.
+
+    Handed out by `summarize_many(..., lazy=True)`, so that rebuilding thousands of summaries
+    happens where they are used (in forked checkers, spread over the cores) and not in one
+    process while the workers still compete for the CPU.
+    """
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    @property
+    def weight(self) -> int:
+        """How much work the summary stands for (its pickled size), to balance shares."""
+        return len(self.data)
+
+    def load(self) -> S:
+        """Unpickle the summary.
+
+        Raises:
+            pickle.UnpicklingError: the data is corrupt or names a class from elsewhere.
+        """
+        return cast(S, loads(self.data))
+
+
 @dataclass(frozen=True, slots=True)
 class Unchanged:
     """A worker's answer when the file's digest matches the cached one (nothing to send)."""
@@ -83,7 +111,7 @@ class _Outcome(Generic[S]):
     """
 
     path: str
-    result: S | FileError | Unchanged
+    result: S | FileError | Unchanged | Pickled[S]
     stamp: FileStamp | None
     digest: bytes
     pickled: bytes | None = None
@@ -214,7 +242,7 @@ def _summarize_chunk_packed(
     return marshal.dumps(rows)
 
 
-def _unpack_rows(data: bytes) -> list[_Outcome[object]]:
+def _unpack_rows(data: bytes, *, lazy: bool = False) -> list[_Outcome[object]]:
     outcomes: list[_Outcome[object]] = []
     for path, kind, payload, size, mtime_ns, digest in cast(list[_Row], marshal.loads(data)):
         stamp = FileStamp(size, mtime_ns) if size >= 0 else None
@@ -226,7 +254,7 @@ def _unpack_rows(data: bytes) -> list[_Outcome[object]]:
             result = FileError(*cast(tuple[str, int, int, str], payload))
         else:
             pickled = cast(bytes, payload)
-            result = loads(pickled)
+            result = Pickled[object](pickled) if lazy else loads(pickled)
         outcomes.append(_Outcome(path, result, stamp, digest, pickled))
     return outcomes
 
@@ -278,7 +306,8 @@ def summarize_many(
     summarize: Summarizer[S] | None = None,
     max_bytes: int = DEFAULT_MAX_FILE_BYTES,
     on_progress: Callable[[int], None] | None = None,
-) -> dict[Path, S | FileError]:
+    lazy: bool = False,
+) -> dict[Path, S | FileError | Pickled[S]]:
     """Summarise every file, reusing the cache and spreading the rest over processes.
 
     Args:
@@ -289,9 +318,12 @@ def summarize_many(
         summarize: the summariser (default: `kvref.audit.summary.summarize`).
         max_bytes: files larger than this become a `FileError` instead of being parsed.
         on_progress: called with the number of files just finished (for a progress bar).
+        lazy: hand out summaries that arrive pickled (from a worker, or from the cache while
+            not yet unpickled) as `Pickled`, for the caller to load where it needs them.
 
     Returns:
-        A summary or a `FileError` for every given path, keyed by the path as given.
+        A summary (or its `Pickled` form) or a `FileError` for every given path, keyed by
+        the path as given.
 
     Raises:
         ValueError: `jobs` is below 1.
@@ -302,7 +334,7 @@ def summarize_many(
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
     summarizer = cast(Summarizer[S], summarize or _default_summarizer())
-    results: dict[Path, S | FileError] = {}
+    results: dict[Path, S | FileError | Pickled[S]] = {}
     work: list[tuple[Path, bytes | None]] = []
     sizes: dict[Path, int] = {}
     for path in dict.fromkeys(paths):
@@ -313,6 +345,10 @@ def summarize_many(
                 results[path] = FileError(
                     relative_path(path, root), 1, 1, f"cannot read: {error.strerror or error}"
                 )
+                continue
+            cached = cache.lookup_pickled(path, file_stat) if lazy else None
+            if cached is not None:
+                results[path] = Pickled[S](cached)
                 continue
             cached = cache.lookup(path, file_stat)
             if cached is not None:
@@ -342,7 +378,10 @@ def summarize_many(
             results[path] = result
             # Errors from reading (no stat) depend on the filesystem, not the bytes: not cached.
             if cache is not None and outcome.stamp is not None and outcome.digest:
-                cache.store(path, outcome.stamp, outcome.digest, result, outcome.pickled)
+                if isinstance(result, Pickled):
+                    cache.store_pickled(path, outcome.stamp, outcome.digest, result.data)
+                else:
+                    cache.store(path, outcome.stamp, outcome.digest, result, outcome.pickled)
         if on_progress is not None and finished:
             on_progress(finished)
 
@@ -359,5 +398,5 @@ def summarize_many(
             for chunk in chunks
         ]
         for future in as_completed(futures):
-            absorb(cast(list[_Outcome[S]], _unpack_rows(future.result())))
+            absorb(cast(list[_Outcome[S]], _unpack_rows(future.result(), lazy=lazy)))
     return results

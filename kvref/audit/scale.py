@@ -8,14 +8,15 @@ environment's installed packages, with a progress bar for long runs.
 2. the previous run's whole result, when no project file, option, import root or engine
    source changed since it was stored (`ResultCache`): a warm run with nothing to do;
 3. otherwise per-file summaries from the summary cache, the rest summarised across processes
-   (`kvref.audit.parallel`), then one resolve-and-check pass in this process;
+   (`kvref.audit.parallel`), then resolving and checking, split over forked copies of this
+   process (`kvref.audit.forked`) when there are enough modules;
 4. both caches saved atomically (a read-only checkout just runs uncached).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TextIO, cast
@@ -24,7 +25,7 @@ from kvref.audit.cache import ResultCache, SummaryCache, default_cache_dir, vers
 from kvref.audit.environment import InterpreterError, discover_environment
 from kvref.audit.model import AnalysisOptions, AnalysisResult, FileError
 from kvref.audit.paths import absolute_path
-from kvref.audit.parallel import summarize_many
+from kvref.audit.parallel import Pickled, summarize_many
 from kvref.audit.progress import ProgressBar
 from kvref.audit.summary import ModuleSummary, summarize
 
@@ -77,6 +78,57 @@ def _options_key(options: AnalysisOptions) -> tuple[object, ...]:
             value = sorted(str(member) for member in cast("frozenset[object]", value))
         key.append((item.name, value))
     return tuple(key)
+
+
+def _job_count(jobs: int | None) -> int:
+    if jobs is not None:
+        return jobs
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
+
+
+class _CachedSummarizer:
+    """The engine's `summarize_many`: cached, across processes, summaries handed out pickled
+    (they are unpickled by whichever checker process needs them), and `SharedSummaries`, so
+    what forked checkers summarise is cached too."""
+
+    def __init__(
+        self,
+        root: Path,
+        jobs: int | None,
+        cache: SummaryCache[ModuleSummary | FileError] | None,
+        on_progress: Callable[[int], None] | None,
+    ) -> None:
+        self.root = root
+        self.jobs = jobs
+        self.cache = cache
+        self.on_progress = on_progress
+
+    def __call__(
+        self, paths: Sequence[Path]
+    ) -> Mapping[Path, ModuleSummary | FileError | Pickled[ModuleSummary]]:
+        return summarize_many(
+            paths,
+            root=self.root,
+            jobs=self.jobs,
+            cache=self.cache,
+            summarize=summarize,
+            on_progress=self.on_progress,
+            lazy=True,
+        )
+
+    def mark(self) -> int:
+        # A forked checker must not draw on the parent's progress bar.
+        self.on_progress = None
+        return self.cache.stored_count if self.cache is not None else 0
+
+    def export_since(self, mark: int) -> bytes:
+        return self.cache.export_stored(mark) if self.cache is not None else b""
+
+    def import_exported(self, data: bytes) -> None:
+        if self.cache is not None and data:
+            self.cache.import_stored(data)
 
 
 def analyze_at_scale(
@@ -138,16 +190,9 @@ def analyze_at_scale(
     total = len(files) if reported is None else len(reported)
     bar = ProgressBar(total, progress) if progress is not None else None
 
-    def summarize_batch(paths: Sequence[Path]) -> Mapping[Path, ModuleSummary | FileError]:
-        return summarize_many(
-            paths,
-            root=root,
-            jobs=settings.jobs,
-            cache=summaries,
-            summarize=summarize,
-            on_progress=bar.advance if bar is not None else None,
-        )
-
+    summarize_batch = _CachedSummarizer(
+        root, settings.jobs, summaries, bar.advance if bar is not None else None
+    )
     try:
         result = analyze(
             files,
@@ -156,6 +201,7 @@ def analyze_at_scale(
             options=options,
             search_paths=environment.search_paths,
             summarize_many=summarize_batch,
+            jobs=_job_count(settings.jobs),
         )
     finally:
         if bar is not None:

@@ -388,3 +388,45 @@ def test_a_stored_result_comes_back_whole(tmp_path: Path) -> None:
     unknown = AnalysisResult(files_analyzed=1)  # suppression lines not known: stays None
     cache.save(b"key", unknown)
     assert cache.load(b"key", OLD_NS) == unknown
+
+
+def test_pickled_entries_are_handed_out_as_stored_and_exported_to_another_cache(
+    tmp_path: Path,
+) -> None:
+    first, second = tmp_path / "a.py", tmp_path / "b.py"
+    first_stat, second_stat = write_old(first, "a = 1\n"), write_old(second, "b = 2\n")
+    cache = reloaded(tmp_path / "cache")
+    cache.store_pickled(first, first_stat, content_digest(first.read_bytes()), dumps("summary-a"))
+    cache.save()
+
+    warm = reloaded(tmp_path / "cache")
+    blob = warm.lookup_pickled(first, first_stat)
+    assert blob is not None and loads(blob) == "summary-a"
+    assert warm.lookup_pickled(second, second_stat) is None
+    assert warm.lookup(first, first_stat) == "summary-a"
+    assert warm.lookup_pickled(first, first_stat) is None  # unpickled now: use lookup
+
+    # A forked checker's cache sends what it stored after a mark back to its parent's.
+    mark = warm.stored_count
+    store(warm, second, "summary-b")
+    exported = warm.export_stored(mark)
+    parent = reloaded(tmp_path / "cache")
+    parent.import_stored(exported)
+    assert parent.lookup(second, second_stat) == "summary-b"
+    parent.save()
+    assert reloaded(tmp_path / "cache").lookup(second, second_stat) == "summary-b"
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        marshal.dumps({"a": 1}),
+        marshal.dumps([("k", 1, 2, b"d")]),
+        marshal.dumps([("good", 1, 2, b"d", b"x"), ("k", "1", 2, b"d", b"x")]),
+    ],
+)
+def test_malformed_exported_entries_are_refused(tmp_path: Path, data: bytes) -> None:
+    cache = reloaded(tmp_path / "cache")
+    with pytest.raises(ValueError, match="malformed"):
+        cache.import_stored(data)
+    assert len(cache) == 0

@@ -6,12 +6,13 @@ import ast
 import os
 import time
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from kvref.audit.cache import SummaryCache
 from kvref.audit.model import FileError
-from kvref.audit.parallel import SERIAL_THRESHOLD, summarize_many, summarize_path
+from kvref.audit.parallel import SERIAL_THRESHOLD, Pickled, summarize_many, summarize_path
 
 CALLS: list[str] = []
 
@@ -22,6 +23,9 @@ class NotPython(Exception):
     def __init__(self, message: str, line: int, col: int) -> None:
         super().__init__(message)
         self.message, self.line, self.col = message, line, col
+
+
+OLD_NS = time.time_ns() - 3_600_000_000_000
 
 
 def class_names(relative: str, source: bytes) -> tuple[str, ...]:
@@ -134,3 +138,27 @@ def test_unchanged_digest_skips_the_summariser(tmp_path: Path) -> None:
     result, _, _ = summarize_path(path, tmp_path, class_names, expected_digest=digest)
     assert CALLS == []
     assert type(result).__name__ == "Unchanged"
+
+
+def test_lazy_hands_out_pickles_from_the_pool_and_the_cache_that_load_to_the_same(
+    tmp_path: Path,
+) -> None:
+    paths = make_tree(tmp_path / "src", SERIAL_THRESHOLD * 2)
+    for path in paths:
+        os.utime(path, ns=(OLD_NS, OLD_NS))
+    eager = summarize_many(paths, root=tmp_path, jobs=1, summarize=class_names)
+    cache = SummaryCache[tuple[str, ...] | FileError](tmp_path / "cache", "t")
+    cache.load()
+    pooled = summarize_many(
+        paths, root=tmp_path, jobs=2, cache=cache, summarize=class_names, lazy=True
+    )
+    assert all(isinstance(value, Pickled) for value in pooled.values())
+    assert {path: cast(Pickled[object], value).load() for path, value in pooled.items()} == eager
+    cache.save()
+
+    warm = SummaryCache[tuple[str, ...] | FileError](tmp_path / "cache", "t")
+    warm.load()
+    hits = summarize_many(paths, root=tmp_path, jobs=2, cache=warm, summarize=class_names, lazy=True)
+    assert warm.hits == len(paths)
+    assert all(isinstance(value, Pickled) and value.weight > 0 for value in hits.values())
+    assert {path: cast(Pickled[object], value).load() for path, value in hits.items()} == eager

@@ -7,11 +7,18 @@ marker must be found and nothing else; the unresolved bases are named and counte
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
+import kvref.audit.engine
 from kvref.audit import analyze
+from kvref.audit.cache import dumps
+from kvref.audit.engine import summarize_file
+from kvref.audit.model import FileError
+from kvref.audit.parallel import Pickled
+from kvref.audit.summary import ModuleSummary
 
 PROJECTS = Path(__file__).parent / "fixtures" / "projects"
 _MARKER = re.compile(r"#\s*((?:KVR\d{3}\s*)+)$")
@@ -100,3 +107,27 @@ def test_each_file_reported_alone_gets_the_findings_of_the_whole_run(name: str) 
         relative = path.relative_to(root).as_posix()
         alone = analyze(files, root=root, report_files=[path], search_paths=search_paths)
         assert alone.findings == [f for f in whole if f.path == relative], relative
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_checking_in_forked_shares_from_pickled_summaries_changes_nothing(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The at-scale path: summaries arrive pickled, are unpickled where they are checked, and
+    # the reported modules are split over forked processes (one module per share here).
+    monkeypatch.setattr(kvref.audit.engine, "MIN_SHARE", 1)
+    root_name, search, _ = CASES[name]
+    root = PROJECTS / name / root_name
+    files = sorted([*root.rglob("*.py"), *root.rglob("*.pyi")])
+    search_paths = [PROJECTS / name / s for s in search]
+
+    def pickled(paths: Sequence[Path]) -> dict[Path, ModuleSummary | FileError | Pickled[ModuleSummary]]:
+        answers: dict[Path, ModuleSummary | FileError | Pickled[ModuleSummary]] = {}
+        for path in paths:
+            summary = summarize_file(path, root)
+            answers[path] = summary if isinstance(summary, FileError) else Pickled(dumps(summary))
+        return answers
+
+    serial = analyze(files, root=root, search_paths=search_paths)
+    forked = analyze(files, root=root, search_paths=search_paths, summarize_many=pickled, jobs=4)
+    assert forked == serial

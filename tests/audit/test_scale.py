@@ -14,6 +14,7 @@ import pytest
 
 import kvref.audit.engine
 import kvref.audit.scale
+from kvref.audit.cache import SummaryCache, version_stamp
 from kvref.audit.main import main
 from kvref.audit.model import AnalysisResult
 
@@ -160,3 +161,24 @@ def test_an_audit_leaves_the_cyclic_collector_as_it_found_it(
         assert not gc.isenabled()  # a caller that turned it off keeps it off
     finally:
         gc.enable()
+
+
+def test_summaries_made_in_a_forked_checker_are_saved_with_the_parents_cache(
+    project: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One module per checker process; the last share (a forked child) is the only one that
+    # reaches json.encoder, so its summary reaches the cache only if the child sends it back.
+    monkeypatch.setattr(kvref.audit.engine, "MIN_SHARE", 1)
+    (project / "demo" / "zz.py").write_text(
+        "import json\n\n\nclass Encoder(json.JSONEncoder):\n    def default(self, o: object) -> object: ...\n"
+    )
+    os.utime(project / "demo" / "zz.py", ns=(OLD_NS, OLD_NS))
+    code, found = audit_json(capsys, "--jobs", "2")
+    assert (code, found) == (1, ["demo/child.py:5:KVR001", "demo/zz.py:5:KVR001"])
+    cache = SummaryCache[object](
+        project / ".kvref_cache",
+        version_stamp(kvref.audit.scale._SUMMARY_SCHEMA) + f"@{project}",  # pyright: ignore[reportPrivateUsage]
+    )
+    cache.load()
+    encoder = Path(json.__file__).parent / "encoder.py"
+    assert cache.lookup(encoder, encoder.stat()) is not None
