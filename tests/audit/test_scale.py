@@ -13,6 +13,7 @@ from typing import cast
 import pytest
 
 import kvref.audit.engine
+import kvref.audit.resolve
 import kvref.audit.scale
 from kvref.audit.cache import SummaryCache, version_stamp
 from kvref.audit.main import main
@@ -169,6 +170,8 @@ def test_summaries_made_in_a_forked_checker_are_saved_with_the_parents_cache(
     # One module per checker process; the last share (a forked child) is the only one that
     # reaches json.encoder, so its summary reaches the cache only if the child sends it back.
     monkeypatch.setattr(kvref.audit.engine, "MIN_SHARE", 1)
+    # This process may have summarised json.encoder for an earlier test: forget it.
+    monkeypatch.setattr(kvref.audit.resolve, "_FILE_CACHE", {})
     (project / "demo" / "zz.py").write_text(
         "import json\n\n\nclass Encoder(json.JSONEncoder):\n    def default(self, o: object) -> object: ...\n"
     )
