@@ -14,7 +14,7 @@ import gc
 import os
 import sys
 from collections.abc import Callable, Collection, Generator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Final, NoReturn, Protocol, TextIO
 
@@ -44,7 +44,7 @@ from kvref.audit.model import AnalysisOptions, AnalysisResult, FileError, Findin
 from kvref.audit.report import OutputFormat, Report, Summary, render
 from kvref.audit.progress import progress_enabled
 from kvref.audit.report.text import render_summary, use_color
-from kvref.audit.scale import ScaleSettings
+from kvref.audit.scale import ScaleSettings, wait_for_saves
 from kvref.audit.suppress import SuppressionFilter
 from kvref.errors import KVRefError
 
@@ -250,7 +250,9 @@ class _Runner:
                 root=root,
                 report_files=discovery.report_files,
                 options=config.options,
-                settings=self.request.scale,
+                # The caches are written by a forked child while this process reports;
+                # `run_audit` waits for it before returning.
+                settings=replace(self.request.scale, background_save=True),
                 progress=self.stderr if show_progress else None,
             )
         else:
@@ -541,8 +543,11 @@ def run_audit(
         else:
             resolved = backend if isinstance(backend, Backend) else backend()
         runner = _Runner(request, resolved, cwd if cwd is not None else Path.cwd(), out, err)
-        with _cyclic_gc_paused():
-            return runner.run()
+        try:
+            with _cyclic_gc_paused():
+                return runner.run()
+        finally:
+            wait_for_saves()
     except KVRefError as exc:
         err.write(f"kvref: error: {exc}\n")
     except BrokenPipeError:
