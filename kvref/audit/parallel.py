@@ -227,18 +227,22 @@ def _summarize_chunk_packed(
     it again; the rows themselves are plain values, the cheapest thing to send.
     """
     rows: list[_Row] = []
-    for outcome in _summarize_chunk(chunk, root, summarize, max_bytes):
-        size, mtime_ns = (
-            (outcome.stamp.st_size, outcome.stamp.st_mtime_ns) if outcome.stamp else (-1, 0)
+    for path, expected in chunk:
+        # Each summary is pickled and dropped before the next file is parsed: keeping a
+        # chunk's summaries alive interleaves them with the parser's short-lived objects,
+        # and every later parse of the chunk gets slower (about 7% on vLLM).
+        result, stamp, digest = summarize_path(
+            path, root, summarize, expected_digest=expected, max_bytes=max_bytes
         )
-        result = outcome.result
+        size, mtime_ns = (stamp.st_size, stamp.st_mtime_ns) if stamp else (-1, 0)
         if isinstance(result, Unchanged):
-            rows.append((outcome.path, _UNCHANGED, result.digest, size, mtime_ns, outcome.digest))
+            rows.append((str(path), _UNCHANGED, result.digest, size, mtime_ns, digest))
         elif isinstance(result, FileError):
             fields = (result.path, result.line, result.col, result.message)
-            rows.append((outcome.path, _ERROR, fields, size, mtime_ns, outcome.digest))
+            rows.append((str(path), _ERROR, fields, size, mtime_ns, digest))
         else:
-            rows.append((outcome.path, _SUMMARY, dumps(result), size, mtime_ns, outcome.digest))
+            rows.append((str(path), _SUMMARY, dumps(result), size, mtime_ns, digest))
+        del result
     return marshal.dumps(rows)
 
 

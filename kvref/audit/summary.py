@@ -73,6 +73,8 @@ _TYPING_BUILTINS = {
     "Text": "builtins.str",
 }
 _BUILTIN_NAMES = frozenset(dir(builtins))
+_ITERATION_HEADS = frozenset({"collections.abc.Iterable", "collections.abc.Iterator"})
+_STARRED_KINDS = frozenset({"vararg", "kwarg"})
 _DEF_NAME = re.compile(r"(?:async\s+)?def\s+|class\s+")
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 # From the line break before: much faster than a MULTILINE `^` tried at every line start.
@@ -727,25 +729,39 @@ class _ModuleWalker:
     def _freeze_function(
         self, node: ast.FunctionDef | ast.AsyncFunctionDef, qualname: str, is_method: bool
     ) -> FunctionSummary:
+        # The hottest code of a cold run (one call per `def` of the project): written for
+        # speed, with the common cases (no decorator, ASCII line) taking the short paths.
+        line = node.lineno
+        line_text = self.lines[line - 1]
+        col = node.col_offset if self.ascii_only else self._char_col(line, node.col_offset)
+        prefix = line_text[:col]
+        name_match = _DEF_NAME.match(line_text, col)
+        name_col = name_match.end() if name_match else col
+        params = self._params(node.args)
+        multi: tuple[MultiPass, ...] = ()
+        for param in params:
+            annotation = param.annotation
+            if (
+                annotation is not None
+                and annotation.head in _ITERATION_HEADS
+                and param.kind not in _STARRED_KINDS
+            ):
+                multi = _count_passes(node, params)
+                break
+        indent = None if prefix.strip() else prefix
+        if not node.decorator_list:
+            return FunctionSummary(
+                node.name, qualname, name_col, line, indent, (),
+                False, False, False, False, False, False, False, params, multi,
+            )  # fmt: skip
         decorators = tuple(dotted_name(d) for d in node.decorator_list)
         lasts = {d.rpartition(".")[2] for d in decorators}
-        line_text = self.lines[node.lineno - 1]
-        prefix = line_text[: self._char_col(node.lineno, node.col_offset)]
-        params = self._params(node.args)
-        multi = ()
-        if any(
-            p.annotation is not None
-            and p.annotation.head in ("collections.abc.Iterable", "collections.abc.Iterator")
-            and p.kind not in ("vararg", "kwarg")
-            for p in params
-        ):
-            multi = _count_passes(node, params)
         return FunctionSummary(
             name=node.name,
             qualname=qualname,
-            name_col=self._name_col(node),
-            def_line=node.lineno,
-            indent=prefix if not prefix.strip() else None,
+            name_col=name_col,
+            def_line=line,
+            indent=indent,
             decorators=decorators,
             has_override=any(self._is_override(d) for d in decorators),
             is_overload=any(self._resolves_to(d, "overload") for d in decorators),
@@ -760,32 +776,34 @@ class _ModuleWalker:
 
     def _params(self, args: ast.arguments) -> tuple[Param, ...]:
         result: list[Param] = []
-        groups: list[tuple[str, list[ast.arg]]] = [
-            ("posonly", args.posonlyargs),
-            ("arg", args.args),
-            ("vararg", [args.vararg] if args.vararg else []),
-            ("kwonly", args.kwonlyargs),
-            ("kwarg", [args.kwarg] if args.kwarg else []),
-        ]
-        for kind, arguments in groups:
-            for argument in arguments:
-                annotation = argument.annotation
-                if annotation is None:
-                    result.append(
-                        Param(argument.arg, kind, argument.lineno, self._col(argument))
-                    )
-                else:
-                    result.append(
-                        Param(
-                            argument.arg,
-                            kind,
-                            argument.lineno,
-                            self._col(argument),
-                            self._type(annotation),
-                            self._position(annotation),
-                        )
-                    )
+        self._add_params(result, "posonly", args.posonlyargs)
+        self._add_params(result, "arg", args.args)
+        if args.vararg is not None:
+            self._add_params(result, "vararg", (args.vararg,))
+        self._add_params(result, "kwonly", args.kwonlyargs)
+        if args.kwarg is not None:
+            self._add_params(result, "kwarg", (args.kwarg,))
         return tuple(result)
+
+    def _add_params(self, result: list[Param], kind: str, arguments: Sequence[ast.arg]) -> None:
+        ascii_only = self.ascii_only
+        for argument in arguments:
+            annotation = argument.annotation
+            line = argument.lineno
+            col = argument.col_offset if ascii_only else self._char_col(line, argument.col_offset)
+            if annotation is None:
+                result.append(Param(argument.arg, kind, line, col))
+            else:
+                result.append(
+                    Param(
+                        argument.arg,
+                        kind,
+                        line,
+                        col,
+                        self._type(annotation),
+                        self._position(annotation),
+                    )
+                )
 
     # --- names and types ------------------------------------------------------------------
 
@@ -887,7 +905,12 @@ class _ModuleWalker:
     # --- positions ------------------------------------------------------------------------
 
     def _char_col(self, line: int, byte_col: int) -> int:
-        return byte_col if self.ascii_only else _char_col(self.lines, line, byte_col)
+        if self.ascii_only:
+            return byte_col
+        text = self.lines[line - 1] if 0 < line <= len(self.lines) else ""
+        if text.isascii():  # most lines even of a file with some non-ASCII text
+            return byte_col
+        return len(text.encode("utf-8")[:byte_col].decode("utf-8", "replace"))
 
     def _col(self, node: ast.expr | ast.arg) -> int:
         return node.col_offset if self.ascii_only else self._char_col(node.lineno, node.col_offset)
@@ -914,8 +937,13 @@ class _ModuleWalker:
 
     def _text(self, node: ast.expr) -> str:
         line, end_line = node.lineno, node.end_lineno or node.lineno
-        col = self._char_col(line, node.col_offset)
-        end_col = self._char_col(end_line, node.end_col_offset or 0)
+        if self.ascii_only:
+            if line == end_line:
+                return self.lines[line - 1][node.col_offset : node.end_col_offset or 0]
+            col, end_col = node.col_offset, node.end_col_offset or 0
+        else:
+            col = self._char_col(line, node.col_offset)
+            end_col = self._char_col(end_line, node.end_col_offset or 0)
         if line == end_line:
             return self.lines[line - 1][col:end_col]
         parts = [self.lines[line - 1][col:]]
