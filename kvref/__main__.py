@@ -1,5 +1,5 @@
 """`python -m kvref` runs the command line."""
 
-from kvref.cli import main
+from kvref.console import main
 
 main()

@@ -168,19 +168,7 @@ def _demo(ctx: typer.Context) -> None:
 
 
 def main() -> None:
-    """The `kvref` console script and `python -m kvref`.
+    """The console script's entry point (`kvref.console.main`; kept here for callers)."""
+    from kvref.console import main as console_main
 
-    `kvref audit ARGS` that argparse accepts goes straight to `kvref.audit.main`, which the
-    typer command wraps anyway: typer builds a pydantic adapter for every option of every
-    call, about 0.2 s, a seventh of a warm audit of a large project, paid again by every
-    pre-commit run. Help, usage errors and every other command go through typer, so what the
-    user reads is the same either way.
-    """
-    argv = sys.argv[1:]
-    if argv[:1] == ["audit"]:
-        from kvref.audit.main import request_from_argv, run_audit
-
-        request = request_from_argv(argv[1:])
-        if request is not None:
-            raise SystemExit(run_audit(request, stdout=sys.stdout, stderr=sys.stderr))
-    app()
+    console_main()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import subprocess
 import sys
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -40,3 +41,19 @@ def test_the_audit_command_line_does_not_import_the_offloading_library() -> None
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert completed.stdout.strip() == ""
+
+
+def test_an_audit_from_the_console_script_never_imports_typer(tmp_path: Path) -> None:
+    (tmp_path / "mod.py").write_text("class A:\n    pass\n")
+    code = (
+        "import sys, kvref.console\n"
+        f"sys.argv = ['kvref', 'audit', {str(tmp_path / 'mod.py')!r}, '--no-cache']\n"
+        "try:\n"
+        "    kvref.console.main()\n"
+        "except SystemExit as exited:\n"
+        "    print(exited.code, 'typer' in sys.modules)\n"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path
+    )
+    assert completed.stdout.split() == ["0", "False"]
