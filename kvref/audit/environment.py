@@ -24,7 +24,13 @@ from typing import cast
 
 from kvref.errors import KVRefError
 
-__all__ = ["Environment", "InterpreterError", "discover_environment", "interpreter_path"]
+__all__ = [
+    "Environment",
+    "InterpreterError",
+    "discover_environment",
+    "interpreter_path",
+    "start_discovery",
+]
 
 # Runs in the target interpreter: standard library only, prints one JSON object.
 _QUERY = (
@@ -107,24 +113,51 @@ def _select(
     return tuple(chosen)
 
 
+_started: dict[Path, subprocess.Popen[str]] = {}
+
+
+def _start(interpreter: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [str(interpreter), "-c", _QUERY],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # An empty directory as cwd keeps the caller's directory out of the sys.path seen.
+        cwd=tempfile.gettempdir(),
+    )
+
+
+def start_discovery(python: Path | None) -> None:
+    """Start asking `python` for its import roots now; `discover_environment` collects the
+    answer (the interpreter starts while the caller discovers files). Never raises: a
+    failure is reported by `discover_environment`."""
+    if python is None:
+        return
+    try:
+        interpreter = interpreter_path(python)
+        if interpreter not in _started:
+            _started[interpreter] = _start(interpreter)
+    except (InterpreterError, OSError):
+        pass
+
+
 def _query(python: Path) -> dict[str, object]:
     try:
-        completed = subprocess.run(
-            [str(python), "-c", _QUERY],
-            capture_output=True,
-            text=True,
-            timeout=_QUERY_TIMEOUT_S,
-            # An empty directory as cwd keeps the caller's directory out of the sys.path seen.
-            cwd=tempfile.gettempdir(),
-            check=False,
-        )
+        process = _started.pop(python, None) or _start(python)
+        try:
+            stdout, stderr = process.communicate(timeout=_QUERY_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+            raise
     except (OSError, subprocess.TimeoutExpired) as error:
         raise InterpreterError(f"--python: cannot run {python}: {error}") from None
-    if completed.returncode != 0:
-        last = (completed.stderr.strip().splitlines() or ["no output"])[-1]
+    if process.returncode != 0:
+        last = (stderr.strip().splitlines() or ["no output"])[-1]
         raise InterpreterError(f"--python: {python} failed to report its sys.path: {last}")
     try:
-        answer = cast(object, json.loads(completed.stdout.strip().splitlines()[-1]))
+        answer = cast(object, json.loads(stdout.strip().splitlines()[-1]))
     except (ValueError, IndexError):
         raise InterpreterError(f"--python: {python} is not a Python interpreter kvref understands") from None
     if not isinstance(answer, dict):

@@ -44,6 +44,7 @@ from kvref.audit.model import AnalysisOptions, AnalysisResult, FileError, Findin
 from kvref.audit.report import OutputFormat, Report, Summary, render
 from kvref.audit.progress import progress_enabled
 from kvref.audit.report.text import render_summary, use_color
+from kvref.audit.environment import start_discovery
 from kvref.audit.scale import ScaleSettings, wait_for_saves
 from kvref.audit.suppress import SuppressionFilter
 from kvref.errors import KVRefError
@@ -420,6 +421,9 @@ class _Runner:
 
     def run(self) -> int:
         request = self.request
+        # The `--python` interpreter takes a few hundredths of a second to start: it answers
+        # while the configuration is read and the files are discovered.
+        start_discovery(request.scale.python)
         config, selected = self._configure()
         discovery = self._discover(config)
         if discovery.report_files is not None and not discovery.report_files:

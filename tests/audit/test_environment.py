@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 import typer
 
-from kvref.audit.environment import discover_environment, interpreter_path
+import kvref.audit.environment as environment_module
+from kvref.audit.environment import (
+    InterpreterError,
+    discover_environment,
+    interpreter_path,
+    start_discovery,
+)
 
 SITE_PACKAGES = Path(typer.__file__).resolve().parent.parent
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -89,3 +95,19 @@ def test_bad_interpreters_are_rejected_naming_the_option(python: str, message: s
 def test_a_directory_without_an_interpreter_is_rejected(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="--python: .* is a directory without bin/python"):
         interpreter_path(tmp_path)
+
+
+def test_a_started_discovery_gives_the_same_answer_and_is_collected_once() -> None:
+    expected = discover_environment(Path(sys.executable))
+    start_discovery(Path(sys.executable))
+    assert discover_environment(Path(sys.executable)) == expected
+    assert not environment_module._started  # pyright: ignore[reportPrivateUsage]
+
+
+def test_starting_discovery_of_a_bad_interpreter_is_silent_and_reported_later(
+    tmp_path: Path,
+) -> None:
+    start_discovery(tmp_path / "missing-python")
+    start_discovery(None)
+    with pytest.raises(InterpreterError, match="--python"):
+        discover_environment(tmp_path / "missing-python")
