@@ -79,8 +79,7 @@ _ITERATION_HEADS = frozenset({"collections.abc.Iterable", "collections.abc.Itera
 _STARRED_KINDS = frozenset({"vararg", "kwarg"})
 _DEF_NAME = re.compile(r"(?:async\s+)?def\s+|class\s+")
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
-# From the line break before: much faster than a MULTILINE `^` tried at every line start.
-_INDENTED_CLASS = re.compile(r"\n[ \t\f]+class\b")
+_CLASS_WORD = re.compile(r"class\b")
 
 
 _R = TypeVar("_R")
@@ -339,6 +338,16 @@ def detect_newline(text: str) -> str:
 
 def decode_source(source: bytes) -> tuple[str, str, bool]:
     """Decode per PEP 263 (BOM, coding cookie, else UTF-8): returns (text, encoding, bom)."""
+    # Most files: ASCII first two lines without a cookie are UTF-8 whatever follows, which is
+    # what `detect_encoding` would conclude after more work.
+    first_break = source.find(b"\n")
+    second_break = source.find(b"\n", first_break + 1) if first_break >= 0 else -1
+    head = source if second_break < 0 else source[:second_break]
+    if head.isascii() and b"coding" not in head:
+        try:
+            return source.decode("utf-8"), "utf-8", False
+        except UnicodeDecodeError:
+            pass  # reported with its position below
     try:
         encoding, _ = tokenize.detect_encoding(io.BytesIO(source).readline)
     except SyntaxError as error:
@@ -977,10 +986,16 @@ def _indented_class_lines(text: str) -> list[int]:
     if "\r" in text:  # line numbers count every line break Python's tokenizer knows
         text = text.replace("\r\n", "\n").replace("\r", "\n")
     lines: list[int] = []
-    line, position = 2, 0  # a match starts at the line break that ends the line before
-    for match in _INDENTED_CLASS.finditer(text):
-        line += text.count("\n", position, match.start())
-        position = match.start()
+    line, position = 1, 0
+    rfind = text.rfind
+    # Finding the word and looking back is twice as fast as a pattern tried at every line.
+    for match in _CLASS_WORD.finditer(text):
+        start = match.start()
+        begin = rfind("\n", 0, start) + 1
+        if begin == 0 or begin == start or text[begin:start].strip(" \t\f"):
+            continue
+        line += text.count("\n", position, start)
+        position = start
         lines.append(line)
     return lines
 

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvref.audit import FileError, ModuleSummary, analyze, summarize, summarize_file
-from kvref.audit.summary import SummaryError
+from kvref.audit.summary import SummaryError, _indented_class_lines  # pyright: ignore[reportPrivateUsage]
 
 BASE = "class Base:\n    def run(self) -> None: ...\n"
 CHILD = "from base import Base\n\n\nclass Child(Base):\n    def run(self) -> None: ...\n"
@@ -144,3 +147,21 @@ def test_classes_defined_in_function_bodies_are_found_with_any_line_ending(newli
         ("f.<locals>.A", 4),
         ("h.<locals>.C", 12),
     ]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(["class", "class ", "classy", "dataclass", " ", "\t", "\f", "x", "#", "\n", "\r\n", "\r"]),
+        max_size=30,
+    ).map("".join)
+)
+def test_indented_class_lines_are_the_lines_an_indented_class_statement_can_start(text: str) -> None:
+    # The reference: split on the line breaks Python knows, keep lines that are indentation
+    # followed by the word `class` (never the first: no function body starts there).
+    expected = [
+        number
+        for number, line in enumerate(re.split(r"\r\n|\r|\n", text), start=1)
+        if number > 1 and re.match(r"[ \t\f]+class\b", line)
+    ]
+    assert _indented_class_lines(text) == expected
