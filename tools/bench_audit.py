@@ -7,7 +7,9 @@ For each corpus, in one run and each in a fresh process:
 - floor: read and `ast.parse` every file of the package in a single process (no startup
   counted): the least work any AST-based checker must do without parallelism or a cache;
 - cold: `kvref audit PACKAGE --output-format json --exit-zero` with an empty cache directory
-  (parse in parallel, resolve, check, write the cache);
+  (parse in parallel, resolve, check, write the cache). Floor and cold alternate `--repeat`
+  times (default 3) and their medians are compared: on a shared machine one pair can be
+  off by 5%;
 - warm: the same command again, twice (the better time counts), reusing the cache.
 
 Prints wall seconds, the ratio to the floor, and peak memory: the largest single process
@@ -175,12 +177,35 @@ def _audit(
     return Measurement(label, seconds, rss, tree, _count_findings(out))
 
 
+def _of(count: int) -> str:
+    return f" (median of {count})" if count > 1 else ""
+
+
 def _mib(value: int) -> str:
     return f"{value / 1048576:7.0f} MiB"
 
 
-def bench_corpus(spec: str, *, warm_runs: int, extra: Sequence[str]) -> list[Measurement]:
-    """Measure the floor, a cold run and warm runs on one corpus and print the table."""
+def _median(measurements: Sequence[Measurement], label: str) -> Measurement:
+    """The run of median time (memory: the largest seen over all of them)."""
+    ordered = sorted(measurements, key=lambda measurement: measurement.seconds)
+    middle = ordered[len(ordered) // 2]
+    return Measurement(
+        label,
+        middle.seconds,
+        max(m.max_process_rss for m in measurements),
+        max(m.tree_rss for m in measurements),
+        middle.detail,
+    )
+
+
+def bench_corpus(
+    spec: str, *, warm_runs: int, extra: Sequence[str], repeat: int = 3
+) -> list[Measurement]:
+    """Measure the floor, cold runs and warm runs on one corpus and print the table.
+
+    The floor and the cold run alternate `repeat` times and the medians are compared, so
+    that a burst of load on a shared machine moves one pair, not the verdict.
+    """
     corpus = fetch_corpus(spec)
     package = package_dir(corpus)
     files = python_files(package)
@@ -191,11 +216,27 @@ def bench_corpus(spec: str, *, warm_runs: int, extra: Sequence[str]) -> list[Mea
             lines += stream.read().count(b"\n")
     print(f"\n{corpus.key}: {package.relative_to(corpus.root)}/, {len(files)} files, "
           f"{lines / 1e6:.2f} M lines, {os.cpu_count()} CPUs")
-    results = [_floor(files, corpus.root)]
     project = package_project(corpus, package)
+    floors: list[Measurement] = []
+    colds: list[Measurement] = []
     cache_dir = Path(tempfile.mkdtemp(prefix="kvref-bench-cache-"))
+    results: list[Measurement] = []
     try:
-        results.append(_audit("kvref audit cold (empty cache)", project, package, cache_dir, extra))
+        for _ in range(max(1, repeat)):
+            shutil.rmtree(cache_dir, ignore_errors=True)
+            cache_dir.mkdir()
+            floors.append(_floor(files, corpus.root))
+            colds.append(
+                _audit("kvref audit cold (empty cache)", project, package, cache_dir, extra)
+            )
+        if len(floors) > 1:
+            pairs = ", ".join(
+                f"{cold.seconds:.2f}/{floor.seconds:.2f} = {cold.seconds / floor.seconds:.3f}x"
+                for floor, cold in zip(floors, colds, strict=True)
+            )
+            print(f"  cold/floor, each pair: {pairs}")
+        results.append(_median(floors, f"floor: ast.parse, 1 process{_of(len(floors))}"))
+        results.append(_median(colds, f"kvref audit cold{_of(len(colds))}"))
         warm = [
             _audit("kvref audit warm", project, package, cache_dir, extra)
             for _ in range(max(1, warm_runs))
@@ -208,10 +249,10 @@ def bench_corpus(spec: str, *, warm_runs: int, extra: Sequence[str]) -> list[Mea
     finally:
         shutil.rmtree(cache_dir, ignore_errors=True)
     floor = results[0].seconds
-    print(f"  {'run':34} {'wall':>8} {'x floor':>8} {'max process':>12} {'process tree':>13}")
+    print(f"  {'run':40} {'wall':>8} {'x floor':>8} {'max process':>12} {'process tree':>13}")
     for measurement in results:
         print(
-            f"  {measurement.label:34} {measurement.seconds:7.2f}s {measurement.seconds / floor:7.3f}x"
+            f"  {measurement.label:40} {measurement.seconds:7.2f}s {measurement.seconds / floor:7.3f}x"
             f" {_mib(measurement.max_process_rss):>12} {_mib(measurement.tree_rss):>13}"
             f"  {measurement.detail}"
         )
@@ -237,6 +278,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--warm-runs", type=int, default=2, help="warm runs (best counts)")
     parser.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="floor and cold runs, alternating (medians count; default 3)",
+    )
+    parser.add_argument(
         "--kvref-arg",
         action="append",
         default=[],
@@ -260,7 +307,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         python = str(args.python) if args.python else str(bare_python())
         extra = ["--python", python, *cast(list[str], args.kvref_arg)]
         for spec in specs:
-            bench_corpus(spec, warm_runs=int(args.warm_runs), extra=extra)
+            bench_corpus(
+                spec, warm_runs=int(args.warm_runs), extra=extra, repeat=int(args.repeat)
+            )
     except (ValueError, RuntimeError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
