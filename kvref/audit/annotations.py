@@ -153,10 +153,9 @@ def paired_parameters(
         return
     receiver = 0 if override.is_staticmethod else 1
     base_receiver = 0 if base.is_staticmethod else 1
-    base_params = {p.name: p for p in base.params[base_receiver:]}
-    base_positional: Sequence[Param] = [
-        p for p in base.params[base_receiver:] if p.kind in ("posonly", "arg")
-    ]
+    candidates = base.params[base_receiver:]
+    base_params = {p.name: p for p in candidates}
+    base_positional: Sequence[Param] = [p for p in candidates if p.kind in ("posonly", "arg")]
     position = 0
     for param in override.params[receiver:]:
         match = base_params.get(param.name)

@@ -43,6 +43,7 @@ __all__ = [
     "ModuleSummary",
     "MultiPass",
     "Param",
+    "ParamRow",
     "Span",
     "SummaryError",
     "TypeExpr",
@@ -168,6 +169,10 @@ class Param:
         return None if position is None else Span(*position)
 
 
+ParamRow = tuple[str, str, int, int, "TypeExpr | None", "tuple[int, int, int, int] | None"]
+"""A `Param`'s fields in order: name, kind, line, col, annotation, annotation_position."""
+
+
 @_record
 class MultiPass:
     """A parameter annotated Iterable/Iterator that the body consumes more than once."""
@@ -191,6 +196,9 @@ class FunctionSummary:
             expression is not a name).
         has_override: one decorator is `override` from typing/typing_extensions, imported
             under any alias or used as a module attribute (`te.override`).
+        parameters: the parameters as plain rows (see `ParamRow`); `params` gives them as
+            `Param`s. ~10^5 parameter objects would be built, pickled and unpickled on a
+            large project where only the pairs the rules compare are ever looked at.
     """
 
     name: str
@@ -206,13 +214,18 @@ class FunctionSummary:
     is_staticmethod: bool
     is_classmethod: bool
     is_abstract: bool
-    params: tuple[Param, ...]
+    parameters: tuple[ParamRow, ...]
     multi_pass: tuple[MultiPass, ...] = ()
 
     @property
     def name_span(self) -> Span:
         """The function's name (on the `def` line)."""
         return Span(self.def_line, self.name_col, self.def_line, self.name_col + len(self.name))
+
+    @property
+    def params(self) -> tuple[Param, ...]:
+        """The parameters in order (built from `parameters` at each access)."""
+        return tuple(Param(*row) for row in self.parameters)
 
 
 @_record
@@ -766,14 +779,13 @@ class _ModuleWalker:
         name_col = name_match.end() if name_match else col
         params = self._params(node.args)
         multi: tuple[MultiPass, ...] = ()
-        for param in params:
-            annotation = param.annotation
+        for _, kind, _, _, annotation, _ in params:
             if (
                 annotation is not None
                 and annotation.head in _ITERATION_HEADS
-                and param.kind not in _STARRED_KINDS
+                and kind not in _STARRED_KINDS
             ):
-                multi = _count_passes(node, params)
+                multi = _count_passes(node, tuple(Param(*row) for row in params))
                 break
         indent = None if prefix.strip() else prefix
         if not node.decorator_list:
@@ -797,12 +809,12 @@ class _ModuleWalker:
             is_staticmethod="staticmethod" in decorators,
             is_classmethod="classmethod" in decorators,
             is_abstract=bool(lasts & _ABSTRACT_DECORATORS),
-            params=params,
+            parameters=params,
             multi_pass=multi,
         )
 
-    def _params(self, args: ast.arguments) -> tuple[Param, ...]:
-        result: list[Param] = []
+    def _params(self, args: ast.arguments) -> tuple[ParamRow, ...]:
+        result: list[ParamRow] = []
         self._add_params(result, "posonly", args.posonlyargs)
         self._add_params(result, "arg", args.args)
         if args.vararg is not None:
@@ -812,17 +824,19 @@ class _ModuleWalker:
             self._add_params(result, "kwarg", (args.kwarg,))
         return tuple(result)
 
-    def _add_params(self, result: list[Param], kind: str, arguments: Sequence[ast.arg]) -> None:
+    def _add_params(
+        self, result: list[ParamRow], kind: str, arguments: Sequence[ast.arg]
+    ) -> None:
         ascii_only = self.ascii_only
         for argument in arguments:
             annotation = argument.annotation
             line = argument.lineno
             col = argument.col_offset if ascii_only else self._char_col(line, argument.col_offset)
             if annotation is None:
-                result.append(Param(argument.arg, kind, line, col))
+                result.append((argument.arg, kind, line, col, None, None))
             else:
                 result.append(
-                    Param(
+                    (
                         argument.arg,
                         kind,
                         line,
