@@ -59,6 +59,8 @@ class MultiPassIterable(Rule):
             if cls.info.summary is not None:
                 functions.extend(cls.info.summary.methods)
         for function in functions:
+            if not function.multi_pass:  # nearly all: no parameters to look at
+                continue
             params = {p.name: p for p in function.params}
             for fact in function.multi_pass:
                 param = params[fact.param]
