@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvref.audit import FileError, ModuleSummary, analyze, summarize, summarize_file
-from kvref.audit.summary import SummaryError, _indented_class_lines  # pyright: ignore[reportPrivateUsage]
+from kvref.audit.summary import Param, Span, SummaryError, _indented_class_lines  # pyright: ignore[reportPrivateUsage]
 
 BASE = "class Base:\n    def run(self) -> None: ...\n"
 CHILD = "from base import Base\n\n\nclass Child(Base):\n    def run(self) -> None: ...\n"
@@ -165,3 +165,14 @@ def test_indented_class_lines_are_the_lines_an_indented_class_statement_can_star
         if number > 1 and re.match(r"[ \t\f]+class\b", line)
     ]
     assert _indented_class_lines(text) == expected
+
+
+def test_summary_records_compare_and_hash_by_value() -> None:
+    # Frozen to the type checker only (see summary._record): they must still behave as values.
+    first, second = summarize("child.py", CHILD.encode()), summarize("child.py", CHILD.encode())
+    assert first == second and hash(first) == hash(second)
+    assert len({first, second}) == 1
+    method = first.classes[0].methods[0]
+    assert method.params == tuple(Param(*row) for row in method.parameters)
+    receiver = method.params[0]
+    assert receiver.span == Span(method.def_line, 12, method.def_line, 16)  # `self`

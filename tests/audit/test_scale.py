@@ -185,3 +185,16 @@ def test_summaries_made_in_a_forked_checker_are_saved_with_the_parents_cache(
     cache.load()
     encoder = Path(json.__file__).parent / "encoder.py"
     assert cache.lookup(encoder, encoder.stat()) is not None
+
+
+@pytest.mark.parametrize("fork", [True, False], ids=["forked", "in-process"])
+def test_caches_are_on_disk_when_the_command_returns(
+    project: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, fork: bool
+) -> None:
+    # The command line asks for the caches to be written in the background; run_audit must
+    # wait for them, and without fork they are written in this process.
+    monkeypatch.setattr(kvref.audit.scale, "fork_available", lambda: fork)
+    assert audit_json(capsys) == (1, ["demo/child.py:5:KVR001"])
+    packs = list((project / ".kvref_cache").glob("summaries-*.pack"))
+    assert len(packs) == 1 and (project / ".kvref_cache" / "result.bin").is_file()
+    assert not kvref.audit.scale._saving  # pyright: ignore[reportPrivateUsage]
