@@ -7,10 +7,13 @@ import json
 import subprocess
 from typing import cast
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typing_extensions import override
 
 from kvref.audit.model import Applicability, Edit, FileError, Finding, Fix
 from kvref.audit.report import OutputFormat, Report, Summary, render
+from kvref.audit.report import json as json_report
 from kvref.audit.report.github import escape_data, escape_property
 from kvref.audit.report.sarif import build_sarif
 from kvref.audit.report.text import render_summary, use_color
@@ -210,3 +213,30 @@ def test_reports_use_repository_relative_paths(project: Project) -> None:
     assert github.stdout.startswith("::error file=proj/pkg/child.py,line=2,col=9,")
     text = project.main()
     assert text.stdout.startswith("pkg/child.py:2:9: KVR001")
+
+
+_TEXT = st.text(alphabet=st.characters(codec="utf-8"), max_size=12)
+_POSITIVE = st.integers(min_value=0, max_value=10**6)
+_EDITS = st.builds(Edit, _POSITIVE, _POSITIVE, _POSITIVE, _POSITIVE, _TEXT)
+_FIXES = st.none() | st.builds(
+    Fix,
+    st.sampled_from(list(Applicability)),
+    st.lists(_EDITS, max_size=3).map(tuple),
+    st.booleans(),
+    _TEXT,
+)
+_FINDINGS = st.builds(
+    Finding, _TEXT, _POSITIVE, _POSITIVE, _POSITIVE, _POSITIVE, _TEXT, _TEXT, _TEXT, _FIXES
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(finding=_FINDINGS, name=_TEXT, unsafe_fixes=st.booleans())
+def test_the_direct_finding_writer_gives_exactly_the_encoded_json_object(
+    finding: Finding, name: str, unsafe_fixes: bool
+) -> None:
+    expected = json_report._ENCODER.encode(  # pyright: ignore[reportPrivateUsage]
+        json_report.finding_to_json(finding, name=name, unsafe_fixes=unsafe_fixes)
+    )
+    written = json_report._finding_text(finding, name, unsafe_fixes)  # pyright: ignore[reportPrivateUsage]
+    assert written == expected

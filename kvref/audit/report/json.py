@@ -71,12 +71,7 @@ def render_json(report: Report) -> str:
         "version": JSON_FORMAT_VERSION,
         "tool": {"name": "kvref", "version": report.tool_version},
         "positions": "1-based lines and columns; end columns are exclusive",
-        "findings": [
-            finding_to_json(
-                finding, name=names.get(finding.code, ""), unsafe_fixes=summary.unsafe_fixes
-            )
-            for finding in report.findings
-        ],
+        "findings": [],  # written by _finding_text below, one per line
         "errors": [
             {"path": error.path, "line": error.line, "col": error.col, "message": error.message}
             for error in report.errors
@@ -99,26 +94,68 @@ def render_json(report: Report) -> str:
             "unresolved_bases": dict(sorted(summary.unresolved_bases.items())),
         },
     }
-    return _dumps_one_item_per_line(document)
+    findings = [
+        _finding_text(finding, names.get(finding.code, ""), summary.unsafe_fixes)
+        for finding in report.findings
+    ]
+    return _dumps_one_item_per_line(document, {"findings": findings})
 
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False)
 
 
-def _dumps_one_item_per_line(document: dict[str, JSONValue]) -> str:
+def _finding_text(finding: Finding, name: str, unsafe_fixes: bool) -> str:
+    """`finding_to_json(...)` as `_ENCODER.encode` writes it, without building the dicts.
+
+    A large report has ten thousand findings; formatting them directly (strings still go
+    through the encoder) takes half the time, and a property test holds the two to the same
+    text.
+    """
+    text = _ENCODER.encode
+    fix = finding.fix
+    if fix is None:
+        fix_text = "null"
+    else:
+        edits = ", ".join(
+            f'{{"line": {edit.start_line}, "col": {edit.start_col + 1}, '
+            f'"end_line": {edit.end_line}, "end_col": {edit.end_col + 1}, '
+            f'"content": {text(edit.text)}}}'
+            for edit in fix.edits
+        )
+        fix_text = (
+            f'{{"applicability": {text(fix.applicability.value)}, '
+            f'"description": {text(fix.description)}, "edits": [{edits}]}}'
+        )
+    fixable = "true" if is_fixable(finding, unsafe_fixes=unsafe_fixes) else "false"
+    return (
+        f'{{"code": {text(finding.code)}, "name": {text(name)}, '
+        f'"message": {text(finding.message)}, "symbol": {text(finding.symbol)}, '
+        f'"path": {text(finding.path)}, "line": {finding.line}, "col": {finding.col}, '
+        f'"end_line": {finding.end_line}, "end_col": {finding.end_col}, '
+        f'"fixable": {fixable}, "fix": {fix_text}}}'
+    )
+
+
+def _dumps_one_item_per_line(
+    document: dict[str, JSONValue], encoded: dict[str, list[str]] | None = None
+) -> str:
     """`document` as JSON with one top-level key, and one list item, per line.
 
     `json.dumps(indent=...)` falls back to the pure-Python encoder, which took a quarter of a
     warm audit of vLLM (10,000 findings); dumping each item compactly keeps the C encoder and
-    still gives one finding per line to read and diff.
+    still gives one finding per line to read and diff. `encoded` gives the items of some
+    lists already encoded.
     """
     encode = _ENCODER.encode  # one encoder: `json.dumps` with options builds one per call
     lines: list[str] = []
     for key, value in document.items():
         head = f"  {encode(key)}: "
-        if isinstance(value, list) and value:
-            items = ",\n    ".join(map(encode, value))
-            lines.append(f"{head}[\n    {items}\n  ]")
+        items = (encoded or {}).get(key)
+        if items is None and isinstance(value, list):
+            items = list(map(encode, value))
+        if items:
+            joined = ",\n    ".join(items)
+            lines.append(f"{head}[\n    {joined}\n  ]")
         else:
             lines.append(head + encode(value))
     return "{\n" + ",\n".join(lines) + "\n}\n"
