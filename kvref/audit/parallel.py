@@ -37,6 +37,7 @@ __all__ = [
     "SERIAL_THRESHOLD",
     "Summarizer",
     "Unchanged",
+    "available_cpus",
     "summarize_many",
     "summarize_path",
 ]
@@ -263,6 +264,13 @@ def _unpack_rows(data: bytes, *, lazy: bool = False) -> list[_Outcome[object]]:
     return outcomes
 
 
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity where the platform says), at least 1."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
+
+
 def _size(path: Path) -> int:
     try:
         return path.stat().st_size
@@ -333,8 +341,7 @@ def summarize_many(
         ValueError: `jobs` is below 1.
     """
     if jobs is None:
-        jobs = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        jobs = jobs or 1
+        jobs = available_cpus()
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
     summarizer = cast(Summarizer[S], summarize or _default_summarizer())

@@ -27,7 +27,7 @@ from kvref.audit.environment import InterpreterError, discover_environment
 from kvref.audit.forked import fork_available
 from kvref.audit.model import AnalysisOptions, AnalysisResult, FileError
 from kvref.audit.paths import absolute_path
-from kvref.audit.parallel import Pickled, summarize_many
+from kvref.audit.parallel import Pickled, available_cpus, summarize_many
 from kvref.audit.progress import ProgressBar
 from kvref.audit.summary import ModuleSummary, summarize
 
@@ -85,14 +85,6 @@ def _options_key(options: AnalysisOptions) -> tuple[object, ...]:
     return tuple(key)
 
 
-def _job_count(jobs: int | None) -> int:
-    if jobs is not None:
-        return jobs
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0)) or 1
-    return os.cpu_count() or 1
-
-
 class _CachedSummarizer:
     """The engine's `summarize_many`: cached, across processes, summaries handed out pickled
     (they are unpickled by whichever checker process needs them), and `SharedSummaries`, so
@@ -109,6 +101,7 @@ class _CachedSummarizer:
         self.jobs = jobs
         self.cache = cache
         self.on_progress = on_progress
+        self.owner = os.getpid()
 
     def __call__(
         self, paths: Sequence[Path]
@@ -119,13 +112,12 @@ class _CachedSummarizer:
             jobs=self.jobs,
             cache=self.cache,
             summarize=summarize,
-            on_progress=self.on_progress,
+            # A forked checker must not draw on its parent's progress bar.
+            on_progress=self.on_progress if os.getpid() == self.owner else None,
             lazy=True,
         )
 
     def mark(self) -> int:
-        # A forked checker must not draw on the parent's progress bar.
-        self.on_progress = None
         return self.cache.stored_count if self.cache is not None else 0
 
     def export_since(self, mark: int) -> bytes:
@@ -206,7 +198,7 @@ def analyze_at_scale(
             options=options,
             search_paths=environment.search_paths,
             summarize_many=summarize_batch,
-            jobs=_job_count(settings.jobs),
+            jobs=settings.jobs or available_cpus(),
         )
     finally:
         if bar is not None:
