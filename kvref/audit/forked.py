@@ -7,8 +7,8 @@ back only its answer. The parent computes share 0 meanwhile.
 
 A child that fails in any way (an exception, a signal, an answer that does not decode) costs
 time, never correctness: the parent, whose state the children cannot touch, computes that
-share itself. Where `os.fork` is missing or unsafe (Windows, macOS), `fork_available()` is
-False and the caller runs the shares in turn.
+share itself. Where `os.fork` is missing or unsafe (Windows, macOS, a process running other
+threads), `fork_available()` is False and the shares run here in turn.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from typing import NoReturn, TypeVar
 
@@ -26,8 +27,14 @@ R = TypeVar("R")
 
 
 def fork_available() -> bool:
-    """Whether `run_shares` forks here (Linux only: macOS frameworks are not fork-safe)."""
-    return hasattr(os, "fork") and sys.platform.startswith("linux")
+    """Whether `run_shares` forks here: on Linux (macOS frameworks are not fork-safe), in a
+    process with one thread (a child forked while another thread holds a lock, an import's
+    or a stream's, would wait for it forever)."""
+    return (
+        hasattr(os, "fork")
+        and sys.platform.startswith("linux")
+        and threading.active_count() == 1
+    )
 
 
 def _child(work: Callable[[], bytes], write_fd: int) -> NoReturn:

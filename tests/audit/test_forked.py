@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 
 import pytest
 
@@ -93,3 +94,17 @@ def test_one_share_never_forks() -> None:
     assert run_shares([7], lambda n: (n, os.getpid()), encode=_encode, decode=_decode) == [
         (7, os.getpid())
     ]
+
+
+def test_a_process_running_other_threads_does_not_fork() -> None:
+    release = threading.Event()
+    worker = threading.Thread(target=release.wait)
+    worker.start()
+    try:
+        assert not fork_available()
+        parent = os.getpid()
+        results = run_shares([1, 2], lambda n: (n, os.getpid()), encode=_encode, decode=_decode)
+        assert results == [(1, parent), (2, parent)]
+    finally:
+        release.set()
+        worker.join()
