@@ -20,8 +20,8 @@ import os
 import stat as stat_module
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, replace
 from multiprocessing.context import BaseContext
 from pathlib import Path
 from typing import Final, Generic, TypeVar, cast
@@ -33,6 +33,7 @@ from kvref.audit.paths import relative_path
 __all__ = [
     "DEFAULT_MAX_FILE_BYTES",
     "FileStamp",
+    "Follow",
     "Pickled",
     "SERIAL_THRESHOLD",
     "Summarizer",
@@ -213,7 +214,10 @@ def _summarize_chunk(
 
 
 _SUMMARY, _ERROR, _UNCHANGED = 0, 1, 2
-_Row = tuple[str, int, object, int, int, bytes]
+_Row = tuple[str, int, object, int, int, bytes, tuple[str, ...]]
+
+Follow = Callable[[S], Iterable[str]]
+"""Turns a summary into files worth summarising too (paths; they go to the cache only)."""
 
 
 def _summarize_chunk_packed(
@@ -221,6 +225,7 @@ def _summarize_chunk_packed(
     root: Path,
     summarize: Summarizer[S],
     max_bytes: int,
+    follow: Follow[S] | None = None,
 ) -> bytes:
     """A worker's answer: `marshal` of one plain row per file, each summary pickled alone.
 
@@ -238,19 +243,27 @@ def _summarize_chunk_packed(
         )
         size, mtime_ns = (stamp.st_size, stamp.st_mtime_ns) if stamp else (-1, 0)
         if isinstance(result, Unchanged):
-            rows.append((str(path), _UNCHANGED, result.digest, size, mtime_ns, digest))
+            rows.append((str(path), _UNCHANGED, result.digest, size, mtime_ns, digest, ()))
         elif isinstance(result, FileError):
             fields = (result.path, result.line, result.col, result.message)
-            rows.append((str(path), _ERROR, fields, size, mtime_ns, digest))
+            rows.append((str(path), _ERROR, fields, size, mtime_ns, digest, ()))
         else:
-            rows.append((str(path), _SUMMARY, dumps(result), size, mtime_ns, digest))
+            leads = tuple(follow(result)) if follow is not None else ()
+            rows.append((str(path), _SUMMARY, dumps(result), size, mtime_ns, digest, leads))
         del result
     return marshal.dumps(rows)
 
 
-def _unpack_rows(data: bytes, *, lazy: bool = False) -> list[_Outcome[object]]:
+def _unpack_rows(
+    data: bytes, *, lazy: bool = False
+) -> tuple[list[_Outcome[object]], list[str]]:
+    """The outcomes a worker sent, and the files its summaries lead to (see `Follow`)."""
     outcomes: list[_Outcome[object]] = []
-    for path, kind, payload, size, mtime_ns, digest in cast(list[_Row], marshal.loads(data)):
+    leads: list[str] = []
+    for path, kind, payload, size, mtime_ns, digest, led in cast(
+        list[_Row], marshal.loads(data)
+    ):
+        leads.extend(led)
         stamp = FileStamp(size, mtime_ns) if size >= 0 else None
         pickled: bytes | None = None
         result: object
@@ -262,7 +275,7 @@ def _unpack_rows(data: bytes, *, lazy: bool = False) -> list[_Outcome[object]]:
             pickled = cast(bytes, payload)
             result = Pickled[object](pickled) if lazy else loads(pickled)
         outcomes.append(_Outcome(path, result, stamp, digest, pickled))
-    return outcomes
+    return outcomes, leads
 
 
 def available_cpus() -> int:
@@ -320,6 +333,7 @@ def summarize_many(
     max_bytes: int = DEFAULT_MAX_FILE_BYTES,
     on_progress: Callable[[int], None] | None = None,
     lazy: bool = False,
+    follow: Follow[S] | None = None,
 ) -> dict[Path, S | FileError | Pickled[S]]:
     """Summarise every file, reusing the cache and spreading the rest over processes.
 
@@ -333,6 +347,9 @@ def summarize_many(
         on_progress: called with the number of files just finished (for a progress bar).
         lazy: hand out summaries that arrive pickled (from a worker, or from the cache while
             not yet unpickled) as `Pickled`, for the caller to load where it needs them.
+        follow: run in the workers on each summary; the files it names that the cache does
+            not hold are summarised by the same pool, after the others, into the cache only
+            (not returned). Used with a cache and more than one process, ignored otherwise.
 
     Returns:
         A summary (or its `Pickled` form) or a `FileError` for every given path, keyed by
@@ -374,9 +391,19 @@ def summarize_many(
         on_progress(len(results))
     by_name = {str(path): path for path, _ in work}
 
+    followed: dict[str, Path] = {}  # files summarised for the cache only (see `follow`)
+
     def absorb(outcomes: Iterable[_Outcome[S]]) -> None:
         finished = 0
         for outcome in outcomes:
+            followed_path = followed.get(outcome.path)
+            if followed_path is not None:
+                # Kept as the worker pickled it; a file that failed is left to the lookup.
+                if cache is not None and outcome.pickled is not None and outcome.stamp is not None:
+                    cache.store_pickled(
+                        followed_path, outcome.stamp, outcome.digest, outcome.pickled
+                    )
+                continue
             finished += 1
             path = by_name[outcome.path]
             result = outcome.result
@@ -404,11 +431,41 @@ def summarize_many(
     if not sizes:
         sizes = {path: _size(path) for path, _ in work}
     chunks = _chunks(work, sizes, jobs * _CHUNKS_PER_JOB)
+    leading = follow if cache is not None else None
     with ProcessPoolExecutor(max_workers=min(jobs, len(chunks)), mp_context=_pool_context()) as pool:
-        futures: list[Future[bytes]] = [
-            pool.submit(_summarize_chunk_packed, chunk, root, summarizer, max_bytes)
+        pending: set[Future[bytes]] = {
+            pool.submit(_summarize_chunk_packed, chunk, root, summarizer, max_bytes, leading)
             for chunk in chunks
-        ]
-        for future in as_completed(futures):
-            absorb(cast(list[_Outcome[S]], _unpack_rows(future.result(), lazy=lazy)))
+        }
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                # Lazy here: a followed file's summary goes to the cache as it was pickled.
+                outcomes, leads = _unpack_rows(future.result(), lazy=True)
+                if not lazy:
+                    outcomes = [_loaded(outcome) for outcome in outcomes]
+                absorb(cast(list[_Outcome[S]], outcomes))
+                new = [
+                    lead
+                    for lead in dict.fromkeys(leads)
+                    if lead not in by_name
+                    and lead not in followed
+                    and cache is not None
+                    and cache.expected_digest(Path(lead)) is None
+                ]
+                if new:
+                    followed.update((lead, Path(lead)) for lead in new)
+                    chunk = [(Path(lead), None) for lead in new]
+                    pending.add(
+                        pool.submit(
+                            _summarize_chunk_packed, chunk, root, summarizer, max_bytes, leading
+                        )
+                    )
     return results
+
+
+def _loaded(outcome: _Outcome[object]) -> _Outcome[object]:
+    """The outcome with its summary unpickled (for callers that do not want `Pickled`)."""
+    if outcome.pickled is None:
+        return outcome
+    return replace(outcome, result=loads(outcome.pickled))

@@ -44,6 +44,7 @@ __all__ = [
     "ProjectIndex",
     "Unresolved",
     "module_names_for",
+    "standard_library_files",
 ]
 
 BUILTINS = "builtins"
@@ -766,15 +767,7 @@ def _summarize_from(
     root: Path, name: str, summarize_file: Callable[[Path], ModuleSummary | None]
 ) -> ModuleSummary | None:
     """Find `name` under one search root (stubs first, PEP 561 `-stubs` packages too)."""
-    parts = name.split(".")
-    candidates: list[Path] = []
-    for top, suffixes in ((f"{parts[0]}-stubs", (".pyi",)), (parts[0], (".pyi", ".py"))):
-        base = root.joinpath(top, *parts[1:])
-        for suffix in suffixes:
-            candidates.append(base / f"__init__{suffix}")
-            if len(parts) > 1 or top == parts[0]:
-                candidates.append(base.with_name(base.name + suffix))
-    for candidate in candidates:
+    for candidate in _candidate_files(root, name):
         key = str(candidate)
         if key in _FILE_CACHE:
             if _FILE_CACHE[key] is not None:
@@ -788,6 +781,66 @@ def _summarize_from(
         if summary is not None:
             return summary
     return None
+
+
+def _candidate_files(root: Path, name: str) -> list[Path]:
+    """The files that may hold module `name` under `root`, in the order they are tried."""
+    parts = name.split(".")
+    candidates: list[Path] = []
+    for top, suffixes in ((f"{parts[0]}-stubs", (".pyi",)), (parts[0], (".pyi", ".py"))):
+        base = root.joinpath(top, *parts[1:])
+        for suffix in suffixes:
+            candidates.append(base / f"__init__{suffix}")
+            if len(parts) > 1 or top == parts[0]:
+                candidates.append(base.with_name(base.name + suffix))
+    return candidates
+
+
+@functools.cache
+def _standard_library_file(name: str) -> str | None:
+    for candidate in _candidate_files(_STDLIB, name):
+        if os.path.isfile(candidate):
+            return str(candidate)
+    return None
+
+
+def standard_library_files(summary: ModuleSummary) -> tuple[str, ...]:
+    """The standard-library source files the module's class bases are imported from, and
+    those its `*` imports read.
+
+    The checkers look those modules up (`typing`, `abc`, `enum`...) in every process that
+    checks a class deriving from them; summarising them along with the project's files, in
+    the same pool, makes them cache hits instead. A file named needlessly costs one parse; a
+    module missed is summarised when a lookup reaches it, as before.
+    """
+    symbols = dict(summary.symbols)
+    modules: dict[str, None] = {}
+    for cls in summary.classes:
+        for base in cls.bases:
+            head, _, rest = base.dotted.partition(".")
+            bindings = symbols.get(head) if head else None
+            if not bindings:
+                continue
+            binding = bindings[0]
+            if binding.kind == "import" and binding.level == 0 and binding.module:
+                modules[binding.module] = None
+                modules[f"{binding.module}.{binding.target}"] = None  # a submodule, maybe
+            elif binding.kind == "module":
+                # `import collections.abc` binds `collections`; `collections.abc.Mapping`
+                # names the module `collections.abc`.
+                parts = [binding.target, *rest.split(".")[:-1]] if rest else [binding.target]
+                for end in range(1, len(parts) + 1):
+                    modules[".".join(parts[:end])] = None
+    for module, level in summary.star_imports:
+        if level == 0:
+            modules[module] = None
+    found: list[str] = []
+    for module in modules:
+        if module.partition(".")[0] in _STDLIB_NAMES:
+            path = _standard_library_file(module)
+            if path is not None:
+                found.append(path)
+    return tuple(dict.fromkeys(found))
 
 
 @functools.cache

@@ -29,6 +29,7 @@ from kvref.audit.model import AnalysisOptions, AnalysisResult, FileError
 from kvref.audit.paths import absolute_path
 from kvref.audit.parallel import Pickled, available_cpus, summarize_many
 from kvref.audit.progress import ProgressBar
+from kvref.audit.resolve import standard_library_files
 from kvref.audit.summary import ModuleSummary, summarize
 
 __all__ = ["InterpreterError", "ScaleSettings", "analyze_at_scale", "wait_for_saves"]
@@ -115,6 +116,9 @@ class _CachedSummarizer:
             # A forked checker must not draw on its parent's progress bar.
             on_progress=self.on_progress if os.getpid() == self.owner else None,
             lazy=True,
+            # The standard-library modules the classes derive from are summarised by the
+            # pool too, so that the checking processes find them in the cache.
+            follow=standard_library_files,
         )
 
     def mark(self) -> int:

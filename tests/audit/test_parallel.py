@@ -162,3 +162,57 @@ def test_lazy_hands_out_pickles_from_the_pool_and_the_cache_that_load_to_the_sam
     assert warm.hits == len(paths)
     assert all(isinstance(value, Pickled) and value.weight > 0 for value in hits.values())
     assert {path: cast(Pickled[object], value).load() for path, value in hits.items()} == eager
+
+
+FOLLOWED: dict[str, str] = {}  # a class name -> the file a summary naming it leads to
+
+
+def lead_to_followed(summary: tuple[str, ...]) -> list[str]:
+    """A `follow` for `class_names`: the files registered for the classes a module defines."""
+    return [FOLLOWED[name] for name in summary if name in FOLLOWED]
+
+
+def test_followed_files_are_summarised_by_the_pool_into_the_cache_only(tmp_path: Path) -> None:
+    paths = make_tree(tmp_path / "src", SERIAL_THRESHOLD * 2)
+    extra = tmp_path / "elsewhere" / "extra.py"
+    extra.parent.mkdir()
+    extra.write_text("class Extra:\n    pass\n")
+    again = tmp_path / "elsewhere" / "again.py"  # led to by a followed file: followed too
+    again.write_text("class Again:\n    pass\n")
+    for path in (extra, again):
+        os.utime(path, ns=(OLD_NS, OLD_NS))
+    FOLLOWED.update({"C3": str(extra), "C5": str(extra), "Extra": str(again)})
+    try:
+        cache = SummaryCache[tuple[str, ...] | FileError](tmp_path / "cache", "t")
+        cache.load()
+        results = summarize_many(
+            paths, root=tmp_path, jobs=2, cache=cache, summarize=class_names,
+            lazy=True, follow=lead_to_followed,
+        )  # fmt: skip
+        assert set(results) == set(paths)  # followed files are not returned
+        cache.save()
+        warm = SummaryCache[tuple[str, ...] | FileError](tmp_path / "cache", "t")
+        warm.load()
+        assert warm.lookup(extra, extra.stat()) == ("Extra",)
+        assert warm.lookup(again, again.stat()) == ("Again",)
+        # Without a cache there is nowhere to keep them: `follow` is not even called.
+        MARKER.append(str(tmp_path / "followed"))
+        summarize_many(paths, root=tmp_path, jobs=2, summarize=class_names, follow=marking_follow)
+        assert not (tmp_path / "followed").exists()
+        summarize_many(
+            paths, root=tmp_path, jobs=2, summarize=class_names, follow=marking_follow,
+            cache=SummaryCache[tuple[str, ...] | FileError](tmp_path / "other", "t"),
+        )  # fmt: skip
+        assert (tmp_path / "followed").exists()  # (the marker works)
+    finally:
+        FOLLOWED.clear()
+        MARKER.clear()
+
+
+MARKER: list[str] = []
+
+
+def marking_follow(summary: tuple[str, ...]) -> list[str]:
+    """A `follow` that leaves a file behind when a worker calls it, and leads nowhere."""
+    Path(MARKER[0]).touch()
+    return []
