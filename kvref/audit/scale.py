@@ -29,7 +29,6 @@ from kvref.audit.model import AnalysisOptions, AnalysisResult, FileError
 from kvref.audit.paths import absolute_path
 from kvref.audit.parallel import Pickled, available_cpus, summarize_many
 from kvref.audit.progress import ProgressBar
-from kvref.audit.resolve import standard_library_files
 from kvref.audit.summary import ModuleSummary, summarize
 
 __all__ = ["InterpreterError", "ScaleSettings", "analyze_at_scale", "wait_for_saves"]
@@ -107,6 +106,9 @@ class _CachedSummarizer:
     def __call__(
         self, paths: Sequence[Path]
     ) -> Mapping[Path, ModuleSummary | FileError | Pickled[ModuleSummary]]:
+        # Imported here: a warm run, answered from the result cache, never loads the index.
+        from kvref.audit.resolve import standard_library_files
+
         return summarize_many(
             paths,
             root=self.root,
