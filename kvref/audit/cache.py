@@ -405,19 +405,16 @@ class SummaryCache(Generic[T]):
             self._dirty = True
         return value
 
-    def store(
-        self, path: Path, stat: StatLike, digest: bytes, value: T, pickled: bytes | None = None
-    ) -> None:
-        """Remember the summary computed from the bytes whose stat and digest are given.
+    def store(self, path: Path, stat: StatLike, digest: bytes, value: T) -> None:
+        """Remember the summary computed from the bytes whose stat and digest are given
+        (pickled when the cache is saved; `store_pickled` keeps a pickle as it is).
 
         Args:
             path, stat, digest: the file, and the stat and digest of the bytes summarised.
             value: the summary.
-            pickled: `dumps(value)` when the caller already has it (a worker process sends
-                summaries pickled), so saving does not pickle it again.
         """
         self.misses += 1
-        entry = _Entry(stat.st_size, stat.st_mtime_ns, digest, pickled, value)
+        entry = _Entry(stat.st_size, stat.st_mtime_ns, digest, None, value)
         entry.decoded = True
         self._entries[str(path)] = entry
         self._stored.append(str(path))

@@ -21,7 +21,7 @@ import stat as stat_module
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from multiprocessing.context import BaseContext
 from pathlib import Path
 from typing import Final, Generic, TypeVar, cast
@@ -109,14 +109,13 @@ class FileStamp:
 class _Outcome(Generic[S]):
     """What summarising one file produced, with the stamp and digest it was computed from.
 
-    `pickled` is the summary as a worker sent it (kept as the cache entry), None in-process.
+    A worker's summary arrives `Pickled` (that pickle becomes the cache entry as it is).
     """
 
     path: str
     result: S | FileError | Unchanged | Pickled[S]
     stamp: FileStamp | None
     digest: bytes
-    pickled: bytes | None = None
 
 
 def _error_from(exception: BaseException, relative: str) -> FileError:
@@ -254,10 +253,9 @@ def _summarize_chunk_packed(
     return marshal.dumps(rows)
 
 
-def _unpack_rows(
-    data: bytes, *, lazy: bool = False
-) -> tuple[list[_Outcome[object]], list[str]]:
-    """The outcomes a worker sent, and the files its summaries lead to (see `Follow`)."""
+def _unpack_rows(data: bytes) -> tuple[list[_Outcome[object]], list[str]]:
+    """The outcomes a worker sent (summaries still `Pickled`), and the files its summaries
+    lead to (see `Follow`)."""
     outcomes: list[_Outcome[object]] = []
     leads: list[str] = []
     for path, kind, payload, size, mtime_ns, digest, led in cast(
@@ -265,16 +263,14 @@ def _unpack_rows(
     ):
         leads.extend(led)
         stamp = FileStamp(size, mtime_ns) if size >= 0 else None
-        pickled: bytes | None = None
         result: object
         if kind == _UNCHANGED:
             result = Unchanged(cast(bytes, payload))
         elif kind == _ERROR:
             result = FileError(*cast(tuple[str, int, int, str], payload))
         else:
-            pickled = cast(bytes, payload)
-            result = Pickled[object](pickled) if lazy else loads(pickled)
-        outcomes.append(_Outcome(path, result, stamp, digest, pickled))
+            result = Pickled[object](cast(bytes, payload))
+        outcomes.append(_Outcome(path, result, stamp, digest))
     return outcomes, leads
 
 
@@ -396,17 +392,15 @@ def summarize_many(
     def absorb(outcomes: Iterable[_Outcome[S]]) -> None:
         finished = 0
         for outcome in outcomes:
+            result = outcome.result
             followed_path = followed.get(outcome.path)
             if followed_path is not None:
                 # Kept as the worker pickled it; a file that failed is left to the lookup.
-                if cache is not None and outcome.pickled is not None and outcome.stamp is not None:
-                    cache.store_pickled(
-                        followed_path, outcome.stamp, outcome.digest, outcome.pickled
-                    )
+                if cache is not None and isinstance(result, Pickled) and outcome.stamp is not None:
+                    cache.store_pickled(followed_path, outcome.stamp, outcome.digest, result.data)
                 continue
             finished += 1
             path = by_name[outcome.path]
-            result = outcome.result
             if isinstance(result, Unchanged):
                 assert cache is not None and outcome.stamp is not None
                 reused = cache.lookup_digest(path, result.digest, outcome.stamp)
@@ -414,13 +408,18 @@ def summarize_many(
                     raise AssertionError(f"digest of {path} vanished from the cache")
                 results[path] = reused
                 continue
-            results[path] = result
             # Errors from reading (no stat) depend on the filesystem, not the bytes: not cached.
-            if cache is not None and outcome.stamp is not None and outcome.digest:
-                if isinstance(result, Pickled):
+            cacheable = cache is not None and outcome.stamp is not None and outcome.digest
+            if isinstance(result, Pickled):  # from a worker: the pickle is the cache entry
+                if cacheable:
+                    assert cache is not None and outcome.stamp is not None
                     cache.store_pickled(path, outcome.stamp, outcome.digest, result.data)
-                else:
-                    cache.store(path, outcome.stamp, outcome.digest, result, outcome.pickled)
+                results[path] = result if lazy else cast(Pickled[S], result).load()
+                continue
+            results[path] = result
+            if cacheable:
+                assert cache is not None and outcome.stamp is not None
+                cache.store(path, outcome.stamp, outcome.digest, result)
         if on_progress is not None and finished:
             on_progress(finished)
 
@@ -440,10 +439,7 @@ def summarize_many(
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for future in done:
-                # Lazy here: a followed file's summary goes to the cache as it was pickled.
-                outcomes, leads = _unpack_rows(future.result(), lazy=True)
-                if not lazy:
-                    outcomes = [_loaded(outcome) for outcome in outcomes]
+                outcomes, leads = _unpack_rows(future.result())
                 absorb(cast(list[_Outcome[S]], outcomes))
                 new = [
                     lead
@@ -463,9 +459,3 @@ def summarize_many(
                     )
     return results
 
-
-def _loaded(outcome: _Outcome[object]) -> _Outcome[object]:
-    """The outcome with its summary unpickled (for callers that do not want `Pickled`)."""
-    if outcome.pickled is None:
-        return outcome
-    return replace(outcome, result=loads(outcome.pickled))
