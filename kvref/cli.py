@@ -69,7 +69,7 @@ def audit(
         OutputFormat, typer.Option(help="How findings are printed on stdout.")
     ] = OutputFormat.TEXT,
     exit_zero: Annotated[
-        bool, typer.Option("--exit-zero", help="Exit 0 even when findings remain (errors still exit 2).")
+        bool, typer.Option("--exit-zero", help="Exit 0 even when findings remain or files do not parse (usage errors still exit 2).")
     ] = False,
     baseline: Annotated[
         Path | None, typer.Option(metavar="FILE", help="Hide the findings recorded in FILE.")

@@ -127,9 +127,17 @@ def find_project_root(paths: Sequence[Path], cwd: Path) -> tuple[Path, Path | No
     return start, None
 
 
-def load_config(pyproject: Path | None, root: Path) -> AuditConfig:
+def load_config(
+    pyproject: Path | None, root: Path, *, relative_to: Path | None = None
+) -> AuditConfig:
     """Read `[tool.kvref]` from `pyproject` (a `pyproject.toml`, or any TOML file whose
     top-level table holds the keys, such as `kvref.toml`).
+
+    Args:
+        pyproject: the file, or None for the defaults.
+        root: the project root the settings apply to.
+        relative_to: the directory that paths inside the file are relative to (default
+            `root`; `--config` passes the file's own directory).
 
     Raises:
         ConfigError: the file cannot be read or parsed, or the table is invalid.
@@ -152,7 +160,9 @@ def load_config(pyproject: Path | None, root: Path) -> AuditConfig:
         where = str(pyproject)
     if not isinstance(table, dict):
         raise ConfigError(f"{where}: must be a table")
-    config = parse_config_table(cast(dict[str, object], table), root=root, where=where)
+    config = parse_config_table(
+        cast(dict[str, object], table), root=root, where=where, relative_to=relative_to
+    )
     return replace(config, source=pyproject)
 
 
@@ -173,7 +183,11 @@ def _bool(where: str, key: str, value: object) -> bool:
 
 
 def parse_config_table(
-    table: Mapping[str, object], *, root: Path, where: str = "[tool.kvref]"
+    table: Mapping[str, object],
+    *,
+    root: Path,
+    where: str = "[tool.kvref]",
+    relative_to: Path | None = None,
 ) -> AuditConfig:
     """Validate a `[tool.kvref]` table (selectors are validated later, against the rules).
 
@@ -243,7 +257,7 @@ def parse_config_table(
         per_file_ignores=per_file_ignores,
         respect_gitignore=_bool(where, "respect-gitignore", table.get("respect-gitignore", True)),
         force_exclude=_bool(where, "force-exclude", table.get("force-exclude", False)),
-        baseline=(root / baseline_value) if isinstance(baseline_value, str) else None,
+        baseline=((relative_to or root) / baseline_value) if isinstance(baseline_value, str) else None,
         options=options,
     )
 

@@ -145,7 +145,8 @@ class AuditRequest:
         select: `--select` selectors (None: keep the configured selection).
         ignore: `--ignore` selectors.
         output_format: how findings are printed on stdout.
-        exit_zero: exit 0 even when findings remain (errors still exit 2).
+        exit_zero: exit 0 even when findings remain or files cannot be read or parsed (they are
+            still reported); a usage or configuration error still exits 2.
         baseline: `--baseline FILE` (overrides the configured baseline).
         write_baseline: `--write-baseline FILE`: record the current findings and exit.
         fix: write safe fixes (and unsafe ones with `unsafe_fixes`).
@@ -214,15 +215,16 @@ class _Runner:
         request = self.request
         if request.write_baseline is not None and (request.fix or request.diff):
             raise UsageError("--write-baseline cannot be combined with --fix or --diff")
+        root, pyproject = find_project_root([self.cwd / path for path in request.paths], self.cwd)
         if request.config is not None:
+            # Like ruff: the named file's settings apply to the tree being audited, wherever
+            # the file lives (the project root is still found from the paths); only the
+            # paths written inside it (`baseline`) are relative to its own directory.
             config_file = Path(os.path.abspath(self.cwd / request.config))
             if not config_file.is_file():
                 raise ConfigError(f"--config {request.config}: no such file")
-            config = load_config(config_file, config_file.parent)
+            config = load_config(config_file, root, relative_to=config_file.parent)
         else:
-            root, pyproject = find_project_root(
-                [self.cwd / path for path in request.paths], self.cwd
-            )
             config = load_config(pyproject, root)
         where = f"{config.source} [tool.kvref]" if config.source else "[tool.kvref]"
         rules = self.backend.rules
@@ -478,10 +480,14 @@ class _Runner:
         self.stderr.write(
             render_summary(report, color=use_color(self.stderr, os.environ), diff=request.diff)
         )
+        if request.exit_zero:
+            # `--exit-zero` is for reports that must be uploaded whatever they hold (SARIF in
+            # CI): unparsable files are in the report, and the run still succeeds.
+            return EXIT_CLEAN
         if errors:
             return EXIT_ERROR
         failing = bool(fixing.diff) if request.diff else bool(baseline.new)
-        return EXIT_FINDINGS if failing and not request.exit_zero else EXIT_CLEAN
+        return EXIT_FINDINGS if failing else EXIT_CLEAN
 
 
 _FREEZE_AFTER_ALLOCATIONS: Final = 200_000
@@ -646,7 +652,7 @@ def build_parser(*, quiet: bool = False) -> argparse.ArgumentParser:
         choices=[fmt.value for fmt in OutputFormat],
         default=OutputFormat.TEXT.value,
     )
-    parser.add_argument("--exit-zero", action="store_true", help="exit 0 even when findings remain")
+    parser.add_argument("--exit-zero", action="store_true", help="exit 0 even when findings remain or files do not parse")
     parser.add_argument("--baseline", type=Path, metavar="FILE", help="hide findings recorded in FILE")
     parser.add_argument(
         "--write-baseline", type=Path, metavar="FILE", help="record the current findings in FILE"

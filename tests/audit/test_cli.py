@@ -115,14 +115,28 @@ def test_a_file_that_does_not_parse_is_an_error_and_the_rest_is_audited(
     assert "Traceback" not in outcome.stderr
 
 
-def test_an_undecodable_file_is_an_error_even_with_exit_zero(
+def test_exit_zero_exits_0_with_unparsable_files_and_still_reports_them(
     project: Project, run: Callable[..., Outcome]
 ) -> None:
-    project.write({"pkg/child.py": CHILD})
+    project.write({"pkg/child.py": CHILD, "pkg/broken.py": "def f(:\n    pass\n"})
     (project.root / "pkg" / "latin.py").write_bytes(b"x = '\xff'\n")
     outcome = run("--exit-zero")
-    assert outcome.code == EXIT_ERROR
+    assert outcome.code == EXIT_CLEAN
+    assert "pkg/child.py:5:9: KVR001" in outcome.stdout
     assert "pkg/latin.py:1:1: error: cannot decode" in outcome.stderr
+    assert "pkg/broken.py:1:7: error: syntax error" in outcome.stderr
+    # A usage error is not a report: it still exits 2.
+    assert run("--exit-zero", "--select", "NOPE").code == EXIT_ERROR
+
+
+def test_exit_zero_sarif_report_names_the_unparsable_file(
+    project: Project, run: Callable[..., Outcome]
+) -> None:
+    project.write({"pkg/child.py": CHILD, "pkg/broken.py": "def f(:\n    pass\n"})
+    outcome = run("--exit-zero", "--output-format", "sarif")
+    assert outcome.code == EXIT_CLEAN
+    assert "pkg/broken.py" in outcome.stdout
+    assert "KVR001" in outcome.stdout
 
 
 def test_unknown_config_key_exits_2_naming_the_key_and_allowed_keys(
@@ -433,6 +447,30 @@ def test_config_option_reads_another_file(project: Project, run: Callable[..., O
     missing = run("--config", "nope.toml")
     assert missing.code == EXIT_ERROR
     assert missing.stderr == "kvref: error: --config nope.toml: no such file\n"
+
+
+def test_config_outside_the_tree_applies_to_the_tree(
+    project: Project, run: Callable[..., Outcome], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    project.write(SELECTION_PROJECT)
+    elsewhere = tmp_path_factory.mktemp("shared-config")
+    (elsewhere / "pyproject.toml").write_text('[tool.kvref]\nselect = ["KVR102"]\n')
+    outcome = run("--config", str(elsewhere / "pyproject.toml"))
+    assert [line.split()[1] for line in outcome.stdout.splitlines()] == ["KVR102"]
+    assert "Checked 0 files" not in outcome.stderr
+    assert outcome.code == EXIT_FINDINGS
+
+
+def test_config_baseline_is_relative_to_the_config_file(
+    project: Project, run: Callable[..., Outcome], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    project.write({"pkg/__init__.py": "", "pkg/base.py": BASE, "pkg/child.py": CHILD})
+    elsewhere = tmp_path_factory.mktemp("shared-config")
+    (elsewhere / "kvref.toml").write_text('baseline = "recorded.json"\n')
+    assert run("--write-baseline", str(elsewhere / "recorded.json")).code == EXIT_CLEAN
+    outcome = run("--config", str(elsewhere / "kvref.toml"))
+    assert outcome.code == EXIT_CLEAN
+    assert outcome.stdout == ""
 
 
 def test_only_excluded_files_named_means_nothing_to_do(project: Project, run: Callable[..., Outcome]) -> None:
