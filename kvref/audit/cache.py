@@ -192,7 +192,7 @@ def version_stamp(schema_files: Iterable[Path] = ()) -> str:
         try:
             digest.update(path.read_bytes())
         except OSError:
-            digest.update(str(path).encode())
+            digest.update(os.fsencode(path))
     return (
         f"{CACHE_FORMAT}-kvref{__version__}-{sys.implementation.name}"
         f"{sys.version_info.major}.{sys.version_info.minor}.{sys.version_info.micro}"
@@ -608,7 +608,8 @@ class ResultCache:
             digest.update(b"\0")
         newest = 0
         for path, size, mtime_ns in stats:
-            digest.update(f"{path}\0{size}\0{mtime_ns}\n".encode())
+            # A file name that is not UTF-8 keeps its bytes as lone surrogates (os.fsdecode).
+            digest.update(f"{path}\0{size}\0{mtime_ns}\n".encode("utf-8", "surrogateescape"))
             newest = max(newest, mtime_ns)
         return digest.digest(), newest
 

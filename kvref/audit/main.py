@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import io
 import os
 import sys
 from collections.abc import Callable, Collection, Generator, Sequence
@@ -547,6 +548,8 @@ def run_audit(
     """
     out = stdout if stdout is not None else sys.stdout
     err = stderr if stderr is not None else sys.stderr
+    for stream in (out, err):
+        _pass_undecodable_names_through(stream)
     try:
         if backend is None:
             resolved = real_backend()
@@ -570,6 +573,17 @@ def run_audit(
     except Exception as exc:  # noqa: BLE001 - the one place every failure becomes exit 2
         err.write(f"kvref: internal error: {type(exc).__name__}: {exc}\n")
     return EXIT_ERROR
+
+
+def _pass_undecodable_names_through(stream: TextIO) -> None:
+    """Let a console stream write file names that are not valid UTF-8 as their own bytes.
+
+    Such a name is held as lone surrogates (`os.fsdecode`); a strict stream would raise on
+    it, ending the run with nothing reported. Written back as the original bytes, the name
+    is the one `ls` shows and a shell can open.
+    """
+    if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":
+        stream.reconfigure(errors="surrogateescape")
 
 
 def _silence(stream: TextIO) -> None:

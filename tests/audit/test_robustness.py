@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
+import json
 import os
 from pathlib import Path
 
 import pytest
 
-from kvref.audit.main import main
+from kvref.audit.main import EXIT_FINDINGS, main, request_from_argv, run_audit
 from kvref.audit.model import FileError
 from kvref.audit.parallel import DEFAULT_MAX_FILE_BYTES, summarize_many
 from kvref.audit.summary import ModuleSummary, summarize
@@ -75,13 +77,55 @@ def test_enormous_file_is_skipped_not_parsed(tmp_path: Path) -> None:
     assert DEFAULT_MAX_FILE_BYTES >= 8 * 1024 * 1024  # real generated modules stay audited
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
-def test_unreadable_file_is_reported(tmp_path: Path) -> None:
+def test_unreadable_file_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     secret = tmp_path / "secret.py"
     secret.write_text("x = 1\n")
     secret.chmod(0)
+    if os.geteuid() == 0:
+        # Root reads a file whatever its mode (CI runs as root): refuse it the way the kernel
+        # refuses anyone else, at the open that reads it.
+        real_open = os.open
+
+        def refusing_open(path: str | os.PathLike[str], flags: int, *args: int, **kwargs: int) -> int:
+            if os.fspath(path) == str(secret):
+                raise PermissionError(13, "Permission denied", os.fspath(path))
+            return real_open(path, flags, *args, **kwargs)
+
+        monkeypatch.setattr(os, "open", refusing_open)
     results = summarize_many([secret], root=tmp_path, jobs=1, summarize=class_names)
     assert errors_of(dict(results)) == {"secret.py": "cannot read: Permission denied"}
+
+
+@pytest.mark.parametrize("output_format", ["text", "json", "sarif", "github"])
+def test_a_file_name_that_is_not_utf8_is_audited_with_the_cache_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, output_format: str
+) -> None:
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'p'\n")
+    (tmp_path / "base.py").write_text("class Base:\n    def work(self) -> None: ...\n")
+    odd = os.fsdecode(b"caf\xe9.py")  # Latin-1 bytes: lone surrogates once decoded
+    (tmp_path / odd).write_text(
+        "from base import Base\n\n\nclass C(Base):\n    def work(self) -> None: ...\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    for _ in range(2):  # cold, then warm from the cache
+        raw_out, raw_err = io.BytesIO(), io.BytesIO()
+        out = io.TextIOWrapper(raw_out, encoding="utf-8", errors="strict")
+        err = io.TextIOWrapper(raw_err, encoding="utf-8", errors="strict")
+        request = request_from_argv([".", "--output-format", output_format])
+        assert request is not None
+        code = run_audit(request, stdout=out, stderr=err)
+        out.flush()
+        err.flush()
+        assert b"internal error" not in raw_err.getvalue()
+        assert code == EXIT_FINDINGS, raw_err.getvalue()
+        printed = raw_out.getvalue()
+        if output_format == "json":
+            assert json.loads(printed)["findings"][0]["path"] == odd
+        elif output_format == "sarif":
+            location = json.loads(printed)["runs"][0]["results"][0]["locations"][0]
+            assert location["physicalLocation"]["artifactLocation"]["uri"] == "caf%E9.py"
+        else:  # the name's own bytes, as `ls` prints them
+            assert b"caf\xe9.py" in printed and b"KVR001" in printed
 
 
 def test_ten_thousand_files_with_one_bad_one(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ only with `--unsafe-fixes`); `fix` is present whenever the rule offers one.
 from __future__ import annotations
 
 import json
+import re
 from json.encoder import encode_basestring
 
 from kvref.audit.model import Finding
@@ -159,4 +160,19 @@ def _dumps_one_item_per_line(
             lines.append(f"{head}[\n    {joined}\n  ]")
         else:
             lines.append(head + encode(value))
-    return "{\n" + ",\n".join(lines) + "\n}\n"
+    return escape_surrogates("{\n" + ",\n".join(lines) + "\n}\n")
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def escape_surrogates(text: str) -> str:
+    """JSON text with each lone surrogate written as a `\\udcXX` escape.
+
+    A file name that is not valid UTF-8 reaches kvref with its bytes as lone surrogates
+    (`os.fsdecode`); UTF-8 cannot encode them, but JSON's escape can, and `json.loads` gives
+    back the same string. Outside strings JSON text is ASCII, so every match is inside one.
+    """
+    if text.isascii():
+        return text
+    return _SURROGATE.sub(lambda match: f"\\u{ord(match.group()):04x}", text)

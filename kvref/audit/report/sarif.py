@@ -116,7 +116,7 @@ SarifLog = TypedDict("SarifLog", {"$schema": str, "version": Literal["2.1.0"], "
 
 def fingerprint(path: str, code: str, symbol: str, occurrence: int) -> str:
     """A stable `primaryLocationLineHash`: independent of line numbers."""
-    digest = hashlib.sha256(f"{path}\0{code}\0{symbol}".encode()).hexdigest()[:16]
+    digest = hashlib.sha256(f"{path}\0{code}\0{symbol}".encode("utf-8", "surrogateescape")).hexdigest()[:16]
     return f"{digest}:{occurrence}"
 
 
@@ -141,7 +141,7 @@ def _location(uri: str, line: int, col: int, end_line: int | None, end_col: int 
         region["endColumn"] = end_col
     return {
         "physicalLocation": {
-            "artifactLocation": {"uri": quote(uri, safe="/"), "uriBaseId": "%SRCROOT%"},
+            "artifactLocation": {"uri": quote(uri.encode("utf-8", "surrogateescape"), safe="/"), "uriBaseId": "%SRCROOT%"},
             "region": region,
         }
     }
