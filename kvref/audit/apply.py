@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import difflib
 import io
-import os
-import tempfile
 import tokenize
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -20,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
+from kvref.audit.atomic import write_atomically
 from kvref.audit.model import Applicability, FileError, Finding, Fix
 
 __all__ = [
@@ -29,7 +28,6 @@ __all__ = [
     "plan_fixes",
     "write_fixes",
     "unified_diff",
-    "write_atomically",
 ]
 
 
@@ -118,30 +116,6 @@ def plan_fixes(
         if fixed != original:
             files.append(FileFix(path, original, fixed, tuple(file_findings)))
     return FixPlan(files, errors)
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write `data` to `path` through a temporary file in the same directory and `os.replace`,
-    keeping an existing file's permission bits (a new file gets the umask's default)."""
-    try:
-        mode: int | None = path.stat().st_mode & 0o7777
-    except FileNotFoundError:
-        mode = None
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(data)
-            stream.flush()
-            os.fsync(stream.fileno())
-        if mode is None:
-            umask = os.umask(0)
-            os.umask(umask)
-            mode = 0o666 & ~umask
-        os.chmod(temporary, mode)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 def write_fixes(root: Path, files: Sequence[FileFix]) -> tuple[list[FileFix], list[FileError]]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
-from kvref.audit.apply import write_atomically
+from kvref.audit.atomic import write_atomically
 from kvref.audit.model import Finding
 from kvref.errors import KVRefError
 

@@ -38,7 +38,6 @@ import operator
 import os
 import pickle
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -46,6 +45,7 @@ from typing import Generic, Protocol, TypeVar, cast
 
 from typing_extensions import override
 
+from kvref.audit.atomic import write_atomically
 from kvref.audit.model import AnalysisResult, Applicability, Edit, FileError, Finding, Fix
 
 __all__ = [
@@ -217,21 +217,6 @@ def _ensure_directory(directory: Path) -> None:
     ignore = directory / ".gitignore"
     if not ignore.exists():
         ignore.write_text("# Created by kvref audit; safe to delete.\n*\n")
-
-
-def _atomic_write(directory: Path, target: Path, payload: bytes) -> None:
-    """Write via a temp file in the same directory and `os.replace`: readers never see half."""
-    handle, temporary = tempfile.mkstemp(dir=directory, prefix=f".{target.name}-", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(payload)
-        os.replace(temporary, target)
-    except BaseException:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
-        raise
 
 
 class _Entry:
@@ -501,7 +486,7 @@ class SummaryCache(Generic[T]):
                 entry.blob = dumps(entry.value)
             rows[key] = (entry.size, entry.mtime_ns, entry.digest, entry.blob)
         payload = marshal.dumps((self.stamp, time.time_ns(), rows))
-        _atomic_write(self.directory, self.pack_path, _MAGIC + payload)
+        write_atomically(self.pack_path, _MAGIC + payload, durable=False)
         self._dirty = False
 
 
@@ -640,4 +625,4 @@ class ResultCache:
         _ensure_directory(self.directory)
         record: object = (key, time.time_ns(), _encode_result(result))
         payload = marshal.dumps(cast(tuple[bytes, int], record))
-        _atomic_write(self.directory, self.path, payload)
+        write_atomically(self.path, payload, durable=False)

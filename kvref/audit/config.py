@@ -18,6 +18,7 @@ the current directory); without one it is the paths' common parent. Every key is
     abstract-implementations = true    # ... on implementations of abstract methods
     protocol-members = true            # ... on members of Protocol subclasses
     exempt-names = ["__init__", "__new__", "__init_subclass__", "__post_init__"]
+    max-file-size = "16 MiB"           # larger files are reported as skipped, not parsed
 
 Selection follows ruff: within one layer (the config file, then the command line) selectors
 apply from least to most specific, so `select = ["ALL"], ignore = ["KVR1"], extend-select =
@@ -68,6 +69,7 @@ CONFIG_KEYS: tuple[str, ...] = (
     "abstract-implementations",
     "protocol-members",
     "exempt-names",
+    "max-file-size",
 )
 
 
@@ -176,6 +178,30 @@ def _string_list(where: str, key: str, value: object) -> tuple[str, ...]:
     return tuple(cast(list[str], value))
 
 
+_SIZE_UNITS: dict[str, int] = {"": 1, "B": 1, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30}
+
+
+def _byte_size(where: str, key: str, value: object) -> int:
+    """A positive size: a number of bytes, or a string such as "32 MiB" or "512KiB"."""
+    number: float | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str):
+        text = value.strip().upper()
+        digits = text.rstrip("KMGIB ").strip()
+        unit = text[len(digits) :].strip()
+        try:
+            number = float(digits) * _SIZE_UNITS[unit] if digits else None
+        except (ValueError, KeyError):
+            number = None
+    if number is None or number < 1:
+        raise ConfigError(
+            f'{where}: {key} must be a positive number of bytes or a size such as "32 MiB", '
+            f"not {value!r}"
+        )
+    return int(number)
+
+
 def _bool(where: str, key: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"{where}: {key} must be true or false, not {value!r}")
@@ -248,6 +274,7 @@ def parse_config_table(
         ),
         exempt_names=exempt,
         override_import=override_import,
+        max_file_bytes=_byte_size(where, "max-file-size", table.get("max-file-size", defaults.max_file_bytes)),
     )
     return AuditConfig(
         root=root,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Final, Literal
 
 __all__ = [
     "Applicability",
@@ -22,6 +22,7 @@ __all__ = [
     "AnalysisOptions",
     "AnalysisResult",
     "DEFAULT_EXEMPT_NAMES",
+    "DEFAULT_MAX_FILE_BYTES",
 ]
 
 
@@ -131,6 +132,12 @@ DEFAULT_EXEMPT_NAMES: frozenset[str] = frozenset(
 )
 
 
+# Larger files are reported ("skipped: ... over the limit") instead of parsed: parsing 16 MiB
+# of generated code needs about a gigabyte of memory and says nothing about class
+# hierarchies. `[tool.kvref] max-file-size` changes it.
+DEFAULT_MAX_FILE_BYTES: Final = 16 * 1024 * 1024
+
+
 @dataclass(frozen=True, slots=True)
 class AnalysisOptions:
     """Policy choices where the type checkers disagree (defaults follow their consensus).
@@ -141,6 +148,7 @@ class AnalysisOptions:
         protocol_members: require it on members of `Protocol` subclasses that override.
         exempt_names: method names never reported by KVR001.
         override_import: the module the fixer imports `override` from.
+        max_file_bytes: files larger than this are reported as skipped, not parsed.
     """
 
     object_dunders: bool = True
@@ -148,6 +156,7 @@ class AnalysisOptions:
     protocol_members: bool = True
     exempt_names: frozenset[str] = DEFAULT_EXEMPT_NAMES
     override_import: Literal["typing_extensions", "typing"] = "typing_extensions"
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
 
 
 @dataclass(slots=True)

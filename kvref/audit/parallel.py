@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Final, Generic, TypeVar, cast
 
 from kvref.audit.cache import SummaryCache, content_digest, dumps, loads
-from kvref.audit.model import FileError
+from kvref.audit.model import DEFAULT_MAX_FILE_BYTES, FileError
 from kvref.audit.paths import relative_path
 
 __all__ = [
@@ -53,9 +53,6 @@ carrying `line`, `col` and `message` attributes (such as `kvref.audit.summary.Su
 becomes a `FileError` at that position.
 """
 
-DEFAULT_MAX_FILE_BYTES: Final = 16 * 1024 * 1024
-"""Files larger than this are reported, not parsed: parsing 16 MiB of generated code alone
-needs about a gigabyte of memory and says nothing about class hierarchies."""
 
 SERIAL_THRESHOLD: Final = 48
 """Below this many files to summarise, starting processes costs more than it saves."""
@@ -176,8 +173,9 @@ def summarize_path(
                     relative,
                     1,
                     1,
-                    f"skipped: {file_stat.st_size / 1048576:.1f} MiB is over the "
-                    f"{max_bytes / 1048576:.0f} MiB limit for one file (generated code?)",
+                    f"skipped: {_spelled_size(file_stat.st_size, rounded=True)} is over the "
+                    f"{_spelled_size(max_bytes)} limit for one file (generated code? raise "
+                    "`max-file-size` in [tool.kvref] to audit it)",
                 ),
                 stamp,
                 b"",
@@ -317,6 +315,15 @@ def _default_summarizer() -> Summarizer[object]:
     # never needs.
     module = importlib.import_module("kvref.audit.summary")
     return cast(Summarizer[object], module.summarize)
+
+
+def _spelled_size(count: int, *, rounded: bool = False) -> str:
+    """A byte count as the configuration spells it: `16 MiB`, `512 KiB`, `100 bytes`
+    (`rounded`: one decimal, `2.3 MiB`)."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}" if rounded else f"{count / scale:g} {unit}"
+    return f"{count} bytes"
 
 
 def summarize_many(

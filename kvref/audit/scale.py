@@ -96,8 +96,10 @@ class _CachedSummarizer:
         jobs: int | None,
         cache: SummaryCache[ModuleSummary | FileError] | None,
         on_progress: Callable[[int], None] | None,
+        max_bytes: int,
     ) -> None:
         self.root = root
+        self.max_bytes = max_bytes
         self.jobs = jobs
         self.cache = cache
         self.on_progress = on_progress
@@ -118,6 +120,7 @@ class _CachedSummarizer:
             # A forked checker must not draw on its parent's progress bar.
             on_progress=self.on_progress if os.getpid() == self.owner else None,
             lazy=True,
+            max_bytes=self.max_bytes,
             # The standard-library modules the classes derive from are summarised by the
             # pool too, so that the checking processes find them in the cache.
             follow=standard_library_files,
@@ -186,7 +189,10 @@ def analyze_at_scale(
 
     summaries: SummaryCache[ModuleSummary | FileError] | None = None
     if cache_dir is not None:
-        summaries = SummaryCache(cache_dir, version_stamp(_SUMMARY_SCHEMA) + f"@{root}")
+        # A file over the size limit is cached as skipped: another limit needs other entries.
+        summaries = SummaryCache(
+            cache_dir, version_stamp(_SUMMARY_SCHEMA) + f"@{root}@{options.max_file_bytes}"
+        )
         summaries.load()
     # The bar counts the reported files (summarised up front); other project files are read
     # only when a lookup reaches them, so they are not part of the total (the bar clamps).
@@ -194,7 +200,11 @@ def analyze_at_scale(
     bar = ProgressBar(total, progress) if progress is not None else None
 
     summarize_batch = _CachedSummarizer(
-        root, settings.jobs, summaries, bar.advance if bar is not None else None
+        root,
+        settings.jobs,
+        summaries,
+        bar.advance if bar is not None else None,
+        options.max_file_bytes,
     )
     try:
         result = analyze(

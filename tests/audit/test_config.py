@@ -63,6 +63,7 @@ object-dunders = false
 abstract-implementations = false
 protocol-members = false
 exempt-names = ["__init__", "setUp"]
+max-file-size = "32 MiB"
 """
     )
     config = load_config(tmp_path / "pyproject.toml", tmp_path)
@@ -78,6 +79,7 @@ exempt-names = ["__init__", "setUp"]
     assert not options.object_dunders and not options.abstract_implementations
     assert not options.protocol_members
     assert options.exempt_names == frozenset({"__init__", "setUp"})
+    assert options.max_file_bytes == 32 * 1024 * 1024
 
 
 def test_defaults_without_a_table(tmp_path: Path) -> None:
@@ -112,6 +114,10 @@ def test_a_standalone_toml_file_holds_the_keys_at_top_level(tmp_path: Path) -> N
         ({"per-file-ignores": ["x"]}, "per-file-ignores must be a table"),
         ({"per-file-ignores": {"t/**": "KVR001"}}, "per-file-ignores.'t/**' must be a list of strings"),
         ({"baseline": 3}, "baseline must be a path string"),
+        ({"max-file-size": "lots"}, 'max-file-size must be a positive number of bytes or a size such as "32 MiB"'),
+        ({"max-file-size": 0}, "max-file-size must be a positive number of bytes"),
+        ({"max-file-size": "3 parsecs"}, "max-file-size must be a positive number of bytes"),
+        ({"max-file-size": True}, "max-file-size must be a positive number of bytes"),
     ],
 )
 def test_bad_values_name_the_key_and_the_allowed_values(
@@ -122,6 +128,14 @@ def test_bad_values_name_the_key_and_the_allowed_values(
     assert str(raised.value).startswith("pyproject.toml [tool.kvref]: ")
     assert message in str(raised.value)
     assert isinstance(raised.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("value", "size"),
+    [(4096, 4096), ("512KiB", 512 * 1024), ("1.5 mib", 1536 * 1024), ("2 GiB", 2 << 30), ("100", 100)],
+)
+def test_max_file_size_takes_bytes_or_a_size_with_a_unit(tmp_path: Path, value: object, size: int) -> None:
+    assert parse_config_table({"max-file-size": value}, root=tmp_path).options.max_file_bytes == size
 
 
 def test_invalid_toml_is_a_config_error(tmp_path: Path) -> None:

@@ -167,3 +167,21 @@ def test_cli_reports_each_bad_file_once_and_audits_the_rest(
     assert "loop_a.py: cannot read (Too many levels of symbolic links), skipped" in captured.err
     assert "dangling.py: broken symbolic link (dangling or a loop), skipped" in captured.err
     assert code == 2
+
+
+def test_max_file_size_is_configurable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "base.py").write_text("class Base:\n    def work(self) -> None: ...\n")
+    (tmp_path / "big.py").write_text(
+        "from base import Base\n\n\nclass C(Base):\n    def work(self) -> None: ...\n" + "#" * 3000 + "\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pyproject.toml").write_text('[tool.kvref]\nmax-file-size = "2 KiB"\n')
+    assert main(["."]) == 2  # cached, then the limit changes: the cache must not keep the skip
+    err = capsys.readouterr().err
+    assert "big.py:1:1: error: skipped: 3.0 KiB is over the 2 KiB limit for one file" in err
+    assert "max-file-size" in err
+    (tmp_path / "pyproject.toml").write_text('[tool.kvref]\nmax-file-size = "8 KiB"\n')
+    assert main(["."]) == 1
+    assert "big.py:5:9: KVR001" in capsys.readouterr().out
