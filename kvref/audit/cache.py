@@ -61,7 +61,7 @@ __all__ = [
     "version_stamp",
 ]
 
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3
 """Bumped whenever the pack layout changes (part of every version stamp)."""
 
 RACY_WINDOW_NS = 2_000_000_000
@@ -521,17 +521,19 @@ def _encode_result(result: AnalysisResult) -> tuple[object, ...]:
         tuple(result.unresolved_bases.items()),
         result.files_analyzed,
         suppression,
+        result.dependent_paths,
     )
 
 
 def _decode_result(data: object) -> AnalysisResult:
-    findings_data, errors_data, unresolved, files_analyzed, suppression = cast(
+    findings_data, errors_data, unresolved, files_analyzed, suppression, dependents = cast(
         tuple[
             tuple[tuple[object, ...], ...],
             tuple[tuple[str, int, int, str], ...],
             tuple[tuple[str, int], ...],
             int,
             tuple[tuple[str, tuple[int, ...]], ...] | None,
+            tuple[str, ...],
         ],
         data,
     )
@@ -558,6 +560,7 @@ def _decode_result(data: object) -> AnalysisResult:
         unresolved_bases=dict(unresolved),
         files_analyzed=files_analyzed,
         suppression_lines=None if suppression is None else dict(suppression),
+        dependent_paths=tuple(dependents),
     )
 
 

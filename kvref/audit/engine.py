@@ -144,10 +144,14 @@ def analyze(
     files = list(dict.fromkeys(absolute_path(p) for p in project_files))
     reported = set(files) if report_files is None else {absolute_path(p) for p in report_files}
     files.extend(sorted(reported.difference(files)))
-    # Only the reported files are summarized up front; any other project file is summarized
-    # when a name is first looked up in it (a base class, a re-export), so auditing one file
-    # of a big project reads that file and the modules its classes' bases lead to.
-    eager = [path for path in files if path in reported]
+    # A partial run (pre-commit passes the changed files) also reports the classes of other
+    # files that derive from the reported files' classes: renaming a base method makes the
+    # unchanged subclass's @override stale, and the commit that did it must see that. Every
+    # project file is summarized (from the cache, when warm) to find those subclasses.
+    # Without other files, only the reported ones are summarized up front; any other is
+    # summarized when a name is first looked up in it.
+    partial = options.report_dependents and len(reported) < len(files)
+    eager = list(files) if partial else [path for path in files if path in reported]
     if summarize_many is not None:
         summaries = dict(summarize_many(eager))
     else:
@@ -169,7 +173,8 @@ def analyze(
         if summary is None:
             summary = summarize_file(path, root)
         if isinstance(summary, FileError):
-            result.errors.append(summary)
+            if path in reported:
+                result.errors.append(summary)
         elif isinstance(summary, ModuleSummary):
             good[path] = summary
         else:
@@ -178,6 +183,10 @@ def analyze(
     result.files_analyzed = len(good) + len(lazy) + len(deferred)
 
     primary, index = _build_index(good, lazy, deferred, load, root, search_paths)
+    dependents = (
+        _dependent_classes(reported, good, lazy, primary, index, root) if partial else {}
+    )
+    result.dependent_paths = tuple(sorted(relative_path(path, root) for path in dependents))
     shared = summarize_many if isinstance(summarize_many, SharedSummaries) else None
     parent = os.getpid()
 
@@ -195,15 +204,23 @@ def analyze(
                     errors.append(error)
                 continue
             context = _module_context(summary, primary[path], index, options, unresolved)
+            affected = dependents.get(path)
             for rule in ALL_RULES:
-                findings.extend(rule.check(context))
+                if affected is None:
+                    findings.extend(rule.check(context))
+                else:  # an unchanged file: only what its derived classes' bases changed
+                    findings.extend(
+                        finding
+                        for finding in rule.check(context)
+                        if _owning_class(finding.symbol, summary) in affected
+                    )
             if summary.suppression_lines:
                 suppression_lines[summary.path] = summary.suppression_lines
         # A forked checker's summaries die with it unless they are sent back.
         learned = shared.export_since(mark) if shared is not None and os.getpid() != parent else b""
         return _ShareResult(findings, errors, dict(unresolved), suppression_lines, learned)
 
-    checked = sorted(reported.intersection(good.keys() | lazy.keys()))
+    checked = sorted(reported.union(dependents).intersection(good.keys() | lazy.keys()))
     weights = [lazy[path].weight if path in lazy else _UNKNOWN_WEIGHT for path in checked]
     shares = _split(checked, weights, min(jobs, len(checked) // MIN_SHARE))
     unresolved: Counter[str] = Counter()
@@ -220,6 +237,78 @@ def analyze(
     result.unresolved_bases = dict(sorted(unresolved.items()))
     result.suppression_lines = dict(sorted(suppression_lines.items()))
     return result
+
+
+def _owning_class(symbol: str, summary: ModuleSummary) -> str:
+    """The innermost class of `summary` that a finding's symbol (`Class.method[.param]`) is in."""
+    qualnames = {cls.qualname for cls in summary.classes}
+    owner = symbol
+    while owner:
+        owner = owner.rpartition(".")[0]
+        if owner in qualnames:
+            return owner
+    return ""
+
+
+def _dependent_classes(
+    reported: Collection[Path],
+    good: Mapping[Path, ModuleSummary],
+    lazy: Mapping[Path, LazySummary],
+    primary: Mapping[Path, str],
+    index: ProjectIndex,
+    root: Path,
+) -> dict[Path, frozenset[str]]:
+    """The classes outside `reported` that derive from a class defined in a reported file.
+
+    Returns:
+        For each unreported file with such classes, their qualified names, and the names of
+        the classes nested in them (a finding's symbol is `Class.method`).
+    """
+    changed_modules = {primary[path] for path in reported if path in primary}
+
+    def summary_of(path: Path) -> ModuleSummary | None:
+        found = good.get(path)
+        return found if found is not None else _load_lazy(path, lazy[path], root)
+
+    others = {
+        path: summary
+        for path in sorted(good.keys() | lazy.keys())
+        if path not in reported and (summary := summary_of(path)) is not None
+    }
+    # Which classes can derive from a changed one is first decided by name (a base spelled
+    # `Base` or `mod.Base`), growing the names with each subclass found, so that only the
+    # few candidate classes have their MROs resolved.
+    names: set[str] = set()
+    for path in reported:
+        summary = summary_of(path) if path in good or path in lazy else None
+        if summary is not None:
+            names.update(cls.name for cls in summary.classes)
+    candidates: dict[Path, list[str]] = {}
+    grew = True
+    while grew:
+        grew = False
+        for path, summary in others.items():
+            for cls in summary.classes:
+                if cls.qualname in candidates.get(path, ()):
+                    continue
+                if any(base.dotted.rpartition(".")[2] in names for base in cls.bases):
+                    candidates.setdefault(path, []).append(cls.qualname)
+                    if cls.name not in names:
+                        names.add(cls.name)
+                        grew = True
+    dependents: dict[Path, frozenset[str]] = {}
+    for path, qualnames in candidates.items():
+        affected = {
+            qualname
+            for qualname in qualnames
+            if any(
+                ancestor.module in changed_modules
+                for ancestor in index.known_ancestors(ClassKey(primary[path], qualname))
+            )
+        }
+        if affected:
+            dependents[path] = frozenset(affected)
+    return dependents
 
 
 def _load_lazy(path: Path, lazy: LazySummary, root: Path) -> ModuleSummary | None:

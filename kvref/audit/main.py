@@ -245,6 +245,12 @@ class _Runner:
         self, config: AuditConfig, discovery: Discovery, selected: frozenset[str]
     ) -> _Analysis:
         root = config.root
+        options = config.options
+        paths = self.request.paths
+        if paths and not any((self.cwd / path).is_dir() for path in paths):
+            # Files named one by one (pre-commit passes the changed ones): a subclass in
+            # another file whose base they changed is reported too.
+            options = replace(options, report_dependents=True)
         if self.backend.analyze_at_scale is not None:
             show_progress = progress_enabled(
                 self.stderr, output_format=self.request.output_format.value
@@ -253,7 +259,7 @@ class _Runner:
                 list(discovery.project_files),
                 root=root,
                 report_files=discovery.report_files,
-                options=config.options,
+                options=options,
                 # The caches are written by a forked child while this process reports;
                 # `run_audit` waits for it before returning.
                 settings=replace(self.request.scale, background_save=True),
@@ -264,7 +270,7 @@ class _Runner:
                 list(discovery.project_files),
                 root=root,
                 report_files=discovery.report_files,
-                options=config.options,
+                options=options,
             )
         reported = self._reported(config, discovery)
         ignored_codes: dict[str, set[str]] = {}
@@ -285,6 +291,8 @@ class _Runner:
             except OSError:
                 return None
 
+        if reported is not None:
+            reported.update(result.dependent_paths)
         candidates = [
             finding
             for finding in result.findings

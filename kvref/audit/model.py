@@ -149,6 +149,9 @@ class AnalysisOptions:
         exempt_names: method names never reported by KVR001.
         override_import: the module the fixer imports `override` from.
         max_file_bytes: files larger than this are reported as skipped, not parsed.
+        report_dependents: when only some files are reported, also report the classes of
+            other files that derive from theirs (set for files named one by one, as
+            pre-commit names the changed ones).
     """
 
     object_dunders: bool = True
@@ -157,6 +160,7 @@ class AnalysisOptions:
     exempt_names: frozenset[str] = DEFAULT_EXEMPT_NAMES
     override_import: Literal["typing_extensions", "typing"] = "typing_extensions"
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    report_dependents: bool = False
 
 
 @dataclass(slots=True)
@@ -175,6 +179,8 @@ class AnalysisResult:
             `noqa` or `kvref` (only those can carry a suppression comment), so suppressions
             are checked without reading files again; None when not known (then the files
             with findings are read).
+        dependent_paths: files outside the reported ones whose classes derive from a reported
+            file's classes; their findings on those classes are reported too.
     """
 
     findings: list[Finding] = field(default_factory=lambda: [])
@@ -182,3 +188,4 @@ class AnalysisResult:
     unresolved_bases: Mapping[str, int] = field(default_factory=lambda: {})
     files_analyzed: int = 0
     suppression_lines: Mapping[str, tuple[int, ...]] | None = None
+    dependent_paths: tuple[str, ...] = ()

@@ -133,3 +133,41 @@ def test_try_repo_installs_and_runs_the_shipped_hooks(tmp_path: Path) -> None:
         [str(BIN / "kvref"), "audit", "child.py"], cwd=repo, env=env, capture_output=True, text=True
     )
     assert after.returncode == 0, after.stdout + after.stderr
+
+
+@needs_engine
+def test_renaming_a_base_method_fails_the_commit_on_the_unchanged_subclass(tmp_path: Path) -> None:
+    # pre-commit passes only the staged base.py; the stale @override is in child.py, which the
+    # commit does not touch. `git commit` through the installed hook must still refuse it.
+    hooks = [{**hook, "language": "system"} for hook in _hooks() if hook["id"] == "kvref-audit"]
+    config = json.dumps({"repos": [{"repo": "local", "hooks": hooks}]})
+    repo = _repo(tmp_path, config)
+    env = _env(tmp_path)
+    (repo / "child.py").write_text(
+        "from typing_extensions import override\n\nfrom base import Base\n\n\n"
+        "class Child(Base):\n    @override\n    def work(self) -> None:\n        pass\n"
+    )
+    git = ["git", "-C", str(repo)]
+    subprocess.run([*git, "add", "."], check=True, env=env)
+    subprocess.run([*git, "commit", "-qm", "start"], check=True, env=env)
+    installed = _pre_commit(repo, env, "install")
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+
+    (repo / "base.py").write_text(BASE.replace("def work", "def run"))
+    subprocess.run([*git, "add", "base.py"], check=True, env=env)
+    staged = _pre_commit(repo, env, "run")
+    assert staged.returncode == 1, staged.stdout + staged.stderr
+    assert "child.py:8:9: KVR002" in staged.stdout
+    commit = subprocess.run(
+        [*git, "commit", "-qm", "rename work"], env=env, capture_output=True, text=True
+    )
+    assert commit.returncode != 0
+    assert "child.py:8:9: KVR002" in commit.stdout + commit.stderr
+    log = subprocess.run([*git, "log", "--oneline"], env=env, capture_output=True, text=True)
+    assert len(log.stdout.splitlines()) == 1  # the breaking commit was refused
+
+    # Renaming the override as well makes the commit pass.
+    (repo / "child.py").write_text((repo / "child.py").read_text().replace("def work", "def run"))
+    subprocess.run([*git, "add", "child.py"], check=True, env=env)
+    fixed = subprocess.run([*git, "commit", "-qm", "rename both"], env=env, capture_output=True, text=True)
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr

@@ -17,7 +17,7 @@ import kvref.audit.resolve
 import kvref.audit.scale
 from kvref.audit.cache import SummaryCache, version_stamp
 from kvref.audit.main import main
-from kvref.audit.model import AnalysisResult
+from kvref.audit.model import DEFAULT_MAX_FILE_BYTES, AnalysisResult
 
 OLD_NS = time.time_ns() - 3_600_000_000_000
 
@@ -143,6 +143,8 @@ def test_every_analysis_option_is_part_of_the_result_cache_key() -> None:
         "protocol_members": False,
         "exempt_names": frozenset({"__init__"}),
         "override_import": "typing",
+        "max_file_bytes": 1024,
+        "report_dependents": True,
     }
     assert {item.name for item in fields(default)} == set(changed)
     for name, value in changed.items():
@@ -180,7 +182,8 @@ def test_summaries_made_in_a_forked_checker_are_saved_with_the_parents_cache(
     assert (code, found) == (1, ["demo/child.py:5:KVR001", "demo/zz.py:5:KVR001"])
     cache = SummaryCache[object](
         project / ".kvref_cache",
-        version_stamp(kvref.audit.scale._SUMMARY_SCHEMA) + f"@{project}",  # pyright: ignore[reportPrivateUsage]
+        version_stamp(kvref.audit.scale._SUMMARY_SCHEMA)  # pyright: ignore[reportPrivateUsage]
+        + f"@{project}@{DEFAULT_MAX_FILE_BYTES}",
     )
     cache.load()
     encoder = Path(json.__file__).parent / "encoder.py"
