@@ -1,0 +1,271 @@
+"""`kvref audit` and `--fix` on popular projects we did not write, from their published sdists.
+
+The sdists are downloaded once into a cache outside the repository (`tools/_audit_corpus.py`,
+`~/.cache/kvref/corpora`) and every check runs on a fresh copy. Each project stands for a
+way real code broke kvref before:
+
+- Django 5.2: binds `override` to its translation context manager, has a Python floor below
+  3.12 (`requires-python = ">=3.10"`) and does not depend on typing_extensions.
+- Textual: depends on typing_extensions, floor below 3.12, and iterates `Iterable`
+  parameters in mutually exclusive branches (KVR102 must not fire there).
+- vLLM 0.33: implicit namespace packages (test directories without `__init__.py`).
+
+On each: the findings are the same cold, warm and uncached; every fixed file compiles and its
+added decorators are bound to typing's or typing_extensions' `override`; no import of a module
+the project does not declare is added; a second `--fix` changes nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tools._audit_corpus import fetch_corpus
+
+pytestmark = pytest.mark.slow
+
+CHECKOUT = Path(__file__).resolve().parents[2]
+_OVERRIDE_MODULES = ("typing", "typing_extensions")
+
+
+@dataclass(frozen=True)
+class Run:
+    code: int
+    findings: list[dict[str, object]]
+    stderr: str
+
+
+def _kvref(root: Path, *args: str) -> Run:
+    env = {**os.environ, "PYTHONPATH": str(CHECKOUT), "NO_COLOR": "1"}
+    env.pop("VIRTUAL_ENV", None)
+    completed = subprocess.run(
+        [sys.executable, "-m", "kvref", "audit", "--output-format", "json", *args],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert "Traceback" not in completed.stderr, completed.stderr
+    assert completed.returncode in (0, 1), completed.stderr
+    report = json.loads(completed.stdout)
+    return Run(completed.returncode, report["findings"], completed.stderr)
+
+
+def _copy(spec: str, destination: Path) -> Path:
+    corpus = fetch_corpus(spec, log=False)
+    target = destination / corpus.key
+    shutil.copytree(corpus.root, target, symlinks=True)
+    return target
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {
+        path.relative_to(root).as_posix(): path.read_bytes()
+        for path in root.rglob("*.py")
+        if ".kvref_cache" not in path.parts
+    }
+
+
+def _keys(run: Run) -> list[tuple[object, ...]]:
+    return sorted((f["path"], f["line"], f["col"], f["code"], f["message"]) for f in run.findings)
+
+
+def _module_bindings(tree: ast.Module) -> Iterator[tuple[str, str]]:
+    """(name, what it is bound to) for every module-level binding, in order of appearance.
+
+    Imports give `module.name` (`import m as x` gives `m`); anything else gives "".
+    """
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield (alias.asname or alias.name.partition(".")[0]), (
+                    alias.name if alias.asname else alias.name.partition(".")[0]
+                )
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            for alias in node.names:
+                yield alias.asname or alias.name, f"{node.module}.{alias.name}"
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            yield node.name, ""
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                if isinstance(target, ast.Name):
+                    yield target.id, ""
+
+
+def _bound_to_typing_override(decorator: ast.expr, bindings: dict[str, set[str]]) -> bool:
+    """Every binding of the decorator's head name makes it typing(_extensions).override."""
+    if isinstance(decorator, ast.Name):
+        targets = bindings.get(decorator.id, set())
+        return bool(targets) and targets <= {f"{m}.override" for m in _OVERRIDE_MODULES}
+    if isinstance(decorator, ast.Attribute) and decorator.attr == "override":
+        head = decorator.value
+        if isinstance(head, ast.Name):
+            targets = bindings.get(head.id, set())
+            return bool(targets) and targets <= set(_OVERRIDE_MODULES)
+    return False
+
+
+def _added_decorators(before: bytes, after: bytes) -> list[ast.expr]:
+    """The decorators of `after` on lines that `before` does not have (those the fix added)."""
+    old_lines = set(before.decode("utf-8", "replace").splitlines())
+    tree = ast.parse(after)
+    lines = after.decode("utf-8", "replace").splitlines()
+    added: list[ast.expr] = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for decorator in node.decorator_list:
+                if lines[decorator.lineno - 1] not in old_lines:
+                    added.append(decorator)
+    return added
+
+
+def _top_level_imports(source: bytes) -> set[str]:
+    modules: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            modules.update(alias.name.partition(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            modules.add(node.module.partition(".")[0])
+    return modules
+
+
+def _check_fixed_files(
+    before: dict[str, bytes], after: dict[str, bytes], declared: set[str]
+) -> list[str]:
+    """Assert what every fixed file must hold; returns the fixed files' paths."""
+    changed = sorted(path for path in after if before.get(path) != after[path])
+    assert set(after) == set(before), "a fix added or removed a file"
+    for path in changed:
+        source = after[path]
+        with warnings.catch_warnings():  # the project's own `is` with a literal, and such
+            warnings.simplefilter("ignore", SyntaxWarning)
+            compile(source, path, "exec", dont_inherit=True)
+        tree = ast.parse(source)
+        bindings: dict[str, set[str]] = {}
+        for name, target in _module_bindings(tree):
+            bindings.setdefault(name, set()).add(target)
+        for decorator in _added_decorators(before[path], source):
+            assert _bound_to_typing_override(decorator, bindings), (
+                f"{path}:{decorator.lineno}: {ast.unparse(decorator)} is not typing's override"
+            )
+        new_modules = _top_level_imports(source) - _top_level_imports(before[path])
+        undeclared = {m for m in new_modules if m not in sys.stdlib_module_names} - declared
+        assert not undeclared, f"{path}: imports {sorted(undeclared)}, not declared by the project"
+    return changed
+
+
+def _audit_fix_and_verify(root: Path, declared: set[str]) -> tuple[Run, list[str]]:
+    cold = _kvref(root)
+    warm = _kvref(root)
+    uncached = _kvref(root, "--no-cache")
+    assert _keys(cold) == _keys(warm) == _keys(uncached)
+    for finding in cold.findings:  # KVR102 names two distinct lines
+        assert not re.search(r"lines (\d+) and \1\b", str(finding["message"])), finding
+    before = _snapshot(root)
+    _kvref(root, "--fix")
+    after = _snapshot(root)
+    changed = _check_fixed_files(before, after, declared)
+    _kvref(root, "--fix")
+    assert _snapshot(root) == after, "a second --fix changed files"
+    return cold, changed
+
+
+def _python(version: str) -> Path | None:
+    """An interpreter of that minor version from pyenv or PATH (CI's machine has them)."""
+    if shutil.which("pyenv"):
+        root = subprocess.run(["pyenv", "root"], capture_output=True, text=True, check=False)
+        for candidate in sorted(Path(root.stdout.strip(), "versions").glob(f"{version}.*")):
+            if (candidate / "bin" / "python").is_file():
+                return candidate / "bin" / "python"
+    found = shutil.which(f"python{version}")
+    return Path(found) if found and "shims" not in Path(found).parts else None
+
+
+def _compiles_with(python: Path, root: Path, paths: list[str]) -> None:
+    program = (
+        "import sys, warnings\n"
+        "warnings.simplefilter('ignore')\n"
+        "for path in sys.argv[1:]:\n"
+        "    compile(open(path, 'rb').read(), path, 'exec', dont_inherit=True)\n"
+    )
+    completed = subprocess.run(
+        [str(python), "-c", program, *paths], cwd=root, capture_output=True, text=True, check=False
+    )
+    assert completed.returncode == 0, completed.stderr
+
+
+def test_django_override_is_not_typing_override_and_fixes_need_a_declared_dependency(
+    tmp_path: Path,
+) -> None:
+    root = _copy("Django==5.2.9", tmp_path)
+    cold, changed = _audit_fix_and_verify(root, declared={"asgiref", "sqlparse"})
+    # Floor 3.10 and no typing_extensions: plain --fix adds no @override anywhere.
+    assert not any(f["code"] == "KVR001" and f["fix"] and f["fixable"] for f in cold.findings)
+    kvr001 = [f for f in cold.findings if f["code"] == "KVR001"]
+    assert kvr001, "Django has missing overrides: the audit must still report them"
+    # The translation `override` is not typing's: no stale-override finding comes from it.
+    for finding in cold.findings:
+        if finding["code"] == "KVR002":
+            source = (root / str(finding["path"])).read_text(encoding="utf-8")
+            assert "from django.utils.translation import override" not in source, finding
+    assert changed == [], "plain --fix changed files of a project without typing_extensions"
+
+    # With a 3.12 floor the fixes apply, through typing's override, and never through the
+    # translation `override` that some modules import.
+    shadowed = tmp_path / "py312"
+    shutil.copytree(root, shadowed)
+    pyproject = shadowed / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text() + '\n[tool.kvref]\ntarget-version = "py312"\n')
+    _, fixed = _audit_fix_and_verify(shadowed, declared={"asgiref", "sqlparse"})
+    assert fixed, "with a 3.12 floor the missing overrides are fixed"
+    translation_users = [
+        path
+        for path in fixed
+        if "from django.utils.translation import override" in (shadowed / path).read_text()
+    ]
+    assert translation_users, "the shadowing case (a module importing django's override) is covered"
+    python312 = _python("3.12")
+    if python312 is not None or os.environ.get("CI"):
+        assert python312 is not None, "CI's machine has Python 3.12 (pyenv)"
+        _compiles_with(python312, shadowed, fixed)
+
+
+def test_textual_fixes_with_its_declared_typing_extensions(tmp_path: Path) -> None:
+    root = _copy("textual==8.2.8", tmp_path)
+    declared = {"typing_extensions", "rich", "markdown_it", "platformdirs", "mdit_py_plugins", "pygments"}
+    cold, changed = _audit_fix_and_verify(root, declared=declared)
+    assert changed, "Textual has missing overrides that --fix resolves"
+    python310 = _python("3.10")
+    if python310 is not None or os.environ.get("CI"):
+        assert python310 is not None, "CI's machine has Python 3.10 (pyenv)"
+        _compiles_with(python310, root, changed)
+    assert cold.findings
+
+
+def test_vllm_namespace_packages_resolve_as_if_they_had_init_files(tmp_path: Path) -> None:
+    root = _copy("vllm==0.33.0", tmp_path)
+    as_is = _kvref(root, "--no-cache", "--select", "KVR001,KVR002")
+    with_init = tmp_path / "with-init"
+    shutil.copytree(root, with_init)
+    added = 0
+    for directory in sorted({path.parent for path in with_init.rglob("*.py")}):
+        if not (directory / "__init__.py").exists() and directory != with_init:
+            (directory / "__init__.py").write_text("")
+            added += 1
+    assert added, "vLLM's sdist has directories without __init__.py"
+    completed = _kvref(with_init, "--no-cache", "--select", "KVR001,KVR002")
+    assert _keys(as_is) == _keys(completed)
+    _audit_fix_and_verify(root, declared={"typing_extensions"})
