@@ -46,7 +46,15 @@ from typing import Generic, Protocol, TypeVar, cast
 from typing_extensions import override
 
 from kvref.audit.atomic import write_atomically
-from kvref.audit.model import AnalysisResult, Applicability, Edit, FileError, Finding, Fix
+from kvref.audit.model import (
+    AnalysisResult,
+    Applicability,
+    Edit,
+    FileError,
+    Finding,
+    Fix,
+    RequiredImport,
+)
 
 __all__ = [
     "CACHE_FORMAT",
@@ -61,7 +69,7 @@ __all__ = [
     "version_stamp",
 ]
 
-CACHE_FORMAT = 3
+CACHE_FORMAT = 4
 """Bumped whenever the pack layout changes (part of every version stamp)."""
 
 RACY_WINDOW_NS = 2_000_000_000
@@ -507,6 +515,7 @@ def _encode_result(result: AnalysisResult) -> tuple[object, ...]:
                 ),
                 f.fix.needs_override_import,
                 f.fix.description,
+                tuple((i.module, i.name, i.alias) for i in f.fix.imports),
             ),
         )
         for f in result.findings
@@ -544,14 +553,22 @@ def _decode_result(data: object) -> AnalysisResult:
         )
         fix = None
         if fix_data is not None:
-            applicability, edits, needs_import, description = cast(
-                tuple[str, tuple[tuple[int, int, int, int, str], ...], bool, str], fix_data
+            applicability, edits, needs_import, description, imports = cast(
+                tuple[
+                    str,
+                    tuple[tuple[int, int, int, int, str], ...],
+                    bool,
+                    str,
+                    tuple[tuple[str, str, str], ...],
+                ],
+                fix_data,
             )
             fix = Fix(
                 Applicability(applicability),
                 tuple(Edit(*edit) for edit in edits),
                 needs_import,
                 description,
+                tuple(RequiredImport(*row) for row in imports),
             )
         findings.append(Finding(path, line, col, end_line, end_col, code, message, symbol, fix))
     return AnalysisResult(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import marshal
 import os
 import pickle
@@ -13,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from typing_extensions import override
@@ -27,7 +28,15 @@ from kvref.audit.cache import (
     loads,
     version_stamp,
 )
-from kvref.audit.model import AnalysisResult, Applicability, Edit, FileError, Finding, Fix
+from kvref.audit.model import (
+    AnalysisResult,
+    Applicability,
+    Edit,
+    FileError,
+    Finding,
+    Fix,
+    RequiredImport,
+)
 from kvref.audit.parallel import summarize_many
 
 STAMP = "test-stamp"
@@ -372,6 +381,57 @@ def test_loads_refuses_foreign_classes() -> None:
         loads(pickle.dumps(OrderedDict(a=1)))
 
 
+_TEXT = st.text(max_size=8)
+_EDITS = st.builds(Edit, st.integers(1, 9), st.integers(0, 9), st.integers(1, 9), st.integers(0, 9), _TEXT)
+_IMPORTS = st.builds(RequiredImport, _TEXT, _TEXT, _TEXT)
+_FIXES = st.builds(
+    Fix,
+    st.sampled_from(Applicability),
+    st.lists(_EDITS, max_size=3).map(tuple),
+    st.booleans(),
+    _TEXT,
+    st.lists(_IMPORTS, max_size=2).map(tuple),
+)
+_FINDINGS = st.builds(
+    Finding,
+    _TEXT, st.integers(1, 99), st.integers(1, 99), st.integers(1, 99), st.integers(1, 99),
+    _TEXT, _TEXT, _TEXT, st.none() | _FIXES,
+)  # fmt: skip
+_RESULTS = st.builds(
+    AnalysisResult,
+    findings=st.lists(_FINDINGS, max_size=3),
+    errors=st.lists(st.builds(FileError, _TEXT, st.integers(1, 9), st.integers(1, 9), _TEXT), max_size=2),
+    unresolved_bases=st.dictionaries(_TEXT, st.integers(1, 9), max_size=2),
+    files_analyzed=st.integers(0, 99),
+    suppression_lines=st.none() | st.dictionaries(_TEXT, st.lists(st.integers(1, 99), max_size=3).map(tuple)),
+    dependent_paths=st.lists(_TEXT, max_size=2).map(tuple),
+)
+
+
+def test_the_result_strategy_sets_every_field() -> None:
+    # A field added to these records must be added to the strategies above (and so be
+    # round-tripped by the result cache), or a warm run would drop it: a fix's imports
+    # once were, and --fix then wrote annotations without their import.
+    assert [f.name for f in dataclasses.fields(Fix)] == [
+        "applicability", "edits", "needs_override_import", "description", "imports"
+    ]  # fmt: skip
+    assert len(dataclasses.fields(Finding)) == 9
+    assert [f.name for f in dataclasses.fields(AnalysisResult)] == [
+        "findings", "errors", "unresolved_bases", "files_analyzed", "suppression_lines",
+        "dependent_paths",
+    ]  # fmt: skip
+
+
+@settings(max_examples=60, deadline=None)
+@given(result=_RESULTS)
+def test_every_field_of_a_result_survives_the_result_cache(
+    tmp_path_factory: pytest.TempPathFactory, result: AnalysisResult
+) -> None:
+    cache = ResultCache(tmp_path_factory.mktemp("results"), STAMP)
+    cache.save(b"key", result)
+    assert cache.load(b"key", OLD_NS) == result
+
+
 def test_a_stored_result_comes_back_whole(tmp_path: Path) -> None:
     fix = Fix(Applicability.SAFE, (Edit(3, 0, 3, 0, "    @override\n"),), True, "Add @override")
     result = AnalysisResult(
@@ -430,3 +490,32 @@ def test_malformed_exported_entries_are_refused(tmp_path: Path, data: bytes) -> 
     with pytest.raises(ValueError, match="malformed"):
         cache.import_stored(data)
     assert len(cache) == 0
+
+
+def test_a_warm_fix_writes_the_imports_its_annotation_needs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kvref.audit.main import main
+
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'p'\ndependencies = ['typing_extensions']\n")
+    (tmp_path / "base.py").write_text(
+        "from collections.abc import Collection\n\n\nclass Base:\n"
+        "    def work(self, xs: Collection[int]) -> None: ...\n"
+    )
+    child = tmp_path / "child.py"
+    child.write_text(
+        "from collections.abc import Sequence\n\nfrom typing_extensions import override\n\n"
+        "from base import Base\n\n\nclass C(Base):\n    @override\n"
+        "    def work(self, xs: Sequence[int]) -> None: ...\n"
+    )
+    for path in (tmp_path / "base.py", child):
+        os.utime(path, ns=(OLD_NS, OLD_NS))  # old enough for the result cache to be trusted
+    monkeypatch.chdir(tmp_path)
+    assert main(["."]) == 1
+    assert main(["."]) == 1  # answered by the result cache
+    assert main([".", "--fix", "--unsafe-fixes"]) == 0
+    capsys.readouterr()
+    fixed = child.read_text()
+    assert "xs: Collection[int]" in fixed
+    namespace: dict[str, object] = {}
+    exec(compile(fixed.replace("from base import Base", "Base = object"), "child.py", "exec"), namespace)
