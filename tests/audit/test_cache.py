@@ -492,11 +492,7 @@ def test_malformed_exported_entries_are_refused(tmp_path: Path, data: bytes) -> 
     assert len(cache) == 0
 
 
-def test_a_warm_fix_writes_the_imports_its_annotation_needs(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    from kvref.audit.main import main
-
+def test_a_warm_fix_writes_the_imports_its_annotation_needs(tmp_path: Path) -> None:
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'p'\ndependencies = ['typing_extensions']\n")
     (tmp_path / "base.py").write_text(
         "from collections.abc import Collection\n\n\nclass Base:\n"
@@ -510,12 +506,17 @@ def test_a_warm_fix_writes_the_imports_its_annotation_needs(
     )
     for path in (tmp_path / "base.py", child):
         os.utime(path, ns=(OLD_NS, OLD_NS))  # old enough for the result cache to be trusted
-    monkeypatch.chdir(tmp_path)
-    assert main(["."]) == 1
-    assert main(["."]) == 1  # answered by the result cache
-    assert main([".", "--fix", "--unsafe-fixes"]) == 0
-    capsys.readouterr()
+
+    def audit(*args: str) -> int:
+        command = [sys.executable, "-m", "kvref", "audit", ".", *args]
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+        return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, check=False).returncode
+
+    assert audit() == 1
+    assert audit() == 1  # stores, then is answered by, the result cache
+    assert audit("--fix", "--unsafe-fixes") == 0
     fixed = child.read_text()
     assert "xs: Collection[int]" in fixed
     namespace: dict[str, object] = {}
-    exec(compile(fixed.replace("from base import Base", "Base = object"), "child.py", "exec"), namespace)
+    source = fixed.replace("from base import Base", "Base = object")
+    exec(compile(source, "child.py", "exec", dont_inherit=True), namespace)  # annotations run
