@@ -7,12 +7,19 @@ STAMP := $(VENV)/.kvref-installed
 
 .PHONY: run test typecheck audit pytest bench clean
 
+# Set-up takes a minute or two on a fresh machine: each step says what it does, and pip shows
+# what it collects and installs (no -q), so a slow step is never silent.
+PIP := $(BIN)/python -m pip --disable-pip-version-check
+
 $(STAMP): pyproject.toml
+	@echo "==> creating $(VENV) with $(PYTHON)"
 	$(PYTHON) -m venv $(VENV)
-	# torch==2.13.0 is the CPU build on this machine's disk; an unpinned torch pulls a multi-GB CUDA build.
-	$(BIN)/python -m pip install -q --disable-pip-version-check torch==2.13.0
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[torch,dev]'
+	@echo "==> installing torch 2.13.0 (the CPU build on this machine's disk; an unpinned torch pulls a multi-GB CUDA build)"
+	$(PIP) install --progress-bar off torch==2.13.0
+	@echo "==> installing kvref in editable mode with its torch and dev extras"
+	$(PIP) install --progress-bar off -e '.[torch,dev]'
 	touch $(STAMP)
+	@echo "==> $(VENV) is ready"
 
 run: $(STAMP)
 	$(BIN)/kvref demo
@@ -21,12 +28,15 @@ run: $(STAMP)
 	$(BIN)/kvref audit examples/engine --diff --unsafe-fixes; test $$? -eq 1
 
 typecheck: $(STAMP)
+	@echo "==> pyright (strict)"
 	$(BIN)/pyright
 
 audit: $(STAMP)
+	@echo "==> kvref audit kvref"
 	$(BIN)/kvref audit kvref
 
 pytest: $(STAMP)
+	@echo "==> pytest"
 	$(BIN)/python -m pytest -q
 
 test: typecheck audit pytest
