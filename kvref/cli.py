@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -161,9 +162,18 @@ def explain(
 )
 def _demo(ctx: typer.Context) -> None:
     """Run the end-to-end offload demo: offload, evict, reload into other GPU blocks, verify."""
-    # Imported here: the demo needs torch, the rest of the CLI must not.
+    # Imported here: the demo's own module loads torch only when it runs, so `--help`
+    # works without torch; running it without torch is one line and exit 2.
     from kvref.demo import main as demo_main
 
+    if not {"-h", "--help"} & set(ctx.args):
+        try:
+            importlib.import_module("torch")
+        except ModuleNotFoundError as missing:
+            if (missing.name or "").partition(".")[0] != "torch":
+                raise
+            sys.stderr.write("kvref: error: `kvref demo` needs torch: pip install 'kvref[torch]'\n")
+            raise typer.Exit(2) from None
     raise typer.Exit(demo_main(ctx.args))
 
 

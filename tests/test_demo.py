@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -12,6 +16,8 @@ import kvref.cpu.gpu_worker as gpu_worker
 from kvref.cli import app
 from kvref.cpu.transfer_plan import TensorGeometry, TransferPlan
 from kvref.demo import DemoConfig, main, run_demo
+
+CHECKOUT = Path(__file__).resolve().parents[1]
 
 SMALL = ["--requests", "8", "--documents", "2", "--doc-blocks", "3", "--cpu-blocks", "12", "--device", "cpu"]
 
@@ -103,3 +109,27 @@ def test_kvref_demo_command_passes_options_through() -> None:
     help_result = CliRunner().invoke(app, ["demo", "--help"])
     assert help_result.exit_code == 0
     assert "--block-size-factor" in help_result.output
+
+
+def test_kvref_demo_without_torch_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    # A site directory whose `torch` cannot be found: an interpreter without the extra.
+    blocker = tmp_path / "sitecustomize.py"
+    blocker.write_text(
+        "import sys\n"
+        "class _NoTorch:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'torch' or name.startswith('torch.'):\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, _NoTorch())\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(CHECKOUT)])}
+    completed = subprocess.run(
+        [sys.executable, "-m", "kvref", "demo"], env=env, capture_output=True, text=True, check=False
+    )
+    assert completed.returncode == 2
+    assert completed.stderr == "kvref: error: `kvref demo` needs torch: pip install 'kvref[torch]'\n"
+    helped = subprocess.run(
+        [sys.executable, "-m", "kvref", "demo", "--help"], env=env, capture_output=True, text=True, check=False
+    )
+    assert helped.returncode == 0 and "--layers" in helped.stdout
