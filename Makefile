@@ -5,14 +5,18 @@ BIN := $(VENV)/bin
 # The stamp depends on pyproject.toml, so editing dependencies refreshes the venv.
 STAMP := $(VENV)/.kvref-installed
 
-.PHONY: run test typecheck audit pytest bench clean
+.PHONY: run test typecheck audit pytest bench clean redis-server
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	# torch==2.13.0 is the CPU build on this machine's disk; an unpinned torch pulls a multi-GB CUDA build.
 	$(BIN)/python -m pip install -q --disable-pip-version-check torch==2.13.0
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[torch,dev]'
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[torch,dev,redis]'
 	touch $(STAMP)
+
+# The Redis tier's tests start their own servers; Debian's package provides redis-server.
+redis-server:
+	@command -v redis-server >/dev/null || (echo "installing Debian's redis-server (tests start their own servers)" && apt-get update && apt-get install -y redis-server)
 
 run: $(STAMP)
 	$(BIN)/kvref demo
@@ -26,7 +30,7 @@ typecheck: $(STAMP)
 audit: $(STAMP)
 	$(BIN)/kvref audit kvref
 
-pytest: $(STAMP)
+pytest: $(STAMP) redis-server
 	$(BIN)/python -m pytest -q
 
 test: typecheck audit pytest
