@@ -121,7 +121,8 @@ class LocalRedisServer:
             if self._process.poll() is not None:
                 break
             try:
-                if self.command(b"PING") == b"PONG":
+                reply = self.command(b"PING")
+                if reply == b"PONG" or isinstance(reply, RespError):  # NOAUTH: up, needs AUTH
                     return self
             except OSError:
                 time.sleep(0.02)

@@ -15,6 +15,7 @@ carried and the next use reconnects.
 from __future__ import annotations
 
 import enum
+import select
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -137,6 +138,27 @@ class RespConnection:
     def connected(self) -> bool:
         """True between a successful `connect` and the next failure or `close`."""
         return self._sock is not None
+
+    def idle_and_healthy(self) -> bool:
+        """Between pipelines: is the connection open with nothing unread (not closed by the peer)?
+
+        A server that restarted closed its end; sending on the stale socket would fail a job
+        that a fresh connection serves. Closes the connection when the answer is no.
+        """
+        sock = self._sock
+        if sock is None:
+            return False
+        if self._options.tls is not None or self._start != self._end:
+            healthy = self._start == self._end
+        else:
+            # Readable while idle means closed by the peer, or bytes nobody asked for. (A recv
+            # with MSG_DONTWAIT would still wait for the socket timeout in Python.)
+            poller = select.poll()
+            poller.register(sock, select.POLLIN)
+            healthy = not poller.poll(0)
+        if not healthy:
+            self.close()
+        return healthy
 
     def connect(self) -> None:
         """Open the connection and authenticate (a no-op when connected).

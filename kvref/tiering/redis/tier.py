@@ -97,7 +97,7 @@ class _Connections:
             OSError: connecting failed now or very recently.
         """
         connection = self._connections.get(address)
-        if connection is not None and connection.connected:
+        if connection is not None and connection.idle_and_healthy():
             return connection
         if time.monotonic() < self._down_until.get(address, 0.0):
             raise ConnectionRefusedError(f"{address}: failed moments ago; not retried yet")
@@ -112,7 +112,9 @@ class _Connections:
 
     def failed(self, address: Address) -> None:
         """Note that `address` failed: close its connection, hold off reconnecting briefly."""
-        self._down_until[address] = time.monotonic() + _RETRY_AFTER_FAILURE_S
+        now = time.monotonic()
+        if now >= self._down_until.get(address, 0.0):  # a refusal while held off: no extension
+            self._down_until[address] = now + _RETRY_AFTER_FAILURE_S
         connection = self._connections.get(address)
         if connection is not None:
             connection.close()
@@ -201,7 +203,7 @@ class RedisSecondaryTier(SecondaryTierManager):
         self.url = url
         self.block_bytes = self._primary.block_bytes
         self._key_prefix = f"{namespace}:{self.block_bytes}:".encode()
-        self._lookup_cache_s = lookup_cache_s
+        self.lookup_cache_s = lookup_cache_s
         self._expiry_suffix = (
             b"" if ttl_s is None else encode_command(b"PX", str(max(1, round(ttl_s * 1000))).encode())[4:]
         )
@@ -260,7 +262,7 @@ class RedisSecondaryTier(SecondaryTierManager):
             self._remember(key, present)
 
     def _remember(self, key: OffloadKey, present: bool) -> None:
-        self._known[key] = (present, time.monotonic() + self._lookup_cache_s)
+        self._known[key] = (present, time.monotonic() + self.lookup_cache_s)
         self._known.move_to_end(key)
 
     def _forget_expired(self, now: float) -> None:
@@ -305,7 +307,7 @@ class RedisSecondaryTier(SecondaryTierManager):
         if not state.blocks:
             self._done.append(state)
             return
-        self._storing.update(blocks)
+        self._storing.update(blocks.keys())  # (a mapping would add its values as counts)
         self._enqueue(state, self._stores)
 
     @override
