@@ -60,6 +60,7 @@ logger = logging.getLogger(__name__)
 _RETRY_AFTER_FAILURE_S = 0.5
 _WARN_INTERVAL_S = 10.0
 _MAX_REDIRECTS = 2
+_MAX_UNSERVED = 1 << 16
 _CRLF = b"\r\n"
 
 class _Job:
@@ -222,6 +223,7 @@ class RedisSecondaryTier(SecondaryTierManager):
         # key -> (present, trusted until): insertion order is expiry order (one lifetime).
         self._known: OrderedDict[OffloadKey, tuple[bool, float]] = OrderedDict()
         self._checking: set[OffloadKey] = set()
+        self._unserved: OrderedDict[OffloadKey, bool] = OrderedDict()
         self._done: list[_Job] = []
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
         self._closed = False
@@ -260,6 +262,12 @@ class RedisSecondaryTier(SecondaryTierManager):
             key, present = results.popleft()
             self._checking.discard(key)
             self._remember(key, present)
+            # Served at least once even if it expires first (a step longer than
+            # lookup_cache_s must not make the request ask forever).
+            self._unserved[key] = present
+            self._unserved.move_to_end(key)
+            if len(self._unserved) > _MAX_UNSERVED:
+                self._unserved.popitem(last=False)
 
     def _remember(self, key: OffloadKey, present: bool) -> None:
         self._known[key] = (present, time.monotonic() + self.lookup_cache_s)
@@ -282,7 +290,11 @@ class RedisSecondaryTier(SecondaryTierManager):
         self._forget_expired(now)
         answer = self._known.get(key)
         if answer is not None:
+            self._unserved.pop(key, None)
             return answer[0]
+        unserved = self._unserved.pop(key, None)
+        if unserved is not None:
+            return unserved
         if self._closed:
             return False
         if key not in self._checking:
