@@ -12,7 +12,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -25,6 +25,7 @@ from kvref.tiering.factory import create_secondary_tier
 from kvref.tiering.manager import create_tiering_manager
 from kvref.tiering.redis import RedisSecondaryTier
 from kvref.tiering.redis.local import LocalRedisServer
+from kvref.tiering.redis.resp import BulkInto, RespConnection, RespError
 from kvref.tiering.redis.routing import parse_server_url
 from kvref.tiering.redis.value_format import HEADER_BYTES, key_digest
 from tests.tiering.helpers import make_view, to_key, to_keys
@@ -170,6 +171,33 @@ def test_large_jobs_pipeline_through_one_connection(server: LocalRedisServer, cl
         assert h.loaded_correctly(keys[::-1])
     finally:
         h.close()
+
+
+def test_rows_travel_as_memoryviews_of_the_primary(
+    harness: RedisHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent: list[bytes | memoryview] = []
+    filled: list[memoryview] = []
+    real_send, real_read = RespConnection.send, RespConnection.read_bulk_into
+
+    def send(self: RespConnection, parts: Sequence[bytes | memoryview]) -> None:
+        sent.extend(parts)
+        real_send(self, parts)
+
+    def read_bulk_into(self: RespConnection, head: memoryview, body: memoryview) -> BulkInto | RespError:
+        filled.append(body)
+        return real_read(self, head, body)
+
+    monkeypatch.setattr(RespConnection, "send", send)
+    monkeypatch.setattr(RespConnection, "read_bulk_into", read_bulk_into)
+    primary = harness.view.obj
+    assert harness.store([to_key(1)], [2])
+    # The payload is sent as a view of the primary row itself, never copied into bytes.
+    assert [part.obj for part in sent if isinstance(part, memoryview)] == [primary]
+    assert all(len(part) < 200 for part in sent if isinstance(part, bytes))
+    assert harness.load([to_key(1)], [5])
+    assert [body.obj for body in filled] == [primary] and len(filled[0]) == 4096
+    assert harness.loaded_correctly([to_key(1)], [5])
 
 
 def test_unix_socket_and_database(tmp_path: Path) -> None:
