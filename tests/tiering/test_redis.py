@@ -217,6 +217,33 @@ def test_unix_socket_and_database(tmp_path: Path) -> None:
         other.close()
 
 
+def test_tls_with_a_ca_file(tmp_path: Path) -> None:
+    require_redis_server()
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    placeholder = LocalRedisServer()  # never started: it only picks a free port
+    tls_port = placeholder.port
+    placeholder.stop()
+    tls_args = ["--tls-port", str(tls_port), "--tls-cert-file", str(cert),
+                "--tls-key-file", str(key), "--tls-ca-cert-file", str(cert), "--tls-auth-clients", "no"]  # fmt: skip
+    with LocalRedisServer(tls_args):
+        url = f"rediss://127.0.0.1:{tls_port}"
+        h = RedisHarness(url, tls_ca_file=str(cert))
+        untrusted = RedisHarness(url)  # the system's CAs do not know this certificate
+        try:
+            assert h.store(to_keys([1, 2]))
+            assert h.load(to_keys([2, 1])) and h.loaded_correctly(to_keys([2, 1]))
+            assert not untrusted.load(to_keys([1]))
+        finally:
+            h.close()
+            untrusted.close()
+
+
 def test_password_from_url() -> None:
     require_redis_server()
     with LocalRedisServer(["--requirepass", "s3cret"]) as secured:
