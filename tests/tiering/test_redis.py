@@ -140,6 +140,24 @@ def test_lookup_answers_none_while_the_store_is_in_flight(
         h.close()
 
 
+def test_answers_are_served_once_even_after_they_expire(server: LocalRedisServer, client: redis.Redis) -> None:
+    # A scheduler step longer than lookup_cache_s must still get the answer it waited for.
+    h = RedisHarness(server.url, lookup_cache_s=0.001)
+    try:
+        assert h.store([to_key(1)])
+        time.sleep(0.05)
+        assert h.tier.lookup(to_key(1), CTX) is None  # expired: asked again
+        assert h.tier.lookup(to_key(2), CTX) is None
+        time.sleep(0.2)  # both answers arrived and expired meanwhile
+        assert h.tier.lookup(to_key(1), CTX) is True
+        assert h.tier.lookup(to_key(2), CTX) is False
+        assert not h.load([to_key(2)])
+        time.sleep(0.05)
+        assert h.tier.lookup(to_key(2), CTX) is False  # a failed load answers False, once at least
+    finally:
+        h.close()
+
+
 def test_stored_value_is_header_then_payload(harness: RedisHarness, client: redis.Redis) -> None:
     key = to_key(7)
     assert harness.store([key])

@@ -61,6 +61,7 @@ _RETRY_AFTER_FAILURE_S = 0.5
 _WARN_INTERVAL_S = 10.0
 _MAX_REDIRECTS = 2
 _MAX_UNSERVED = 1 << 16
+_UNSERVED_MAX_AGE_S = 30.0
 _CRLF = b"\r\n"
 
 class _Job:
@@ -223,7 +224,8 @@ class RedisSecondaryTier(SecondaryTierManager):
         # key -> (present, trusted until): insertion order is expiry order (one lifetime).
         self._known: OrderedDict[OffloadKey, tuple[bool, float]] = OrderedDict()
         self._checking: set[OffloadKey] = set()
-        self._unserved: OrderedDict[OffloadKey, bool] = OrderedDict()
+        # Answers not yet served since they arrived: key -> (present, served until).
+        self._unserved: OrderedDict[OffloadKey, tuple[bool, float]] = OrderedDict()
         self._done: list[_Job] = []
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
         self._closed = False
@@ -264,10 +266,13 @@ class RedisSecondaryTier(SecondaryTierManager):
             self._remember(key, present)
             # Served at least once even if it expires first (a step longer than
             # lookup_cache_s must not make the request ask forever).
-            self._unserved[key] = present
-            self._unserved.move_to_end(key)
-            if len(self._unserved) > _MAX_UNSERVED:
-                self._unserved.popitem(last=False)
+            self._serve_once(key, present)
+
+    def _serve_once(self, key: OffloadKey, present: bool) -> None:
+        self._unserved[key] = (present, time.monotonic() + _UNSERVED_MAX_AGE_S)
+        self._unserved.move_to_end(key)
+        if len(self._unserved) > _MAX_UNSERVED:
+            self._unserved.popitem(last=False)
 
     def _remember(self, key: OffloadKey, present: bool) -> None:
         self._known[key] = (present, time.monotonic() + self.lookup_cache_s)
@@ -293,8 +298,8 @@ class RedisSecondaryTier(SecondaryTierManager):
             self._unserved.pop(key, None)
             return answer[0]
         unserved = self._unserved.pop(key, None)
-        if unserved is not None:
-            return unserved
+        if unserved is not None and unserved[1] > now:
+            return unserved[0]
         if self._closed:
             return False
         if key not in self._checking:
@@ -358,6 +363,7 @@ class RedisSecondaryTier(SecondaryTierManager):
         self._storing = +self._storing  # drop the keys that reached 0
         for key in keys:
             self._known.pop(key, None)
+            self._unserved.pop(key, None)
         for key in state.ok_keys:
             self._remember(key, True)
         if self._events is not None and state.ok_keys:
@@ -369,7 +375,8 @@ class RedisSecondaryTier(SecondaryTierManager):
         ok = set(state.ok_keys)
         for key in state.meta.keys:
             if key not in ok:
-                self._remember(key, False)  # the ABC: a failed block answers False
+                self._remember(key, False)  # the ABC: a failed block answers False...
+                self._serve_once(key, False)  # ...at least once, however late it is asked
         if self._events is not None and state.missing_keys:
             self._events.append(OffloadingEvent(state.missing_keys, self.medium, removed=True))
 
