@@ -263,6 +263,9 @@ class RedisSecondaryTier(SecondaryTierManager):
         while results:
             key, present = results.popleft()
             self._checking.discard(key)
+            current = self._known.get(key)
+            if not present and current is not None and current[0] and current[1] > time.monotonic():
+                continue  # checked before this tier's own store of it landed: stale
             self._remember(key, present)
             # Served at least once even if it expires first (a step longer than
             # lookup_cache_s must not make the request ask forever).
