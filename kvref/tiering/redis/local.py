@@ -176,7 +176,11 @@ class LocalRedisServer:
         shutil.rmtree(self.directory, ignore_errors=True)
 
     def __enter__(self) -> Self:
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
 
     def __exit__(
         self,
