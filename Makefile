@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # The stamp depends on pyproject.toml, so editing dependencies refreshes the venv.
 STAMP := $(VENV)/.kvref-installed
 
-.PHONY: run test typecheck audit pytest bench clean
+.PHONY: run test typecheck audit pytest bench clean redis-server
 
 # Set-up takes a minute or two on a fresh machine: each step says what it does, and pip shows
 # what it collects and installs (no -q), so a slow step is never silent.
@@ -16,10 +16,14 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	@echo "==> installing torch 2.13.0 (the CPU build on this machine's disk; an unpinned torch pulls a multi-GB CUDA build)"
 	$(PIP) install --progress-bar off torch==2.13.0
-	@echo "==> installing kvref in editable mode with its torch and dev extras"
-	$(PIP) install --progress-bar off -e '.[torch,dev]'
+	@echo "==> installing kvref in editable mode with its torch, dev and redis extras"
+	$(PIP) install --progress-bar off -e '.[torch,dev,redis]'
 	touch $(STAMP)
 	@echo "==> $(VENV) is ready"
+
+# The Redis tier's tests start their own servers; Debian's package provides redis-server.
+redis-server:
+	@command -v redis-server >/dev/null || (echo "==> installing Debian's redis-server (tests start their own servers)" && apt-get update && apt-get install -y redis-server)
 
 run: $(STAMP)
 	$(BIN)/kvref demo
@@ -35,7 +39,7 @@ audit: $(STAMP)
 	@echo "==> kvref audit kvref"
 	$(BIN)/kvref audit kvref
 
-pytest: $(STAMP)
+pytest: $(STAMP) redis-server
 	@echo "==> pytest"
 	$(BIN)/python -m pytest -q
 

@@ -316,6 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sched-block", type=parse_size, default=parse_size("1M"), help="block size of the scheduler benchmark")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-scheduler", action="store_true")
+    parser.add_argument("--redis", action="store_true", help="also run tools/bench_redis.py: the Redis tier vs a redis-py pipeline")
     args = parser.parse_args(argv)
     if args.cold:
         args.fsync = True
@@ -332,6 +333,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"target >= 0.8x of plain I/O at 1 MiB: {verdict} (store {write_ratio:.2f}x, load {read_ratio:.2f}x)")
         if not args.skip_scheduler:
             bench_scheduler(args, work_dir)
+        if args.redis:
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+            from bench_redis import main as bench_redis
+
+            bench_redis(["--repeats", str(args.repeats)])
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
     return 0

@@ -1,4 +1,4 @@
-"""Multi-tier offloading: a CPU primary tier in front of secondary tiers (memory, filesystem).
+"""Multi-tier offloading: a CPU primary tier in front of secondary tiers (memory, filesystem, Redis).
 
 See `kvref.tiering.base` for the design principles and the secondary-tier contract, and
 `kvref.tiering.manager` for the data flow and how the end of a scheduler step is signalled.
@@ -20,6 +20,7 @@ from kvref.tiering.manager import (
     create_tiering_manager,
 )
 from kvref.tiering.memory import InMemorySecondaryTier
+from kvref.tiering.redis import RedisSecondaryTier
 
 __all__ = [
     "JobId",
@@ -29,6 +30,7 @@ __all__ = [
     "SecondaryTierManager",
     "InMemorySecondaryTier",
     "FileSystemSecondaryTier",
+    "RedisSecondaryTier",
     "TierFactory",
     "register_tier",
     "registered_tier_types",

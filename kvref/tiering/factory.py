@@ -3,8 +3,8 @@
     create_secondary_tier({"type": "fs", "root_dir": "/mnt/nvme/kv"}, primary_kv_view)
 
 `type` selects a factory registered with `register_tier`; every other entry is passed to it as
-a keyword argument. Built-in types: "memory" (`InMemorySecondaryTier`) and "fs"
-(`FileSystemSecondaryTier`).
+a keyword argument. Built-in types: "memory" (`InMemorySecondaryTier`), "fs"
+(`FileSystemSecondaryTier`) and "redis" (`RedisSecondaryTier`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 from kvref.tiering.base import SecondaryTierManager
 from kvref.tiering.fs import FileSystemSecondaryTier
 from kvref.tiering.memory import InMemorySecondaryTier
+from kvref.tiering.redis import RedisSecondaryTier
 
 __all__ = ["TierFactory", "register_tier", "registered_tier_types", "create_secondary_tier"]
 
@@ -87,3 +88,4 @@ def create_secondary_tier(
 
 register_tier("memory", InMemorySecondaryTier)
 register_tier("fs", FileSystemSecondaryTier)
+register_tier("redis", RedisSecondaryTier)

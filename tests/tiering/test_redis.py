@@ -1,0 +1,536 @@
+"""RedisSecondaryTier against real redis-server processes: round trips, verification, faults.
+
+Every test talks to servers it started itself (loopback, temporary directories). An
+independent client (redis-py) inspects and damages what the tier stored. Whatever the fault,
+the scheduler-side calls never raise, and a load either returns the exact bytes or fails.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+import redis
+
+from kvref.base import OffloadingEvent
+from kvref.cpu.shared_region import SharedOffloadRegion
+from kvref.tiering.base import JobResult
+from kvref.tiering.factory import create_secondary_tier
+from kvref.tiering.manager import create_tiering_manager
+from kvref.tiering.redis import RedisSecondaryTier
+from kvref.tiering.redis.local import LocalRedisServer
+from kvref.tiering.redis.resp import BulkInto, RespConnection, RespError
+from kvref.tiering.redis.routing import parse_server_url
+from kvref.tiering.redis.value_format import HEADER_BYTES, key_digest
+from tests.tiering.helpers import make_view, to_key, to_keys
+from tests.tiering.redis_helpers import CTX, RedisHarness, payload, require_redis_server, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[LocalRedisServer]:
+    require_redis_server()
+    with LocalRedisServer() as started:
+        yield started
+
+
+@pytest.fixture
+def client(server: LocalRedisServer) -> Iterator[redis.Redis]:
+    connection = redis.Redis(port=server.port, socket_timeout=2)
+    server.command("FLUSHALL")
+    yield connection
+    connection.close()
+
+
+@pytest.fixture
+def harness(server: LocalRedisServer, client: redis.Redis) -> Iterator[RedisHarness]:
+    h = RedisHarness(server.url)
+    yield h
+    h.close()
+
+
+# --- configuration ---
+
+
+@pytest.mark.parametrize(
+    ("url", "address", "db", "tls"),
+    [
+        ("redis://cache:7000/2", "cache:7000", 2, False),
+        ("redis://user:secret@10.0.0.5", "10.0.0.5:6379", 0, False),
+        ("rediss://cache", "cache:6379", 0, True),
+        ("unix:///run/redis.sock?db=3", "/run/redis.sock", 3, False),
+    ],
+)
+def test_urls(url: str, address: str, db: int, tls: bool) -> None:
+    parsed = parse_server_url(url)
+    assert (str(parsed.address), parsed.db, parsed.tls) == (address, db, tls)
+
+
+def test_credentials_come_from_the_url() -> None:
+    parsed = parse_server_url("redis://alice:p%40ss@cache:6380")
+    assert (parsed.username, parsed.password) == ("alice", "p@ss")
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"url": "http://cache"}, "url"),
+        ({"url": "redis://cache:notaport"}, "url"),
+        ({"url": "redis://cache/x"}, "url"),
+        ({"url": "redis://cache", "num_connections": 0}, "num_connections"),
+        ({"url": "redis://cache", "socket_timeout_s": 0}, "socket_timeout_s"),
+        ({"url": "redis://cache", "connect_timeout_s": -1}, "connect_timeout_s"),
+        ({"url": "redis://cache", "lookup_cache_s": 0}, "lookup_cache_s"),
+        ({"url": "redis://cache", "ttl_s": 0}, "ttl_s"),
+        ({"url": "redis://cache", "namespace": ""}, "namespace"),
+        ({"url": "unix:///tmp/r.sock", "cluster": True}, "cluster"),
+        ({"url": "redis://cache/1", "cluster": True}, "cluster"),
+        ({"url": "redis://cache", "tls_ca_file": "/ca.pem"}, "tls_ca_file"),
+        ({"url": "redis://cache", "no_such_option": 1}, "no_such_option"),
+    ],
+)
+def test_invalid_options_raise_value_error_naming_them(options: dict[str, object], field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        create_secondary_tier({"type": "redis", **options}, make_view(2))
+
+
+def test_key_names_namespace_and_block_size() -> None:
+    tier = RedisSecondaryTier(make_view(2, 64), "redis://127.0.0.1:1", namespace="m/bf16/rank3")
+    try:
+        assert tier.redis_key(to_key(1)) == b"m/bf16/rank3:64:" + to_key(1).hex().encode()
+    finally:
+        tier.shutdown()
+
+
+# --- normal operation ---
+
+
+def test_store_then_load_round_trip(harness: RedisHarness) -> None:
+    k1, k2 = to_keys([1, 2])
+    assert harness.tier.lookup(k1, CTX) is None  # an existence check is now in flight
+    assert harness.settled_lookup(k1) is False
+    assert harness.store([k1, k2], [0, 1])
+    assert harness.tier.lookup(k1, CTX) is True  # stored by this tier moments ago
+    assert harness.load([k2, k1], [5, 6])
+    assert harness.row(5) == payload(k2, 4096) and harness.row(6) == payload(k1, 4096)
+    assert harness.tier.take_events() == [OffloadingEvent([k1, k2], "redis", removed=False)]
+
+
+def test_lookup_answers_none_while_the_store_is_in_flight(
+    server: LocalRedisServer, client: redis.Redis
+) -> None:
+    h = RedisHarness(server.url, num_connections=1)
+    try:
+        server.pause()  # the store cannot finish while the server is stopped
+        h.fill([to_key(1)], [0])
+        h.submit([to_key(1)], [0], promotion=False)
+        assert h.tier.lookup(to_key(1), CTX) is None
+        server.resume()
+        assert h.finish()
+        assert h.tier.lookup(to_key(1), CTX) is True
+    finally:
+        server.resume()
+        h.close()
+
+
+def test_answers_are_served_once_even_after_they_expire(server: LocalRedisServer, client: redis.Redis) -> None:
+    # A scheduler step longer than lookup_cache_s must still get the answer it waited for.
+    h = RedisHarness(server.url, lookup_cache_s=0.001)
+    try:
+        assert h.store([to_key(1)])
+        time.sleep(0.05)
+        assert h.tier.lookup(to_key(1), CTX) is None  # expired: asked again
+        assert h.tier.lookup(to_key(2), CTX) is None
+        time.sleep(0.2)  # both answers arrived and expired meanwhile
+        assert h.tier.lookup(to_key(1), CTX) is True
+        assert h.tier.lookup(to_key(2), CTX) is False
+        assert not h.load([to_key(2)])
+        time.sleep(0.05)
+        assert h.tier.lookup(to_key(2), CTX) is False  # a failed load answers False, once at least
+    finally:
+        h.close()
+
+
+def test_stored_value_is_header_then_payload(harness: RedisHarness, client: redis.Redis) -> None:
+    key = to_key(7)
+    assert harness.store([key])
+    value = client.get(harness.tier.redis_key(key))
+    assert isinstance(value, bytes) and len(value) == HEADER_BYTES + 4096
+    magic, version, _reserved, size, digest, _checksum = struct.unpack_from("<4sHHQQQ", value)
+    assert (magic, version, size) == (b"KVRB", 1, 4096)
+    assert digest == key_digest(harness.tier.redis_key(key))
+    assert value[HEADER_BYTES:] == payload(key, 4096)
+
+
+def test_blocks_stored_moments_ago_are_not_sent_again(harness: RedisHarness, client: redis.Redis) -> None:
+    key = to_key(3)
+    assert harness.store([key])
+    client.delete(harness.tier.redis_key(key))
+    assert harness.store([key])  # still trusted as present: skipped
+    assert client.exists(harness.tier.redis_key(key)) == 0
+    harness.forget_answers()
+    assert harness.store([key])
+    assert client.exists(harness.tier.redis_key(key)) == 1
+
+
+def test_large_jobs_pipeline_through_one_connection(server: LocalRedisServer, client: redis.Redis) -> None:
+    h = RedisHarness(server.url, num_blocks=64, block_bytes=256 << 10, num_connections=1)
+    try:
+        keys = to_keys(range(64))
+        assert h.store(keys)
+        assert h.load(keys[::-1])
+        assert h.loaded_correctly(keys[::-1])
+    finally:
+        h.close()
+
+
+def test_rows_travel_as_memoryviews_of_the_primary(
+    harness: RedisHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent: list[bytes | memoryview] = []
+    filled: list[memoryview] = []
+    real_send, real_read = RespConnection.send, RespConnection.read_bulk_into
+
+    def send(self: RespConnection, parts: Sequence[bytes | memoryview]) -> None:
+        sent.extend(parts)
+        real_send(self, parts)
+
+    def read_bulk_into(self: RespConnection, head: memoryview, body: memoryview) -> BulkInto | RespError:
+        filled.append(body)
+        return real_read(self, head, body)
+
+    monkeypatch.setattr(RespConnection, "send", send)
+    monkeypatch.setattr(RespConnection, "read_bulk_into", read_bulk_into)
+    primary = harness.view.obj
+    assert harness.store([to_key(1)], [2])
+    # The payload is sent as a view of the primary row itself, never copied into bytes.
+    assert [part.obj for part in sent if isinstance(part, memoryview)] == [primary]
+    assert all(len(part) < 200 for part in sent if isinstance(part, bytes))
+    assert harness.load([to_key(1)], [5])
+    assert [body.obj for body in filled] == [primary] and len(filled[0]) == 4096
+    assert harness.loaded_correctly([to_key(1)], [5])
+
+
+def test_unix_socket_and_database(tmp_path: Path) -> None:
+    require_redis_server()
+    socket_path = tmp_path / "redis.sock"
+    with LocalRedisServer(["--unixsocket", str(socket_path), "--unixsocketperm", "700"]) as unix_server:
+        h = RedisHarness(f"unix://{socket_path}?db=2")
+        try:
+            assert h.store([to_key(1)])
+            assert h.load([to_key(1)])
+            assert h.loaded_correctly([to_key(1)])
+        finally:
+            h.close()
+        assert unix_server.command("EXISTS", h.tier.redis_key(to_key(1))) == 0  # not in db 0
+        other = redis.Redis(port=unix_server.port, db=2)
+        assert other.exists(h.tier.redis_key(to_key(1))) == 1
+        other.close()
+
+
+def test_tls_with_a_ca_file(tmp_path: Path) -> None:
+    require_redis_server()
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    placeholder = LocalRedisServer()  # never started: it only picks a free port
+    tls_port = placeholder.port
+    placeholder.stop()
+    tls_args = ["--tls-port", str(tls_port), "--tls-cert-file", str(cert),
+                "--tls-key-file", str(key), "--tls-ca-cert-file", str(cert), "--tls-auth-clients", "no"]  # fmt: skip
+    with LocalRedisServer(tls_args):
+        url = f"rediss://127.0.0.1:{tls_port}"
+        h = RedisHarness(url, tls_ca_file=str(cert))
+        untrusted = RedisHarness(url)  # the system's CAs do not know this certificate
+        try:
+            assert h.store(to_keys([1, 2]))
+            assert h.load(to_keys([2, 1])) and h.loaded_correctly(to_keys([2, 1]))
+            assert not untrusted.load(to_keys([1]))
+        finally:
+            h.close()
+            untrusted.close()
+
+
+def test_password_from_url() -> None:
+    require_redis_server()
+    with LocalRedisServer(["--requirepass", "s3cret"]) as secured:
+        wrong = RedisHarness(f"redis://:nope@127.0.0.1:{secured.port}")
+        right = RedisHarness(f"redis://:s3cret@127.0.0.1:{secured.port}")
+        try:
+            assert not wrong.store([to_key(1)])
+            assert right.store([to_key(1)])
+        finally:
+            wrong.close()
+            right.close()
+
+
+def test_ttl_expires_blocks(server: LocalRedisServer, client: redis.Redis) -> None:
+    h = RedisHarness(server.url, ttl_s=0.2)
+    try:
+        assert h.store([to_key(1)])
+        assert 0 < client.pttl(h.tier.redis_key(to_key(1))) <= 200
+        wait_for(lambda: client.exists(h.tier.redis_key(to_key(1))) == 0, what="expiry")
+        assert not h.load([to_key(1)])
+    finally:
+        h.close()
+
+
+# --- correct or absent ---
+
+
+def _flip_payload_byte(client: redis.Redis, key: bytes) -> None:
+    value = client.getrange(key, HEADER_BYTES + 100, HEADER_BYTES + 100)
+    assert isinstance(value, bytes)
+    client.setrange(key, HEADER_BYTES + 100, bytes([value[0] ^ 0x01]))
+
+
+def _break_magic(client: redis.Redis, key: bytes) -> None:
+    client.setrange(key, 0, b"XXXX")
+
+
+def _truncate(client: redis.Redis, key: bytes) -> None:
+    value = client.get(key)
+    assert isinstance(value, bytes)
+    client.set(key, value[:-1])
+
+
+def _wrong_block_size_in_header(client: redis.Redis, key: bytes) -> None:
+    client.setrange(key, 8, struct.pack("<Q", 8192))
+
+
+def _copied_from_another_key(client: redis.Redis, key: bytes) -> None:
+    other = key[:-2] + b"ff"  # a key of another block, same namespace
+    value = client.get(key)
+    assert isinstance(value, bytes)
+    client.set(other, value)
+    client.rename(other, key)  # a whole valid value, but written for another key
+    client.setrange(key, 16, struct.pack("<Q", key_digest(other)))
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [_flip_payload_byte, _break_magic, _truncate, _wrong_block_size_in_header, _copied_from_another_key],
+)
+def test_damaged_value_fails_the_load_becomes_a_miss_and_is_deleted(
+    harness: RedisHarness, client: redis.Redis, damage: object
+) -> None:
+    assert callable(damage)
+    good, bad = to_keys([1, 2])
+    assert harness.store([good, bad])
+    damage(client, harness.tier.redis_key(bad))
+    assert not harness.load([good, bad])
+    assert harness.tier.lookup(bad, CTX) is False  # the ABC: a failed block answers False
+    assert client.exists(harness.tier.redis_key(bad)) == 0  # other engines won't trip on it
+    assert list(harness.tier.take_events())[-1] == OffloadingEvent([bad], "redis", removed=True)
+    assert harness.load([good]) and harness.loaded_correctly([good])
+
+
+def test_block_gone_from_the_server_is_a_miss(harness: RedisHarness, client: redis.Redis) -> None:
+    key = to_key(1)
+    assert harness.store([key])
+    client.delete(harness.tier.redis_key(key))
+    assert harness.tier.lookup(key, CTX) is True  # trusted briefly...
+    harness.forget_answers()
+    assert harness.settled_lookup(key) is False  # ...then asked again
+    assert not harness.load([key])
+
+
+# --- faults ---
+
+
+def test_server_killed_and_restarted_during_stores() -> None:
+    require_redis_server()
+    server = LocalRedisServer().start()
+    h = RedisHarness(server.url, num_connections=2)
+    try:
+        before = to_keys(range(4))
+        assert h.store(before)
+        server.kill()
+        started = time.monotonic()
+        for i in range(3):  # stores while the server is down fail, quickly, without raising
+            assert not h.store(to_keys([10 + i]))
+        assert time.monotonic() - started < 3 * 1.0
+        assert h.settled_lookup(to_key(99)) is False  # unreachable answers "not here"
+        server.start()  # same port, empty (nothing was persisted)
+        wait_for(lambda: h.store(to_keys([20])), what="a store after the restart")
+        h.forget_answers()
+        assert h.settled_lookup(before[0]) is False  # lost in the restart: a miss
+        assert not h.load(before[:1])
+        assert h.load(to_keys([20])) and h.loaded_correctly(to_keys([20]))
+    finally:
+        h.close()
+        server.stop()
+
+
+def test_hung_server_fails_jobs_within_the_timeout_and_lookups_do_not_wait() -> None:
+    require_redis_server()
+    with LocalRedisServer() as server:
+        h = RedisHarness(server.url, socket_timeout_s=0.3)
+        try:
+            assert h.store([to_key(1)])
+            server.pause()
+            started = time.monotonic()
+            assert not h.load([to_key(1)])
+            assert time.monotonic() - started < 1.5
+            started = time.monotonic()
+            assert h.tier.lookup(to_key(2), CTX) is None  # never waits for the server
+            assert time.monotonic() - started < 0.05
+            assert h.settled_lookup(to_key(2)) is False
+            server.resume()
+            wait_for(lambda: h.load([to_key(1)]), what="a load after resuming")
+            assert h.loaded_correctly([to_key(1)])
+        finally:
+            server.resume()
+            h.close()
+
+
+def test_out_of_memory_without_eviction_fails_stores_cleanly() -> None:
+    require_redis_server()
+    with LocalRedisServer(["--maxmemory", "3mb", "--maxmemory-policy", "noeviction"]) as server:
+        h = RedisHarness(server.url, num_blocks=4, block_bytes=256 << 10)
+        try:
+            results = [h.store(to_keys(range(i, i + 4))) for i in range(0, 40, 4)]
+            assert results[0] and not results[-1]  # fills up, then OOM fails the stores
+            assert h.load(to_keys(range(4))) and h.loaded_correctly(to_keys(range(4)))
+        finally:
+            h.close()
+
+
+def test_maxmemory_eviction_turns_blocks_into_misses_never_wrong_bytes() -> None:
+    require_redis_server()
+    with LocalRedisServer(["--maxmemory", "4mb", "--maxmemory-policy", "allkeys-lru"]) as server:
+        h = RedisHarness(server.url, num_blocks=4, block_bytes=256 << 10)
+        try:
+            keys = to_keys(range(40))
+            for i in range(0, 40, 4):
+                assert h.store(keys[i : i + 4])  # eviction makes room: every store succeeds
+            h.forget_answers()
+            present = [h.settled_lookup(key) for key in keys]
+            assert not all(present) and any(present)
+            for key, found in zip(keys, present):
+                assert h.load([key]) == found
+                if found:
+                    assert h.loaded_correctly([key])
+                else:
+                    assert h.tier.lookup(key, CTX) is False
+        finally:
+            h.close()
+
+
+def test_shutdown_fails_queued_jobs_and_later_calls(server: LocalRedisServer, client: redis.Redis) -> None:
+    h = RedisHarness(server.url, num_connections=1)
+    server.pause()
+    try:
+        h.fill(to_keys(range(4)), list(range(4)))
+        ids = [h.submit([to_key(i)], [i], promotion=False) for i in range(4)]
+        server.resume()
+        h.tier.shutdown()
+        results = {result.job_id: result.success for result in h.tier.get_finished_jobs()}
+        assert sorted(results) == ids  # every job reported once
+        h.submit([to_key(9)], [0], promotion=True)
+        assert list(h.tier.get_finished_jobs()) == [JobResult(h.job_ids, False)]
+        assert h.tier.lookup(to_key(9), CTX) is False
+    finally:
+        server.resume()
+        h.rows.release()
+
+
+# --- engines sharing blocks ---
+
+
+_ENGINE_A = """
+import sys
+from kvref.base import ReqContext
+from kvref.cpu.common import CPULoadStoreSpec
+from kvref.cpu.shared_region import SharedOffloadRegion
+from kvref.tiering.base import PrimaryBlocks
+from kvref.tiering.manager import create_tiering_manager
+from tests.tiering.helpers import to_keys
+from tests.tiering.redis_helpers import payload
+url, region_dir = sys.argv[1], sys.argv[2]
+region = SharedOffloadRegion("engine-a", 8, 65536, directory=region_dir, prefault=False)
+manager = create_tiering_manager(region, [{"type": "redis", "url": url, "namespace": "shared"}])
+ctx = ReqContext("a")
+keys = to_keys(range(6))
+output = manager.prepare_store(keys, ctx)
+assert isinstance(output.store_spec, CPULoadStoreSpec)
+rows = PrimaryBlocks(manager.primary.get_kv_memoryview())
+for key, block_id in zip(output.keys_to_store, output.store_spec.block_ids):
+    rows.row(block_id)[:] = payload(key, 65536)
+manager.complete_store(output.keys_to_store, ctx)
+while manager.num_inflight_jobs:
+    manager.end_step()
+    manager.lookup(keys[0], ctx)
+manager.shutdown()
+print("stored")
+"""
+
+
+def test_two_engine_processes_share_blocks(server: LocalRedisServer, client: redis.Redis, tmp_path: Path) -> None:
+    # Engine A: another process, its own primary region.
+    done = subprocess.run(
+        [sys.executable, "-c", _ENGINE_A, server.url, str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == "stored", done.stderr
+    # Engine B: this process, a region of its own, has never seen the blocks.
+    region = SharedOffloadRegion("engine-b", 8, 65536, directory=tmp_path, prefault=False)
+    manager = create_tiering_manager(region, [{"type": "redis", "url": server.url, "namespace": "shared"}])
+    try:
+        from kvref.base import ReqContext
+        from kvref.tiering.base import PrimaryBlocks
+
+        ctx = ReqContext("b")
+        keys = to_keys(range(6))
+        deadline = time.monotonic() + 10
+        while not all(manager.lookup(key, ctx) is True for key in keys):
+            assert time.monotonic() < deadline
+            manager.end_step()
+            time.sleep(0.002)
+        spec = manager.prepare_load(keys, ctx)
+        rows = PrimaryBlocks(manager.primary.get_kv_memoryview())
+        for key, block_id in zip(keys, spec.block_ids):
+            assert bytes(rows.row(block_id)) == payload(key, 65536)
+        manager.complete_load(keys, ctx)
+        # Another namespace (another model or rank) does not see them.
+        assert server.command("DBSIZE") == 6
+    finally:
+        manager.shutdown()
+
+
+def test_example_shares_blocks_between_two_processes(server: LocalRedisServer, client: redis.Redis) -> None:
+    done = subprocess.run(
+        [sys.executable, "examples/redis_share.py", "--url", server.url, "--blocks", "4"],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "engine A" in done.stdout and "identical bytes" in done.stdout
+
+
+def test_example_says_plainly_when_no_server_answers() -> None:
+    done = subprocess.run(
+        [sys.executable, "examples/redis_share.py", "--url", "redis://127.0.0.1:1"],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert done.stdout.startswith("No Redis server answers at redis://127.0.0.1:1")
+
+
+def test_example_without_redis_server_installed() -> None:
+    env = {**os.environ, "PATH": "/nonexistent"}
+    done = subprocess.run(
+        [sys.executable, "examples/redis_share.py"], cwd=REPO, capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 0
+    assert done.stdout.startswith("No Redis server available")

@@ -1,0 +1,231 @@
+"""Benchmark the Redis tier against a raw redis-py pipeline moving the same bytes, same run.
+
+For each block size: fill a primary of `--total` bytes with random rows, then
+
+* tier store:  `RedisSecondaryTier.submit_store`, jobs of `--job-blocks` blocks, all submitted at
+  once, timed until `drain_jobs` returns (checksums and headers included);
+* tier load:   the same blocks back with `submit_load` into other rows (verification included);
+* redis-py:    one `Redis` client, `pipeline(transaction=False)` of SET (the row's memoryview)
+  per job, executed job after job; and GET per job, each reply copied into its row.
+
+The server is flushed between phases, so every phase writes into an empty server. The ratio
+tier/redis-py is the figure of merit (target >= 0.8 at 1 MiB). The tier is measured with one
+connection (like the baseline) and with `--connections` (its default: 4).
+
+    .venv/bin/python tools/bench_redis.py                 # starts a throw-away redis-server
+    .venv/bin/python tools/bench_redis.py --url redis://host:6379
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol, cast
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from kvref.base import OffloadKey, ReqContext, make_offload_key
+from kvref.tiering.base import JobMetadata
+from kvref.tiering.redis import RedisSecondaryTier
+from kvref.tiering.redis.local import LocalRedisServer, redis_server_path
+
+__all__ = ["main", "bench_block_size"]
+
+CTX = ReqContext(req_id="bench")
+_SIZES = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    text = text.strip().upper().removesuffix("IB").removesuffix("B")
+    if text and text[-1] in _SIZES:
+        return int(float(text[:-1]) * _SIZES[text[-1]])
+    return int(text)
+
+
+def human(size: int) -> str:
+    for unit, factor in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= factor and size % factor == 0:
+            return f"{size // factor} {unit}"
+    return f"{size} B"
+
+
+def key_of(i: int) -> OffloadKey:
+    return make_offload_key(i.to_bytes(32, "big"), 0)
+
+
+class _Pipeline(Protocol):
+    """The part of redis-py's pipeline used here (redis-py's own annotations are partial)."""
+
+    def set(self, name: bytes, value: memoryview) -> object: ...
+    def get(self, name: bytes) -> object: ...
+    def execute(self) -> list[Any]: ...
+
+
+class _Client(Protocol):
+    def pipeline(self, transaction: bool = True) -> _Pipeline: ...
+    def flushall(self) -> object: ...
+    def close(self) -> None: ...
+
+
+def best_of(repeats: int, run: Callable[[], float]) -> float:
+    return min(run() for _ in range(repeats))
+
+
+def bench_block_size(
+    url: str, block_bytes: int, total: int, job_blocks: int, connections: Sequence[int], repeats: int
+) -> dict[str, float]:
+    """Return GB/s per phase for one block size ("tier store (1)", "redis-py load", ...)."""
+    import redis
+
+    count = max(job_blocks, total // block_bytes)
+    # Rows [0, count) are the source, [count, 2 count) the destination of loads.
+    view = memoryview(bytearray(2 * count * block_bytes)).cast("B", (2 * count, block_bytes))
+    flat = view.cast("B")
+    chunk = os.urandom(min(count * block_bytes, 8 << 20))
+    for start in range(0, count * block_bytes, len(chunk)):
+        end = min(start + len(chunk), count * block_bytes)
+        flat[start:end] = chunk[: end - start]
+    keys = [key_of(i) for i in range(count)]
+    moved = count * block_bytes / 1e9
+    client = cast(_Client, redis.Redis.from_url(url, socket_timeout=30))  # pyright: ignore[reportUnknownMemberType]
+    figures: dict[str, float] = {}
+
+    def row(i: int) -> memoryview:
+        return flat[i * block_bytes : (i + 1) * block_bytes]
+
+    def jobs(promotion: bool, first_id: int) -> list[JobMetadata]:
+        offset = count if promotion else 0
+        return [
+            JobMetadata(
+                first_id + n,
+                keys[start : start + job_blocks],
+                [offset + i for i in range(start, min(start + job_blocks, count))],
+                promotion,
+                CTX,
+            )
+            for n, start in enumerate(range(0, count, job_blocks))
+        ]
+
+    for n_connections in connections:
+
+        def tier_store() -> float:
+            client.flushall()
+            # A new tier each time: it remembers no stores, so every block is sent.
+            tier = RedisSecondaryTier(view, url, num_connections=n_connections, socket_timeout_s=30)
+            try:
+                started = time.perf_counter()
+                for job in jobs(False, 0):
+                    tier.submit_store(job)
+                tier.drain_jobs()
+                elapsed = time.perf_counter() - started
+                assert all(result.success for result in tier.get_finished_jobs()), "a store failed"
+            finally:
+                tier.shutdown()
+            return elapsed
+
+        figures[f"tier store ({n_connections})"] = moved / best_of(repeats, tier_store)
+        tier = RedisSecondaryTier(view, url, num_connections=n_connections, socket_timeout_s=30)
+        try:
+
+            def tier_load() -> float:
+                started = time.perf_counter()
+                for job in jobs(True, 1 << 20):
+                    tier.submit_load(job)
+                tier.drain_jobs()
+                elapsed = time.perf_counter() - started
+                assert all(result.success for result in tier.get_finished_jobs()), "a load failed"
+                return elapsed
+
+            figures[f"tier load ({n_connections})"] = moved / best_of(repeats, tier_load)
+            assert flat[count * block_bytes :] == flat[: count * block_bytes], "loaded bytes differ"
+        finally:
+            tier.shutdown()
+
+    redis_keys = [b"bench:" + key.hex().encode() for key in keys]
+
+    def pipeline_store() -> float:
+        client.flushall()
+        started = time.perf_counter()
+        for start in range(0, count, job_blocks):
+            pipe = client.pipeline(transaction=False)
+            for i in range(start, min(start + job_blocks, count)):
+                pipe.set(redis_keys[i], row(i))
+            pipe.execute()
+        return time.perf_counter() - started
+
+    def pipeline_load() -> float:
+        started = time.perf_counter()
+        for start in range(0, count, job_blocks):
+            pipe = client.pipeline(transaction=False)
+            for i in range(start, min(start + job_blocks, count)):
+                pipe.get(redis_keys[i])
+            for i, value in zip(range(start, count), pipe.execute()):
+                row(count + i)[:] = value
+        return time.perf_counter() - started
+
+    figures["redis-py store"] = moved / best_of(repeats, pipeline_store)
+    figures["redis-py load"] = moved / best_of(repeats, pipeline_load)
+    client.flushall()
+    client.close()
+    flat.release()
+    return figures
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", help="a Redis server to use (default: start a throw-away redis-server)")
+    parser.add_argument("--total", type=parse_size, default=parse_size("128M"), help="bytes per block size (default 128M)")
+    parser.add_argument(
+        "--block-sizes",
+        type=lambda text: [parse_size(part) for part in text.split(",")],
+        default=[parse_size(s) for s in ("64K", "1M")],
+        help="comma-separated block sizes (default 64K,1M)",
+    )
+    parser.add_argument("--job-blocks", type=int, default=16, help="blocks per job / per redis-py pipeline")
+    parser.add_argument("--connections", type=int, default=4, help="the tier's second configuration")
+    parser.add_argument("--repeats", type=int, default=3, help="best of N runs per figure")
+    args = parser.parse_args(argv)
+
+    server: LocalRedisServer | None = None
+    url = args.url
+    if url is None:
+        if redis_server_path() is None:
+            print("No Redis server available: pass --url, or install redis-server. Nothing measured.")
+            return 0
+        server = LocalRedisServer().start()
+        url = server.url
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, server {url}")
+    connections = sorted({1, args.connections})
+    try:
+        at_1m: dict[str, float] | None = None
+        for block_bytes in args.block_sizes:
+            figures = bench_block_size(url, block_bytes, args.total, args.job_blocks, connections, args.repeats)
+            print(f"\nblock {human(block_bytes)}, {human(args.total)} per phase, {args.job_blocks} blocks per job (GB/s):")
+            for direction in ("store", "load"):
+                base = figures[f"redis-py {direction}"]
+                print(f"  redis-py pipeline {direction:5}  {base:6.2f}")
+                for n in connections:
+                    tier = figures[f"tier {direction} ({n})"]
+                    print(f"  tier {direction:5} ({n} conn)      {tier:6.2f}   {tier / base:5.2f}x")
+            if block_bytes == 1 << 20:
+                at_1m = figures
+        if at_1m is not None:
+            ratios = [at_1m[f"tier {d} (1)"] / at_1m[f"redis-py {d}"] for d in ("store", "load")]
+            verdict = "met" if min(ratios) >= 0.8 else "NOT met"
+            print(
+                f"\ntarget >= 0.8x of a redis-py pipeline at 1 MiB (one connection each): {verdict} "
+                f"(store {ratios[0]:.2f}x, load {ratios[1]:.2f}x)"
+            )
+    finally:
+        if server is not None:
+            server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
