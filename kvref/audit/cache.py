@@ -536,17 +536,19 @@ def _encode_result(result: AnalysisResult) -> tuple[object, ...]:
         tuple(result.unresolved_bases.items()),
         result.files_analyzed,
         suppression,
+        tuple(result.missing_modules.items()),
     )
 
 
 def _decode_result(data: object) -> AnalysisResult:
-    findings_data, errors_data, unresolved, files_analyzed, suppression = cast(
+    findings_data, errors_data, unresolved, files_analyzed, suppression, missing = cast(
         tuple[
             tuple[tuple[object, ...], ...],
             tuple[tuple[str, int, int, str], ...],
             tuple[tuple[str, int], ...],
             int,
             tuple[tuple[str, tuple[int, ...]], ...] | None,
+            tuple[tuple[str, int], ...],
         ],
         data,
     )
@@ -573,6 +575,7 @@ def _decode_result(data: object) -> AnalysisResult:
         unresolved_bases=dict(unresolved),
         files_analyzed=files_analyzed,
         suppression_lines=None if suppression is None else dict(suppression),
+        missing_modules=dict(missing),
     )
 
 
