@@ -19,7 +19,10 @@ import pytest
 
 from kvref.audit.environment import discover_environment, find_interpreter
 from kvref.audit.main import AuditRequest, OutputFormat, run_audit
+from kvref.audit.report import Report, Summary
+from kvref.audit.report.text import render_summary
 from kvref.audit.scale import ScaleSettings
+from tests.audit.fakes import FAKE_RULES
 
 ENGINE = "class Engine:\n    def step(self) -> None: ...\n"
 PLUGIN = "from engine import Engine\n\n\nclass Plugin(Engine):\n    def step(self) -> None: ...\n"
@@ -214,3 +217,17 @@ def test_editable_roots_inside_the_project_are_the_projects_own(tmp_path: Path) 
     )
     assert discover_environment(venv, project_root=project).package_roots == ()
     assert dict(discover_environment(venv).package_roots) == {"plugin": project / "plugin"}
+
+
+def test_the_missing_modules_line_ranks_and_is_quiet_without_any() -> None:
+    def summary_of(missing: dict[str, int]) -> str:
+        summary = Summary(unresolved_bases={"torch.nn.Module": 9}, missing_modules=missing)
+        return render_summary(Report([], [], FAKE_RULES, frozenset(), summary))
+
+    assert "not installed" not in summary_of({})
+    many = {f"m{index}": index for index in range(1, 8)}
+    [line] = [line for line in summary_of(many).splitlines() if "not installed" in line]
+    assert line.startswith(
+        "7 modules not installed where kvref looked: m7 (7), m6 (6), m5 (5), m4 (4), m3 (3), "
+        "and 2 more; pass --python"
+    )
