@@ -115,6 +115,7 @@ def analyze(
     options: AnalysisOptions = _DEFAULT_OPTIONS,
     search_paths: Sequence[Path] = (),
     package_roots: Sequence[tuple[str, Path]] = (),
+    import_roots: Sequence[Path] = (),
     summarize_many: SummarizeMany | None = None,
     jobs: int = 1,
 ) -> AnalysisResult:
@@ -132,6 +133,8 @@ def analyze(
             project; the standard library comes from the running interpreter.
         package_roots: (package name, directory) of editable installs made through an
             import hook, searched after `search_paths`.
+        import_roots: directories inside the project that the interpreter imports from
+            (besides the root and `src/`): the project's modules are named from them too.
         summarize_many: summarizes a batch of files (parallel, cached...): the reported
             files at once, then each other file the lookups reach; by default each file goes
             through `summarize_file`. It returns a mapping keyed by the paths it was given,
@@ -180,7 +183,9 @@ def analyze(
     deferred = [path for path in files if path not in reported]
     result.files_analyzed = len(good) + len(lazy) + len(deferred)
 
-    primary, index = _build_index(good, lazy, deferred, load, root, search_paths, package_roots)
+    primary, index = _build_index(
+        good, lazy, deferred, load, root, search_paths, package_roots, import_roots
+    )
     shared = summarize_many if isinstance(summarize_many, SharedSummaries) else None
     parent = os.getpid()
 
@@ -284,6 +289,7 @@ def _build_index(
     root: Path,
     search_paths: Sequence[Path],
     package_roots: Sequence[tuple[str, Path]] = (),
+    import_roots: Sequence[Path] = (),
 ) -> tuple[dict[Path, str], ProjectIndex]:
     paths = [*summaries, *lazy, *deferred]
     package_dirs = {
@@ -301,9 +307,14 @@ def _build_index(
         return known[directory]
 
     root_text = str(root)
-    # The import roots: a src layout's `src/` (when it is no package itself), then the root.
+    # The import roots, the deepest first: those the interpreter imports from, a src layout's
+    # `src/`, then the root (`module_names_for` skips any that is a package itself).
     source = os.path.join(root_text, "src")
-    roots = [source, root_text] if os.path.isdir(source) else [root_text]
+    extra = {str(path) for path in import_roots}
+    if os.path.isdir(source):
+        extra.add(source)
+    extra.discard(root_text)
+    roots = [*sorted(extra, key=lambda path: (-path.count(os.sep), path)), root_text]
     names = {path: module_names_for(str(path), roots, is_package) for path in paths}
     modules: dict[str, ModuleSummary] = {}
     loaders: dict[str, Callable[[], ModuleSummary | None]] = {}

@@ -70,6 +70,10 @@ class Environment:
             module file), for editable installs made through an import hook, searched after
             `search_paths` as the hook comes after them in `sys.meta_path`; none inside the
             project.
+        import_roots: the directories inside the project (other than its root) that this
+            interpreter imports from: `sys.path` entries (PYTHONPATH, a `.pth` file naming
+            `lib/`) and the directories above packages an editable-install hook maps. The
+            project's modules are named from them as from the root and `src/`.
     """
 
     python: Path
@@ -77,6 +81,7 @@ class Environment:
     stdlib: Path
     search_paths: tuple[Path, ...]
     package_roots: tuple[tuple[str, Path], ...] = ()
+    import_roots: tuple[Path, ...] = ()
 
 
 def interpreter_path(python: Path) -> Path:
@@ -160,9 +165,9 @@ def _select(
     stdlib_dirs: Sequence[str],
     project_root: Path | None,
     keep: Sequence[str] = (),
-) -> tuple[Path, ...]:
-    """The import roots among `entries`: existing directories, without the standard library
-    and without the project's own source directories.
+) -> tuple[tuple[Path, ...], tuple[Path, ...]]:
+    """The import roots among `entries`: existing directories, without the standard library;
+    those that are the project's own source directories are returned apart (second).
 
     Args:
         keep: directories whose contents are installed packages even when they lie inside the
@@ -177,6 +182,7 @@ def _select(
         if not (root is not None and _inside(root, prefix))
     ]
     chosen: dict[str, None] = {}
+    own: dict[str, None] = {}
     for entry in entries:
         if not entry:
             continue
@@ -188,9 +194,11 @@ def _select(
         if any(path == lib or (_inside(path, lib) and "-packages" not in path) for lib in stdlib):
             continue
         if _inside(path, root) and not any(_inside(path, prefix) for prefix in installed):
+            if path != root:
+                own[path] = None
             continue
         chosen[path] = None
-    return tuple(Path(path) for path in chosen)
+    return tuple(Path(path) for path in chosen), tuple(Path(path) for path in own)
 
 
 # --- editable installs through an import hook ------------------------------------------------
@@ -249,13 +257,10 @@ def _hook_roots(module_file: str) -> list[tuple[str, str]]:
     return found
 
 
-def _package_roots(
-    site_dirs: Iterable[Path], project_root: Path | None
-) -> tuple[tuple[str, Path], ...]:
-    """The packages that editable-install hooks in `site_dirs`' `.pth` files map, first
-    mapping of a name winning, without those inside the project."""
-    root = os.path.abspath(project_root) if project_root is not None else None
-    roots: dict[str, Path] = {}
+def _package_roots(site_dirs: Iterable[Path]) -> dict[str, str]:
+    """The packages that editable-install hooks in `site_dirs`' `.pth` files map (absolute
+    paths that exist), the first mapping of a name winning."""
+    roots: dict[str, str] = {}
     for site_dir in site_dirs:
         try:
             names = sorted(name for name in os.listdir(site_dir) if name.endswith(".pth"))
@@ -277,9 +282,9 @@ def _package_roots(
                         continue
                     for package, where in _hook_roots(os.path.join(site_dir, f"{module}.py")):
                         path = os.path.abspath(where)
-                        if package not in roots and not _inside(path, root) and os.path.exists(path):
-                            roots[package] = Path(path)
-    return tuple(roots.items())
+                        if package not in roots and os.path.exists(path):
+                            roots[package] = path
+    return roots
 
 
 def _site_dirs(search_paths: Sequence[Path], site: Sequence[str]) -> list[Path]:
@@ -344,6 +349,42 @@ def _query(python: Path) -> dict[str, object]:
     return cast(dict[str, object], answer)
 
 
+def _environment(
+    python: Path,
+    version: tuple[int, int, int],
+    stdlib_dirs: tuple[str, str],
+    entries: Sequence[str],
+    site: Sequence[str],
+    prefix: str,
+    project_root: Path | None,
+) -> Environment:
+    search_paths, own = _select(entries, stdlib_dirs, project_root, [prefix, *site])
+    root = os.path.abspath(project_root) if project_root is not None else None
+    package_roots: list[tuple[str, Path]] = []
+    import_roots = dict.fromkeys(own)
+    for package, where in _package_roots(_site_dirs(search_paths, site)).items():
+        if not _inside(where, root):
+            package_roots.append((package, Path(where)))
+            continue
+        # The project's own package, installed editable: the directory above it is where
+        # the interpreter imports it from (when the mapping keeps the package's name).
+        parts = package.split(".")
+        above = where[: -len(".py")] if where.endswith(".py") else where
+        for part in reversed(parts):
+            head, tail = os.path.split(above)
+            above = head if tail == part else ""
+        if above and above != root:
+            import_roots[Path(above)] = None
+    return Environment(
+        python=python,
+        version=version,
+        stdlib=Path(stdlib_dirs[0]),
+        search_paths=search_paths,
+        package_roots=tuple(package_roots),
+        import_roots=tuple(import_roots),
+    )
+
+
 def discover_environment(
     python: Path | None = None, *, project_root: Path | None = None
 ) -> Environment:
@@ -368,16 +409,14 @@ def discover_environment(
         if entries and (not entries[0] or sys.argv and sys.argv[0] and
                         Path(entries[0]) == Path(os.path.abspath(sys.argv[0])).parent):
             entries = entries[1:]
-        site = [paths["purelib"], paths["platlib"]]
-        search_paths = _select(
-            entries, [paths["stdlib"], paths["platstdlib"]], project_root, [sys.prefix, *site]
-        )
-        return Environment(
-            python=Path(sys.executable),
-            version=(sys.version_info.major, sys.version_info.minor, sys.version_info.micro),
-            stdlib=Path(paths["stdlib"]),
-            search_paths=search_paths,
-            package_roots=_package_roots(_site_dirs(search_paths, site), project_root),
+        return _environment(
+            Path(sys.executable),
+            (sys.version_info.major, sys.version_info.minor, sys.version_info.micro),
+            (paths["stdlib"], paths["platstdlib"]),
+            entries,
+            [paths["purelib"], paths["platlib"]],
+            sys.prefix,
+            project_root,
         )
     interpreter = interpreter_path(python)
     answer = _query(interpreter)
@@ -393,11 +432,12 @@ def discover_environment(
     if len(version) != 3:
         raise InterpreterError(f"--python: {python} reported a malformed version {version!r}")
     # `python -c` puts '' (the cwd) first; _select drops empty entries.
-    search_paths = _select(raw_path, [stdlib, platstdlib], project_root, [prefix, *site])
-    return Environment(
-        python=interpreter,
-        version=(version[0], version[1], version[2]),
-        stdlib=Path(stdlib),
-        search_paths=search_paths,
-        package_roots=_package_roots(_site_dirs(search_paths, site), project_root),
+    return _environment(
+        interpreter,
+        (version[0], version[1], version[2]),
+        (stdlib, platstdlib),
+        raw_path,
+        site,
+        prefix,
+        project_root,
     )

@@ -178,6 +178,7 @@ def analyze_at_scale(
                 for path in environment.search_paths
             ]
             packages = [(name, str(path)) for name, path in environment.package_roots]
+            packages.extend(("", str(path)) for path in environment.import_roots)
             key, newest = results.key(
                 stats,
                 [str(root), reported, _options_key(options), roots, str(environment.stdlib), packages],
@@ -206,6 +207,7 @@ def analyze_at_scale(
             options=options,
             search_paths=environment.search_paths,
             package_roots=environment.package_roots,
+            import_roots=environment.import_roots,
             summarize_many=summarize_batch,
             jobs=settings.jobs or available_cpus(),
         )

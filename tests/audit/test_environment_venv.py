@@ -231,3 +231,42 @@ def test_the_missing_modules_line_ranks_and_is_quiet_without_any() -> None:
         "7 modules not installed where kvref looked: m7 (7), m6 (6), m5 (5), m4 (4), m3 (3), "
         "and 2 more; pass --python"
     )
+
+
+def make_python_dir_project(root: Path) -> Path:
+    """Sources under `python/` (not `src/`), in a namespace package (no __init__.py)."""
+    product = root / "python" / "company" / "product"
+    product.mkdir(parents=True)
+    (root / "pyproject.toml").write_text('[project]\nname = "company-product"\n')
+    (product / "base.py").write_text(ENGINE)
+    (product / "impl.py").write_text(PLUGIN.replace("from engine", "from company.product.base"))
+    return root
+
+
+def test_a_project_directory_on_the_interpreters_path_is_an_import_root(tmp_path: Path) -> None:
+    project = make_python_dir_project(tmp_path / "project")
+    venv = make_venv(tmp_path / "venv")
+    (site_packages(venv) / "company_product.pth").write_text(f"{project / 'python'}\n")
+    environment = discover_environment(venv, project_root=project)
+    assert environment.import_roots == (project / "python",)
+    assert project / "python" not in environment.search_paths  # indexed as the project's
+    code, out, err = audit(project, "--python", str(venv))
+    assert code == 1, err
+    assert "python/company/product/impl.py:5:9: KVR001" in out
+    # Without it, `company` is nowhere to be found: the summary says so.
+    bare = make_venv(tmp_path / "bare")
+    code, out, err = audit(project, "--python", str(bare))
+    assert (code, out) == (0, "")
+    assert "1 module not installed where kvref looked: company (1)" in err
+
+
+def test_an_editable_hook_mapping_into_the_project_names_an_import_root(tmp_path: Path) -> None:
+    project = make_python_dir_project(tmp_path / "project")
+    venv = make_venv(tmp_path / "venv")
+    site = site_packages(venv)
+    (site / "__editable__.company_product-1.0.pth").write_text("import __editable___cp_finder\n")
+    (site / "__editable___cp_finder.py").write_text(
+        f"MAPPING = {{'company.product': {str(project / 'python' / 'company' / 'product')!r}}}\n"
+    )
+    environment = discover_environment(venv, project_root=project)
+    assert (environment.package_roots, environment.import_roots) == ((), (project / "python",))
