@@ -18,6 +18,7 @@ import importlib
 import importlib.machinery
 import importlib.util
 import os
+import re
 import sys
 import sysconfig
 import types
@@ -50,6 +51,7 @@ __all__ = [
 BUILTINS = "builtins"
 _STDLIB = Path(sysconfig.get_paths()["stdlib"])
 _STDLIB_NAMES = frozenset(sys.stdlib_module_names)
+_DOTTED_NAME = re.compile(r"[^\W\d]\w*(?:\.[^\W\d]\w*)*")
 _OBJECT_RUNTIME_ONLY = frozenset({"__lt__", "__le__", "__gt__", "__ge__"})
 # typing names whose runtime class lives elsewhere (`typing.Mapping` is an alias object).
 _TYPING_REDIRECTS: dict[str, tuple[str, str]] = {
@@ -195,8 +197,8 @@ def module_names_for(
     """
     directory, filename = os.path.split(path)
     stem = filename.rsplit(".", 1)[0]
-    own = [] if stem == "__init__" else [stem]
-    chain: list[str] = list(own)
+    own = "" if stem == "__init__" else stem
+    chain: list[str] = [own] if own else []
     current = directory
     while True:
         parent, name = os.path.split(current)
@@ -206,16 +208,15 @@ def module_names_for(
         current = parent
     names: list[str] = []
     for root in roots:
-        if is_package(root):
-            continue
         if directory == root:
-            relative: list[str] = []
-        elif directory.startswith(root if root.endswith(os.sep) else root + os.sep):
-            relative = directory[len(root.rstrip(os.sep)) + 1 :].split(os.sep)
+            dotted = own
+        elif directory.startswith(root) and directory[len(root)] == os.sep:
+            relative = directory[len(root) + 1 :].replace(os.sep, ".")
+            dotted = f"{relative}.{own}" if own else relative
         else:
             continue
-        if relative + own:
-            names.append(".".join(relative + own))
+        if dotted and not is_package(root):
+            names.append(dotted)
     # Not when it would shadow the standard library (`examples/x/json/` is not `json`).
     if chain and (not names or is_package(directory) and chain[0] not in _STDLIB_NAMES):
         names.append(".".join(chain))
@@ -223,7 +224,7 @@ def module_names_for(
         last_directory = os.path.basename(directory)
         names.append(".".join([last_directory, stem] if last_directory else [stem]))
     # A name that cannot be written in an import statement is kept only as the last resort.
-    importable = [name for name in names if all(part.isidentifier() for part in name.split("."))]
+    importable = [name for name in names if _DOTTED_NAME.fullmatch(name)]
     return tuple(dict.fromkeys(importable or names))
 
 
