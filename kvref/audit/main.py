@@ -665,7 +665,11 @@ def build_parser(*, quiet: bool = False) -> argparse.ArgumentParser:
     parser.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
     parser.add_argument("--cache-dir", type=Path, metavar="DIR", help="cache location (.kvref_cache)")
     parser.add_argument(
-        "--python", type=Path, metavar="PATH", help="interpreter or venv whose packages resolve bases"
+        "--python",
+        type=Path,
+        metavar="PATH",
+        help="interpreter or venv whose packages resolve bases (default: $VIRTUAL_ENV, else "
+        ".venv or venv in the project root, else kvref's own)",
     )
     parser.add_argument(
         "--jobs", type=_positive_int, metavar="N", help="worker processes (default: all CPUs)"
