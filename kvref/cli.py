@@ -96,7 +96,11 @@ def audit(
     ] = None,
     python: Annotated[
         Path | None,
-        typer.Option(metavar="PATH", help="Interpreter or venv whose installed packages resolve base classes."),
+        typer.Option(
+            metavar="PATH",
+            help="Interpreter or venv whose installed packages resolve base classes "
+            "(default: $VIRTUAL_ENV, else .venv or venv in the project root, else kvref's own).",
+        ),
     ] = None,
     jobs: Annotated[
         int | None, typer.Option(metavar="N", min=1, help="Worker processes (default: all CPUs).")

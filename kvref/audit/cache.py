@@ -531,11 +531,12 @@ def _encode_result(result: AnalysisResult) -> tuple[object, ...]:
         result.files_analyzed,
         suppression,
         result.dependent_paths,
+        tuple(result.missing_modules.items()),
     )
 
 
 def _decode_result(data: object) -> AnalysisResult:
-    findings_data, errors_data, unresolved, files_analyzed, suppression, dependents = cast(
+    findings_data, errors_data, unresolved, files_analyzed, suppression, dependents, missing = cast(
         tuple[
             tuple[tuple[object, ...], ...],
             tuple[tuple[str, int, int, str], ...],
@@ -543,6 +544,7 @@ def _decode_result(data: object) -> AnalysisResult:
             int,
             tuple[tuple[str, tuple[int, ...]], ...] | None,
             tuple[str, ...],
+            tuple[tuple[str, int], ...],
         ],
         data,
     )
@@ -578,6 +580,7 @@ def _decode_result(data: object) -> AnalysisResult:
         files_analyzed=files_analyzed,
         suppression_lines=None if suppression is None else dict(suppression),
         dependent_paths=tuple(dependents),
+        missing_modules=dict(missing),
     )
 
 

@@ -114,6 +114,8 @@ def analyze(
     report_files: Collection[Path] | None = None,
     options: AnalysisOptions = _DEFAULT_OPTIONS,
     search_paths: Sequence[Path] = (),
+    package_roots: Sequence[tuple[str, Path]] = (),
+    import_roots: Sequence[Path] = (),
     summarize_many: SummarizeMany | None = None,
     jobs: int = 1,
 ) -> AnalysisResult:
@@ -129,6 +131,10 @@ def analyze(
         options: the policy choices of the override rules.
         search_paths: extra roots for installed packages (site-packages), searched after the
             project; the standard library comes from the running interpreter.
+        package_roots: (package name, directory) of editable installs made through an
+            import hook, searched after `search_paths`.
+        import_roots: directories inside the project that the interpreter imports from
+            (besides the root and `src/`): the project's modules are named from them too.
         summarize_many: summarizes a batch of files (parallel, cached...): the reported
             files at once, then each other file the lookups reach; by default each file goes
             through `summarize_file`. It returns a mapping keyed by the paths it was given,
@@ -182,7 +188,9 @@ def analyze(
     deferred = [path for path in files if path not in reported]
     result.files_analyzed = len(good) + len(lazy) + len(deferred)
 
-    primary, index = _build_index(good, lazy, deferred, load, root, search_paths)
+    primary, index = _build_index(
+        good, lazy, deferred, load, root, search_paths, package_roots, import_roots
+    )
     dependents = (
         _dependent_classes(reported, good, lazy, primary, index, root) if partial else {}
     )
@@ -235,6 +243,7 @@ def analyze(
     result.findings.sort(key=lambda f: (f.path, f.line, f.col, f.code))
     result.errors.sort(key=lambda e: (e.path, e.line, e.col))
     result.unresolved_bases = dict(sorted(unresolved.items()))
+    result.missing_modules = _missing_modules(unresolved, index)
     result.suppression_lines = dict(sorted(suppression_lines.items()))
     return result
 
@@ -344,6 +353,23 @@ def _split(paths: Sequence[Path], weights: Sequence[int], count: int) -> list[li
     return [share for share in shares if share]
 
 
+def _missing_modules(unresolved: Mapping[str, int], index: ProjectIndex) -> dict[str, int]:
+    """The top-level modules that cannot be found at all, with how many classes' bases lead
+    into them: the packages not installed where kvref looked (one lookup per distinct name,
+    after the checks, so the hot path pays nothing)."""
+    missing: Counter[str] = Counter()
+    known: dict[str, bool] = {}
+    for name, count in unresolved.items():
+        top = name.partition(".")[0]
+        if not top.isidentifier():
+            continue  # `<expression>`, a call: nothing to install
+        if top not in known:
+            known[top] = index.module_exists(top)
+        if not known[top]:
+            missing[top] += count
+    return dict(sorted(missing.items(), key=lambda item: (-item[1], item[0])))
+
+
 def _build_index(
     summaries: Mapping[Path, ModuleSummary],
     lazy: Mapping[Path, LazySummary],
@@ -351,6 +377,8 @@ def _build_index(
     load: Callable[[Path], ModuleSummary | None],
     root: Path,
     search_paths: Sequence[Path],
+    package_roots: Sequence[tuple[str, Path]] = (),
+    import_roots: Sequence[Path] = (),
 ) -> tuple[dict[Path, str], ProjectIndex]:
     paths = [*summaries, *lazy, *deferred]
     package_dirs = {
@@ -368,7 +396,15 @@ def _build_index(
         return known[directory]
 
     root_text = str(root)
-    names = {path: module_names_for(str(path), root_text, is_package) for path in paths}
+    # The import roots, the deepest first: those the interpreter imports from, a src layout's
+    # `src/`, then the root (`module_names_for` skips any that is a package itself).
+    source = os.path.join(root_text, "src")
+    extra = {str(path) for path in import_roots}
+    if os.path.isdir(source):
+        extra.add(source)
+    extra.discard(root_text)
+    roots = [*sorted(extra, key=lambda path: (-path.count(os.sep), path)), root_text]
+    names = {path: module_names_for(str(path), roots, is_package) for path in paths}
     modules: dict[str, ModuleSummary] = {}
     loaders: dict[str, Callable[[], ModuleSummary | None]] = {}
     primary: dict[Path, str] = {}
@@ -400,6 +436,7 @@ def _build_index(
         packages=packages,
         scripts=scripts,
         search_paths=search_paths,
+        package_roots=package_roots,
         summarize_external=load,
     )
     return primary, index

@@ -45,7 +45,7 @@ from kvref.audit.model import AnalysisOptions, AnalysisResult, FileError, Findin
 from kvref.audit.report import OutputFormat, Report, Summary, render
 from kvref.audit.progress import progress_enabled
 from kvref.audit.report.text import render_summary, use_color
-from kvref.audit.environment import start_discovery
+from kvref.audit.environment import find_interpreter, start_discovery
 from kvref.audit.scale import ScaleSettings, wait_for_saves
 from kvref.audit.suppress import SuppressionFilter
 from kvref.errors import KVRefError
@@ -211,6 +211,7 @@ class _Runner:
         self.cwd = cwd
         self.stdout = stdout
         self.stderr = stderr
+        self.scale = request.scale  # with the interpreter `run` chose
 
     def _configure(self) -> tuple[AuditConfig, frozenset[str]]:
         request = self.request
@@ -262,7 +263,7 @@ class _Runner:
                 options=options,
                 # The caches are written by a forked child while this process reports;
                 # `run_audit` waits for it before returning.
-                settings=replace(self.request.scale, background_save=True),
+                settings=replace(self.scale, background_save=True),
                 progress=self.stderr if show_progress else None,
             )
         else:
@@ -432,10 +433,15 @@ class _Runner:
 
     def run(self) -> int:
         request = self.request
-        # The `--python` interpreter takes a few hundredths of a second to start: it answers
+        # The target interpreter takes a few hundredths of a second to start: it answers
         # while the configuration is read and the files are discovered.
-        start_discovery(request.scale.python)
+        python = find_interpreter(request.scale.python, cwd=self.cwd, project_root=None)
+        start_discovery(python)
         config, selected = self._configure()
+        if python is None:  # no --python, no VIRTUAL_ENV: the project's own .venv, if any
+            python = find_interpreter(None, cwd=self.cwd, project_root=config.root)
+            start_discovery(python)
+        self.scale = replace(request.scale, python=python)
         discovery = self._discover(config)
         if discovery.report_files is not None and not discovery.report_files:
             # Nothing to report on (pre-commit passed only excluded files): skip indexing.
@@ -474,6 +480,7 @@ class _Runner:
                 suppressed=analysis.suppressed,
                 stale_baseline=baseline.stale,
                 unresolved_bases=analysis.unresolved,
+                missing_modules=analysis.result.missing_modules,
                 warnings=discovery.warnings,
                 unsafe_fixes=request.unsafe_fixes,
             ),
@@ -686,7 +693,11 @@ def build_parser(*, quiet: bool = False) -> argparse.ArgumentParser:
     parser.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
     parser.add_argument("--cache-dir", type=Path, metavar="DIR", help="cache location (.kvref_cache)")
     parser.add_argument(
-        "--python", type=Path, metavar="PATH", help="interpreter or venv whose packages resolve bases"
+        "--python",
+        type=Path,
+        metavar="PATH",
+        help="interpreter or venv whose packages resolve bases (default: $VIRTUAL_ENV, else "
+        ".venv or venv in the project root, else kvref's own)",
     )
     parser.add_argument(
         "--jobs", type=_positive_int, metavar="N", help="worker processes (default: all CPUs)"

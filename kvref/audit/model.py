@@ -174,6 +174,9 @@ class AnalysisResult:
             the number of classes that inherit from it. Such classes are checked for KVR001
             against their resolvable ancestors only (a hit there is an override whatever the
             unknown base holds) and get no KVR002/KVR1xx findings (absence proves nothing).
+        missing_modules: the top-level modules that bases lead into but that cannot be found
+            (not installed where kvref looked), with how many classes' bases lead there,
+            most first.
         files_analyzed: how many files were indexed.
         suppression_lines: for each reported file that was analyzed, the lines that mention
             `noqa` or `kvref` (only those can carry a suppression comment), so suppressions
@@ -189,3 +192,4 @@ class AnalysisResult:
     files_analyzed: int = 0
     suppression_lines: Mapping[str, tuple[int, ...]] | None = None
     dependent_paths: tuple[str, ...] = ()
+    missing_modules: Mapping[str, int] = field(default_factory=lambda: {})

@@ -18,6 +18,7 @@ import importlib
 import importlib.machinery
 import importlib.util
 import os
+import re
 import sys
 import sysconfig
 import types
@@ -50,6 +51,7 @@ __all__ = [
 BUILTINS = "builtins"
 _STDLIB = Path(sysconfig.get_paths()["stdlib"])
 _STDLIB_NAMES = frozenset(sys.stdlib_module_names)
+_DOTTED_NAME = re.compile(r"[^\W\d]\w*(?:\.[^\W\d]\w*)*")
 _OBJECT_RUNTIME_ONLY = frozenset({"__lt__", "__le__", "__gt__", "__ge__"})
 # typing names whose runtime class lives elsewhere (`typing.Mapping` is an alias object).
 _TYPING_REDIRECTS: dict[str, tuple[str, str]] = {
@@ -175,24 +177,28 @@ class MemberHit:
 
 
 def module_names_for(
-    path: str, root: str, is_package: Callable[[str], bool]
+    path: str, roots: Sequence[str], is_package: Callable[[str], bool]
 ) -> tuple[str, ...]:
     """The dotted names a file is importable as, the primary (used for relative imports) first.
 
-    A file in a regular package has one name, following the `__init__.py` chain up. Any
-    other file (a script, a namespace package) is named by its path relative to `root/src`
-    (a src layout) and to the root.
+    As the import system names it: the dotted path from an import root, where every
+    directory below the root is a package, regular (with `__init__.py`) or namespace (PEP 420,
+    without). `roots` are tried in order (a src layout's `src/` before the project root); a
+    root that is itself a regular package is no import root (its parent is), so its files are
+    named by following the `__init__.py` chain up, beyond the root. A module of a regular
+    package is also importable by the name that chain gives alone (its top directory on
+    `sys.path`, as pytest's rootdir-relative imports and installed plugins do), an alias.
 
     Args:
         path: the file (absolute, normalized; plain strings, since the engine names every
             file of a big project and `pathlib` arithmetic was most of that cost).
-        root: the project root (absolute, normalized).
+        roots: the import roots (absolute, normalized), preferred first.
         is_package: whether a directory holds an `__init__.py`/`.pyi`.
     """
     directory, filename = os.path.split(path)
     stem = filename.rsplit(".", 1)[0]
-    names: list[str] = []
-    chain: list[str] = [] if stem == "__init__" else [stem]
+    own = "" if stem == "__init__" else stem
+    chain: list[str] = [own] if own else []
     current = directory
     while True:
         parent, name = os.path.split(current)
@@ -200,31 +206,26 @@ def module_names_for(
             break
         chain.insert(0, name)
         current = parent
-    prefix = root if root.endswith(os.sep) else root + os.sep
-    relative: list[str] | None
-    if directory == root:
-        relative = []
-    elif directory.startswith(prefix):
-        relative = directory[len(prefix) :].split(os.sep)
-    else:
-        relative = None
-    if chain and is_package(directory):
-        # A regular package is importable only through its `__init__` chain: a root-relative
-        # name would be wrong when the root lies inside the package (and could shadow the
-        # standard library, like torch/types.py as `types`).
-        return (".".join(chain),)
-    if relative is not None:
-        own = relative + ([] if stem == "__init__" else [stem])
-        if relative[:1] == ["src"] and len(own) > 1:
-            names.append(".".join(own[1:]))
-        if own:
-            names.append(".".join(own))
-    if not names and chain:
+    names: list[str] = []
+    for root in roots:
+        if directory == root:
+            dotted = own
+        elif directory.startswith(root) and directory[len(root)] == os.sep:
+            relative = directory[len(root) + 1 :].replace(os.sep, ".")
+            dotted = f"{relative}.{own}" if own else relative
+        else:
+            continue
+        if dotted and not is_package(root):
+            names.append(dotted)
+    # Not when it would shadow the standard library (`examples/x/json/` is not `json`).
+    if chain and (not names or is_package(directory) and chain[0] not in _STDLIB_NAMES):
         names.append(".".join(chain))
     if not names:
         last_directory = os.path.basename(directory)
         names.append(".".join([last_directory, stem] if last_directory else [stem]))
-    return tuple(dict.fromkeys(n for n in names if n))
+    # A name that cannot be written in an import statement is kept only as the last resort.
+    importable = [name for name in names if _DOTTED_NAME.fullmatch(name)]
+    return tuple(dict.fromkeys(importable or names))
 
 
 class ProjectIndex:
@@ -239,6 +240,7 @@ class ProjectIndex:
         packages: Iterable[str] = (),
         scripts: Iterable[str] = (),
         search_paths: Sequence[Path] = (),
+        package_roots: Sequence[tuple[str, Path]] = (),
         summarize_external: Callable[[Path], ModuleSummary | None] | None = None,
     ) -> None:
         """Build the index.
@@ -256,6 +258,8 @@ class ProjectIndex:
             scripts: the project modules outside any regular package: their absolute
                 imports also find modules in their own directory (as `python script.py`).
             search_paths: extra roots for installed packages, searched after the project.
+            package_roots: (dotted package name, its directory or module file) for editable
+                installs made through an import hook, searched after `search_paths`.
             summarize_external: summarizes a standard-library or installed file (the engine
                 passes its cached summarizer); by default the file is read and summarized.
         """
@@ -271,6 +275,8 @@ class ProjectIndex:
         self._packages = set(packages)
         self._scripts = frozenset(scripts)
         self._search_paths = tuple(search_paths)
+        self._package_roots = dict(reversed(package_roots))  # the first mapping of a name wins
+        self._installed_namespaces: dict[str, bool] = {}
         self._summarize_external = summarize_external or _summarize_path
         self._symbols: dict[str, dict[str, tuple[Binding, ...]]] = {}
         self._classes: dict[str, dict[str, ClassSummary]] = {}
@@ -303,18 +309,62 @@ class ProjectIndex:
         for root in roots:
             found = _summarize_from(root, name, self._summarize_external)
             if found is not None:
-                if found.path.endswith(("__init__.py", "__init__.pyi")):
-                    self._packages.add(name)
                 break
+        if found is None and self._package_roots:
+            found = self._from_package_roots(name)
+        if found is not None and found.path.endswith(("__init__.py", "__init__.pyi")):
+            self._packages.add(name)
         self._modules[name] = found
         return found
+
+    def module_exists(self, name: str) -> bool:
+        """Whether a module (or namespace package) of that dotted name can be found."""
+        return self._module_exists(name)
+
+    def _from_package_roots(self, name: str) -> ModuleSummary | None:
+        parts = name.split(".")
+        for end in range(len(parts), 0, -1):
+            where = self._package_roots.get(".".join(parts[:end]))
+            if where is None:
+                continue
+            base = where.joinpath(*parts[end:])
+            if base.suffix in (".py", ".pyi") and not parts[end:]:
+                candidates = [base.with_suffix(".pyi"), base]  # a single-module distribution
+            else:
+                candidates = [
+                    base / "__init__.pyi", base / "__init__.py",
+                    base.with_name(base.name + ".pyi"), base.with_name(base.name + ".py"),
+                ]
+            for candidate in candidates:
+                key = str(candidate)
+                if key not in _FILE_CACHE:
+                    _FILE_CACHE[key] = (
+                        self._summarize_external(candidate) if os.path.isfile(key) else None
+                    )
+                if _FILE_CACHE[key] is not None:
+                    return _FILE_CACHE[key]
+            return None
+        return None
 
     def _module_exists(self, name: str) -> bool:
         return (
             name in self._namespaces
             or self.module(name) is not None
             or _loaded_extension(name) is not None
+            or self._installed_namespace(name)
         )
+
+    def _installed_namespace(self, name: str) -> bool:
+        """An installed namespace package (PEP 420): a directory without `__init__.py`."""
+        found = self._installed_namespaces.get(name)
+        if found is None:
+            parts = name.split(".")
+            found = all(part.isidentifier() for part in parts) and (
+                any(os.path.isdir(root.joinpath(*parts)) for root in self._search_paths)
+                or name in self._package_roots
+            )
+            self._installed_namespaces[name] = found
+        return found
 
     def _symbol_table(self, name: str, summary: ModuleSummary) -> dict[str, tuple[Binding, ...]]:
         table = self._symbols.get(name)

@@ -180,8 +180,11 @@ def analyze_at_scale(
                 (str(path), path.stat().st_mtime_ns if path.is_dir() else 0)
                 for path in environment.search_paths
             ]
+            packages = [(name, str(path)) for name, path in environment.package_roots]
+            packages.extend(("", str(path)) for path in environment.import_roots)
             key, newest = results.key(
-                stats, [str(root), reported, _options_key(options), roots, str(environment.stdlib)]
+                stats,
+                [str(root), reported, _options_key(options), roots, str(environment.stdlib), packages],
             )
             cached = results.load(key, newest)
             if cached is not None:
@@ -213,6 +216,8 @@ def analyze_at_scale(
             report_files=report_files,
             options=options,
             search_paths=environment.search_paths,
+            package_roots=environment.package_roots,
+            import_roots=environment.import_roots,
             summarize_many=summarize_batch,
             jobs=settings.jobs or available_cpus(),
         )

@@ -405,6 +405,7 @@ _RESULTS = st.builds(
     files_analyzed=st.integers(0, 99),
     suppression_lines=st.none() | st.dictionaries(_TEXT, st.lists(st.integers(1, 99), max_size=3).map(tuple)),
     dependent_paths=st.lists(_TEXT, max_size=2).map(tuple),
+    missing_modules=st.dictionaries(_TEXT, st.integers(1, 9), max_size=2),
 )
 
 
@@ -418,7 +419,7 @@ def test_the_result_strategy_sets_every_field() -> None:
     assert len(dataclasses.fields(Finding)) == 9
     assert [f.name for f in dataclasses.fields(AnalysisResult)] == [
         "findings", "errors", "unresolved_bases", "files_analyzed", "suppression_lines",
-        "dependent_paths",
+        "dependent_paths", "missing_modules",
     ]  # fmt: skip
 
 

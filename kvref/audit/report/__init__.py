@@ -42,6 +42,9 @@ class Summary:
         stale_baseline: baseline entries matching fewer findings than recorded.
         unresolved_bases: base classes that could not be resolved, with how many classes use
             them (those classes were checked for KVR001 against their known bases only).
+        missing_modules: the top-level modules those bases come from that were not found
+            at all (not installed for the interpreter kvref read), with how many bases
+            lead there, most first.
         warnings: one line each (skipped paths, unreadable directories).
         unsafe_fixes: whether `--unsafe-fixes` was given (decides what counts as fixable).
     """
@@ -54,6 +57,7 @@ class Summary:
     suppressed: int = 0
     stale_baseline: Sequence[tuple[BaselineKey, int]] = ()
     unresolved_bases: Mapping[str, int] = field(default_factory=lambda: {})
+    missing_modules: Mapping[str, int] = field(default_factory=lambda: {})
     warnings: Sequence[str] = ()
     unsafe_fixes: bool = False
 

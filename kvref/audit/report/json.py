@@ -10,7 +10,8 @@ last character, edit positions likewise):
                    "description", "edits": [{"line", "col", "end_line", "end_col", "content"}]}}],
      "errors": [{"path", "line", "col", "message"}],
      "summary": {"findings", "fixable", "errors", "files_analyzed", "files_reported", "fixed",
-                 "baselined", "suppressed", "stale_baseline": [...], "unresolved_bases": {...}}}
+                 "baselined", "suppressed", "stale_baseline": [...], "unresolved_bases": {...},
+                 "missing_modules": {...}}}
 
 `fixable` says whether `--fix` would fix the finding with the flags given (unsafe fixes count
 only with `--unsafe-fixes`); `fix` is present whenever the rule offers one.
@@ -94,6 +95,7 @@ def render_json(report: Report) -> str:
                 for (path, code, symbol), count in summary.stale_baseline
             ],
             "unresolved_bases": dict(sorted(summary.unresolved_bases.items())),
+            "missing_modules": dict(summary.missing_modules),
         },
     }
     findings = [

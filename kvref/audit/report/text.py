@@ -109,6 +109,16 @@ def render_summary(report: Report, *, color: bool = False, diff: bool = False) -
             f"{'was' if classes == 1 else 'were'} only checked against their known bases: {listed}"
             + (f", and {more} more" if more > 0 else "")
         )
+    if summary.missing_modules:
+        ranked = sorted(summary.missing_modules.items(), key=lambda item: (-item[1], item[0]))
+        listed = ", ".join(f"{name} ({count})" for name, count in ranked[:5])
+        more = len(ranked) - 5
+        lines.append(
+            f"{_plural(len(ranked), 'module')} not installed where kvref looked: {listed}"
+            + (f", and {more} more" if more > 0 else "")
+            + "; pass --python with the project's interpreter or virtual environment, or "
+            "install kvref where the project's dependencies are."
+        )
     if report.errors:
         lines.append(f"{_plural(len(report.errors), 'file error')}.")
     checked = f"Checked {_plural(summary.files_reported, 'file')}"
