@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import copy
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Set
 from dataclasses import dataclass
 from typing import Any, cast
 
 import pytest
+from typing_extensions import override
 
 from kvref.base import (
     LoadStoreSpec,
     OffloadingEvent,
+    OffloadingStats,
     OffloadKey,
     OffloadPolicy,
     PrepareStoreOutput,
@@ -28,6 +30,7 @@ from kvref.cpu.manager import CPUOffloadingManager
 from kvref.cpu.policies.arc import ARCCachePolicy
 from kvref.cpu.policies.base import BlockStatus
 from kvref.cpu.policies.factory import CachePolicyName
+from kvref.cpu.policies.lru import LRUCachePolicy
 from kvref.errors import OffloadProtocolError
 
 REQ = ReqContext(req_id="req-0")
@@ -518,3 +521,66 @@ def test_policy_is_built_from_its_name() -> None:
     assert isinstance(manager.policy, ARCCachePolicy)
     assert manager.policy.cache_capacity == 7
     assert manager.num_blocks == 7
+
+
+# --- bad input (issue 13 point 4) and statistics (point 6) ---
+
+
+@pytest.mark.parametrize("operation", ["prepare_store", "prepare_load", "complete_load", "complete_store", "touch"])
+def test_a_single_bytes_key_is_a_type_error(operation: str) -> None:
+    manager = make_manager(num_blocks=4, cache_policy="lru")
+    store(manager, [1])
+    before = snapshot(manager)
+    with pytest.raises(TypeError, match=rf"{operation}: keys must be a collection of OffloadKey, got a single bytes"):
+        getattr(manager, operation)(to_key(1), REQ)
+    assert snapshot(manager) == before
+
+
+class _ShortEvictingPolicy(LRUCachePolicy):
+    """Evicts one block fewer than asked for (a buggy out-of-tree policy)."""
+
+    @override
+    def evict(self, n: int, protected: Set[OffloadKey]) -> list[tuple[OffloadKey, BlockStatus]] | None:
+        victims = super().evict(n, protected)
+        if not victims:
+            return victims
+        kept_key, kept_block = victims.pop()
+        self.insert(kept_key, kept_block)
+        return victims
+
+
+def test_a_policy_that_evicts_too_few_blocks_refuses_the_store() -> None:
+    manager = make_manager(num_blocks=2, cache_policy="lru")
+    store(manager, [1, 2])
+    manager._policy = _ShortEvictingPolicy(2)  # pyright: ignore[reportPrivateUsage]
+    # Rebuild the same two idle blocks inside the buggy policy.
+    for key, block_id in zip(to_keys([1, 2]), [0, 1]):
+        block = BlockStatus(block_id)
+        block.ref_cnt = 0
+        manager.policy.insert(key, block)
+    idle_before, free_before = manager.num_idle_blocks, manager.num_free_blocks
+    assert manager.prepare_store(to_keys([3, 4]), REQ) is None
+    assert (manager.num_idle_blocks, manager.num_free_blocks) == (idle_before, free_before)
+    assert [manager.lookup(key, REQ) for key in to_keys([1, 2, 3, 4])] == [True, True, False, False]
+    assert manager.get_stats().stores_refused == 1
+
+
+def test_stats_count_lookups_transfers_and_usage() -> None:
+    manager = make_manager(num_blocks=2, cache_policy="lru")
+    assert manager.get_stats() == OffloadingStats(num_blocks=2)
+    store(manager, [1, 2])
+    manager.prepare_store(to_keys([3]), REQ)  # evicts 1, 3 pending
+    manager.lookup(to_key(2), REQ)
+    manager.lookup(to_key(3), REQ)
+    manager.lookup(to_key(9), REQ)
+    manager.prepare_load(to_keys([2]), REQ)
+    assert manager.prepare_store(to_keys([4]), REQ) is None  # 2 read, 3 pending
+    stats = manager.get_stats()
+    assert (stats.lookups, stats.hits, stats.pending, stats.misses) == (3, 1, 1, 1)
+    assert (stats.blocks_stored, stats.blocks_loaded, stats.blocks_evicted) == (2, 1, 1)
+    assert stats.stores_refused == 1
+    assert (stats.num_blocks, stats.used_blocks, stats.usage) == (2, 2, 1.0)
+    assert stats.tiers == {}
+    manager.reset_cache()
+    assert manager.get_stats().used_blocks == 0
+    assert manager.get_stats().blocks_stored == 2  # counters are cumulative

@@ -447,3 +447,10 @@ def test_policy_modules_stay_small() -> None:
         with open(module.__file__, encoding="utf-8") as source:
             # vLLM 0.33's own lru.py is 233 lines.
             assert len(source.readlines()) <= 250, module.__name__
+
+
+@pytest.mark.parametrize("not_a_policy", [dict, object(), "lru", None])
+def test_register_rejects_what_is_not_a_cache_policy(not_a_policy: Any) -> None:
+    with pytest.raises(TypeError, match="policy_class must be a CachePolicy subclass"):
+        register_cache_policy("not-a-policy", not_a_policy)
+    assert "not-a-policy" not in cache_policy_names()
