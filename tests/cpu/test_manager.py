@@ -83,12 +83,12 @@ def verify_events(events: Iterable[OffloadingEvent], expected: list[ExpectedEven
     assert got == [("CPU", to_keys(e.keys), e.removed) for e in expected]
 
 
-def store(manager: CPUOffloadingManager, ints: Iterable[int]) -> list[int]:
+def store(manager: CPUOffloadingManager, ints: Iterable[int], request: ReqContext = REQ) -> list[int]:
     """Prepare and complete a store of `ints`; return the block ids it was given."""
     keys = to_keys(ints)
-    output = manager.prepare_store(keys, REQ)
+    output = manager.prepare_store(keys, request)
     assert output is not None
-    manager.complete_store(keys, REQ)
+    manager.complete_store(keys, request)
     assert isinstance(output.store_spec, CPULoadStoreSpec)
     return output.store_spec.block_ids.tolist()
 
@@ -584,3 +584,34 @@ def test_stats_count_lookups_transfers_and_usage() -> None:
     manager.reset_cache()
     assert manager.get_stats().used_blocks == 0
     assert manager.get_stats().blocks_stored == 2  # counters are cumulative
+
+
+def test_accesses_after_the_finish_are_ignored_not_asserted() -> None:
+    """Divergence from vLLM, which asserts: a late store of a finished request still works."""
+    manager = make_manager(num_blocks=3, cache_policy="lru")
+    request = ReqContext("late")
+    store(manager, [1], request)
+    manager.on_request_finished(request)
+    order = eviction_order(manager)
+    output = manager.prepare_store(to_keys([2]), request)  # after the finish
+    verify_store_output(output, ExpectedPrepareStoreOutput([2], [1], []))
+    manager.complete_store(to_keys([2]), request)
+    manager.on_request_finished(request)  # a second finish commits nothing
+    assert eviction_order(manager) == order + to_keys([2])
+
+
+def test_a_refused_store_still_records_the_request_access() -> None:
+    """As in vLLM: the request named the keys, so its finish commits them (here: ARC's reuse)."""
+    manager = make_manager(num_blocks=2, cache_policy="arc")
+    early, late = ReqContext("early"), ReqContext("late")
+    store(manager, [1], early)
+    store(manager, [2], late)
+    manager.prepare_load(to_keys([2]), late)  # its own block: an internal re-read, not a reuse
+    assert manager.prepare_store(to_keys([2, 3, 4]), early) is None  # no room: 2 is being read
+    manager.complete_load(to_keys([2]), late)
+    manager.on_request_finished(late)
+    policy = manager.policy
+    assert isinstance(policy, ARCCachePolicy)
+    assert list(policy.t2) == []
+    manager.on_request_finished(early)  # early offered 2 while it was ready: a reuse
+    assert list(policy.t2) == to_keys([2])

@@ -198,6 +198,8 @@ class CachePolicy(ABC):
     def mark_evictable(self, key: OffloadKey) -> None:
         """Hook: the block of `key` just became idle (ref_cnt -1 -> 0 or 1 -> 0).
 
+        Not a use: the block keeps the recency it had (vLLM 0.33's logical recency).
+
         Args:
             key: the block's key (held by the policy).
         """
