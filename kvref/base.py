@@ -143,6 +143,11 @@ class ReqContext:
         """Return the end-token position recorded for `key`, or None."""
         return self._offload_key_positions.get(key)
 
+    @property
+    def offload_key_positions(self) -> Mapping[OffloadKey, int]:
+        """Every recorded key position (read-only use; for loops that look up many keys)."""
+        return self._offload_key_positions
+
 
 def check_key_collection(keys: object, operation: str) -> None:
     """Refuse a single key where a collection of keys is expected.

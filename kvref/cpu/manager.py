@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import operator
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from typing_extensions import override
@@ -33,7 +33,6 @@ from kvref.base import (
     ReqContext,
     RequestOffloadingContext,
     check_key_collection,
-    get_offload_group_idx,
 )
 from kvref.cpu.common import CPU_MEDIUM, CPULoadStoreSpec
 from kvref.cpu.policies.base import BlockStatus, CachePolicy
@@ -71,8 +70,8 @@ class _RequestAccess:
 
     owner: object
     generation: int
-    key_groups: dict[int, list[OffloadKey]] = field(default_factory=dict[int, list[OffloadKey]])
-    seen_keys: set[OffloadKey] = field(default_factory=set[OffloadKey])
+    # Every key the request named, in first-named order (grouped when the request finishes).
+    seen_keys: dict[OffloadKey, None] = field(default_factory=dict[OffloadKey, None])
     inserted_keys: set[OffloadKey] = field(default_factory=set[OffloadKey])
     reused_keys: set[OffloadKey] = field(default_factory=set[OffloadKey])
     store_miss_keys: set[OffloadKey] = field(default_factory=set[OffloadKey])
@@ -194,33 +193,27 @@ class CPUOffloadingManager(OffloadingManager):
     def _record_access(
         self,
         state: _RequestAccess,
-        keys: Iterable[OffloadKey],
+        keys: Collection[OffloadKey],
         req_context: ReqContext,
-        reused_keys: Iterable[OffloadKey] = (),
+        reused_keys: Collection[OffloadKey] = (),
     ) -> None:
         if state.finished:
             # vLLM asserts here; kvref ignores accesses after the finish (a composite manager's
             # internal transfers for the request may still arrive).
             return
-        seen, groups = state.seen_keys, state.key_groups
-        new_keys: list[OffloadKey] = []
-        for key in keys:
-            if key in seen:
-                continue
-            seen.add(key)
-            group_idx = get_offload_group_idx(key)
-            group = groups.get(group_idx)
-            if group is None:
-                groups[group_idx] = [key]
-            else:
-                group.append(key)
-            new_keys.append(key)
+        seen = state.seen_keys
+        new_keys = dict.fromkeys(key for key in keys if key not in seen)
         if new_keys:
-            self._policy.on_request_access(new_keys, req_context)
-        inserted = state.inserted_keys
-        # Re-reading a block this request stored is an internal transfer (a tier's cascade),
-        # not a second use.
-        state.reused_keys.update(key for key in reused_keys if key not in inserted)
+            seen.update(new_keys)
+            self._policy.on_request_access(new_keys.keys(), req_context)
+        if reused_keys:
+            inserted = state.inserted_keys
+            # Re-reading a block this request stored is an internal transfer (a tier's
+            # cascade), not a second use.
+            if inserted:
+                state.reused_keys.update(key for key in reused_keys if key not in inserted)
+            else:
+                state.reused_keys.update(reused_keys)
 
     # --- OffloadingManager interface ---
 
@@ -430,14 +423,24 @@ class CPUOffloadingManager(OffloadingManager):
         ):
             return
         state.finished = True
-        position = req_context.get_offload_key_position
-        key_groups: list[tuple[OffloadKey, ...]] = []
-        for group_idx in sorted(state.key_groups):
-            keys = state.key_groups[group_idx]
-            positions = {key: end for key in keys if (end := position(key)) is not None}
-            if len(positions) == len(keys):
-                keys = sorted(keys, key=positions.__getitem__)
-            key_groups.append(tuple(keys))
+        groups: dict[bytes, list[OffloadKey]] = {}
+        for key in state.seen_keys:
+            # The 4-byte group suffix, compared as bytes: big-endian, so it sorts like the index.
+            suffix = key[-4:]
+            group = groups.get(suffix)
+            if group is None:
+                groups[suffix] = [key]
+            else:
+                group.append(key)
+        recorded = req_context.offload_key_positions
+        key_groups: list[Sequence[OffloadKey]] = []
+        for suffix in sorted(groups):
+            keys = groups[suffix]
+            if recorded:
+                positions = {key: end for key in keys if (end := recorded.get(key)) is not None}
+                if len(positions) == len(keys):
+                    keys.sort(key=positions.__getitem__)
+            key_groups.append(keys)
         self._policy.on_request_finished(
             tuple(key_groups),
             state.inserted_keys - state.reused_keys,

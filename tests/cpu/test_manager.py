@@ -109,13 +109,13 @@ def snapshot(manager: CPUOffloadingManager, universe: Iterable[int] = range(12))
         manager.num_free_blocks,
         manager.num_idle_blocks,
         repr(manager),
-        # LRU's heap is an index with lazy invalidation: a refused eviction may drop stale
-        # entries from it. What it orders is compared through the eviction order instead.
+        # LRU's order may drop empty request buckets on any eviction walk (no rank changes):
+        # what it orders is compared through the ranks and the eviction order instead.
         # clear() bumps LRU's generation (so stale request ranks are never reused): not compared.
         {
             name: _describe(value)
             for name, value in vars(manager.policy).items()
-            if name not in ("heap", "_generation")
+            if name not in ("order", "bucket_of", "_generation")
         },
         eviction_order(manager),
     )

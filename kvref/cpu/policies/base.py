@@ -33,11 +33,15 @@ def order_request_keys(
     Returns:
         Every key once per occurrence, head first.
     """
-    keys = [key for group in key_groups for key in group]
-    position = req_context.get_offload_key_position
-    positions = {key: end for key in keys if (end := position(key)) is not None}
-    if len(positions) == len(keys):
-        keys.sort(key=positions.__getitem__)
+    if len(key_groups) == 1:
+        keys = list(key_groups[0])
+    else:
+        keys = [key for group in key_groups for key in group]
+    recorded = req_context.offload_key_positions
+    if recorded:
+        positions = {key: end for key in keys if (end := recorded.get(key)) is not None}
+        if len(positions) == len(keys):
+            keys.sort(key=positions.__getitem__)
     return keys
 
 
@@ -144,7 +148,7 @@ class CachePolicy(ABC):
         """
         self.touch(keys)
 
-    def on_request_access(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
+    def on_request_access(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         """Observe keys a running request loads or stores, the first time it names each.
 
         Keys may not be held yet. The default does nothing; LRU gives held keys with a recorded

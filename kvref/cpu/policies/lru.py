@@ -5,25 +5,25 @@ is the first store of a block, a `touch`, or a request's access (committed when 
 finishes). A touch re-ranks a block even while its store is pending or while it is being read;
 a block that becomes idle (its store or its last load completed) keeps the rank it had.
 
-Ranks are integers: a fresh use takes the next value of a counter. The blocks of a running
-request share one provisional rank, taken when the request first names a block, ordered by
-token position so that the request's tail is evicted before its head; `on_request_finished`
-then gives every key of the request a fresh rank, tail first, so its head ends most recent.
-A rank is stored as one int, `rank * _POSITION_SPAN - position` (vLLM keeps the pair
-`(rank, -position)`; the order is the same and an int compares faster).
+Ranks: a fresh use takes the next value of a counter. The blocks of a running request share one
+provisional rank, taken when the request first names a block, ordered by token position so that
+the request's tail is evicted before its head; `on_request_finished` then gives every key of the
+request a fresh rank, tail first, so its head ends most recent. A rank is one int,
+`rank * _POSITION_SPAN - position` (vLLM's pair `(rank, -position)`, same order); equal ranks
+(one position in several KV-cache groups) are ordered by key, as in vLLM's heap.
 
-Idle blocks sit in a min-heap of `(rank, key)` with lazy invalidation: a re-ranked or pinned
-block leaves its old entry behind, skipped when popped, and the heap is rebuilt from the idle
-set once stale entries outnumber live ones. Eviction pops the lowest ranks: O(k log n) for k
-entries popped. (kvref's earlier LRU, and vLLM's before 0.33, kept an `OrderedDict` and made a
-block most recent whenever it became idle.)
+vLLM keeps idle blocks in a lazily invalidated heap. kvref keeps every block in one
+`OrderedDict` in rank order instead: a fresh rank is the highest, so it is a `move_to_end`; a
+request's provisional rank is a bucket, one entry of the order placed when the request took its
+rank, holding its blocks. Eviction walks the order from the oldest end, skipping busy blocks
+(usually the most recent ones), so touches cost O(1) and an eviction O(evicted + skipped).
 """
 
 from __future__ import annotations
 
-import heapq
+from collections import OrderedDict
 from collections.abc import Collection, Iterable, Sequence, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from typing_extensions import override
 
@@ -32,10 +32,24 @@ from kvref.cpu.policies.base import BlockStatus, CachePolicy, order_request_keys
 
 __all__ = ["LRUCachePolicy"]
 
-# Positions are < MAX_OFFLOAD_KEY_POSITION (ReqContext enforces it), so a rank step spans them.
+# Positions are <= MAX_OFFLOAD_KEY_POSITION (ReqContext enforces it), so a rank step spans them.
 _POSITION_SPAN = MAX_OFFLOAD_KEY_POSITION + 1
 
-_HeapEntry = tuple[int, OffloadKey]
+
+@dataclass(eq=False, slots=True)
+class _Bucket:
+    """One request's provisional rank and the blocks that hold it (hashed by identity)."""
+
+    rank: int
+    keys: dict[OffloadKey, int] = field(default_factory=dict[OffloadKey, int])
+    # keys in eviction order, rebuilt after a change.
+    ordered: list[OffloadKey] | None = None
+
+    def in_order(self) -> list[OffloadKey]:
+        if self.ordered is None:
+            keys = self.keys
+            self.ordered = sorted(keys, key=lambda key: (keys[key], key))
+        return self.ordered
 
 
 @dataclass(slots=True)
@@ -44,7 +58,7 @@ class _RequestRank:
 
     owner: object
     generation: int
-    rank: int
+    bucket: _Bucket
 
 
 class LRUCachePolicy(CachePolicy):
@@ -53,8 +67,8 @@ class LRUCachePolicy(CachePolicy):
     State:
         blocks: every held block.
         ranks: every held block's rank (lower is older).
-        evictable: the idle blocks (ref_cnt 0).
-        heap: `(rank, key)` entries, a superset of the idle blocks' current ones.
+        order: held blocks with a fresh rank, and request buckets, oldest first.
+        bucket_of: the bucket of each block that holds a request's provisional rank.
     """
 
     @override
@@ -62,54 +76,68 @@ class LRUCachePolicy(CachePolicy):
         # cache_capacity is unused: the manager bounds the blocks, and LRU keeps no ghosts.
         self.blocks: dict[OffloadKey, BlockStatus] = {}
         self.ranks: dict[OffloadKey, int] = {}
-        self.evictable: set[OffloadKey] = set()
-        self.heap: list[_HeapEntry] = []
+        self.order: OrderedDict[OffloadKey | _Bucket, None] = OrderedDict()
+        self.bucket_of: dict[OffloadKey, _Bucket] = {}
         self._next_rank = 0
         # Bumped by clear(), so ranks kept in request contexts from before are not reused.
         self._generation = 0
 
-    def _request_rank(self, req_context: ReqContext) -> int:
+    def _request_bucket(self, req_context: ReqContext) -> _Bucket:
         state = req_context.get_state(_RequestRank)
         if state is None or state.owner is not self or state.generation != self._generation:
             self._next_rank += 1
-            state = _RequestRank(self, self._generation, self._next_rank)
+            state = _RequestRank(self, self._generation, _Bucket(self._next_rank))
             req_context.set_state(state)
-        return state.rank
+        bucket = state.bucket
+        if bucket not in self.order:
+            self._place(bucket)
+        return bucket
 
-    def _update_heap(self, updated_evictable: Sequence[OffloadKey]) -> None:
-        if not updated_evictable:
+    def _place(self, bucket: _Bucket) -> None:
+        """Put a bucket (new, or dropped once empty) at its rank's place in the order."""
+        order = self.order
+        if not order or self._rank_of(next(reversed(order))) < bucket.rank * _POSITION_SPAN:
+            order[bucket] = None  # the common case: the newest entry
             return
-        # Rebuilding is linear, cheaper than many pushes for a long prefix.
-        if len(updated_evictable) >= max(64, len(self.evictable) // 4):
-            self._rebuild_heap()
-        else:
-            ranks, heap = self.ranks, self.heap
-            for key in updated_evictable:
-                heapq.heappush(heap, (ranks[key], key))
-            self._maybe_compact_heap()
+        # A request that emptied its bucket (finished) stores again: rare, rebuilt in O(n).
+        entries = [*order, bucket]
+        entries.sort(key=self._rank_of)
+        self.order = OrderedDict.fromkeys(entries)
 
-    def _rebuild_heap(self) -> None:
-        ranks = self.ranks
-        self.heap = [(ranks[key], key) for key in self.evictable]
-        heapq.heapify(self.heap)
+    def _rank_of(self, entry: OffloadKey | _Bucket) -> int:
+        return entry.rank * _POSITION_SPAN if isinstance(entry, _Bucket) else self.ranks[entry]
 
-    def _maybe_compact_heap(self) -> None:
-        if len(self.heap) >= max(64, 2 * len(self.evictable)):
-            self._rebuild_heap()
+    def _detach(self, key: OffloadKey) -> None:
+        """Take a held key out of the order (from its bucket, or its own entry)."""
+        bucket = self.bucket_of.pop(key, None)
+        if bucket is None:
+            del self.order[key]
+            return
+        del bucket.keys[key]
+        bucket.ordered = None
+        # An empty bucket stays in place while its request may still add blocks; eviction walks
+        # and on_request_finished drop it.
 
     def _use(self, keys: Iterable[OffloadKey]) -> None:
         """Give each held key a fresh rank, in iteration order (the last ends most recent)."""
-        blocks, ranks, evictable = self.blocks, self.ranks, self.evictable
+        blocks, ranks, order, bucket_of = self.blocks, self.ranks, self.order, self.bucket_of
         rank = self._next_rank
-        updated: list[OffloadKey] = []
         for key in keys:
             if key in blocks:
                 rank += 1
                 ranks[key] = rank * _POSITION_SPAN
-                if key in evictable:
-                    updated.append(key)
+                if key in bucket_of:
+                    self._detach(key)
+                    order[key] = None
+                else:
+                    order.move_to_end(key)
         self._next_rank = rank
-        self._update_heap(updated)
+
+    def _join(self, bucket: _Bucket, key: OffloadKey, rank: int) -> None:
+        self.ranks[key] = rank
+        self.bucket_of[key] = bucket
+        bucket.keys[key] = rank
+        bucket.ordered = None
 
     @override
     def get(self, key: OffloadKey) -> BlockStatus | None:
@@ -118,57 +146,65 @@ class LRUCachePolicy(CachePolicy):
     @override
     def insert(self, key: OffloadKey, block: BlockStatus) -> None:
         self._next_rank += 1
-        self._add(key, block, self._next_rank * _POSITION_SPAN)
-
-    def _add(self, key: OffloadKey, block: BlockStatus, rank: int) -> None:
         self.blocks[key] = block
-        self.ranks[key] = rank
-        if block.ref_cnt == 0:
-            self.evictable.add(key)
-            heapq.heappush(self.heap, (rank, key))
+        self.ranks[key] = self._next_rank * _POSITION_SPAN
+        self.order[key] = None
 
     @override
     def insert_for_request(
         self, keys: Sequence[OffloadKey], blocks: Sequence[BlockStatus], req_context: ReqContext
     ) -> None:
-        position = req_context.get_offload_key_position
+        positions = req_context.offload_key_positions
+        if not positions:  # the common case without positions: fresh ranks, inlined
+            rank, all_blocks, ranks, order = self._next_rank, self.blocks, self.ranks, self.order
+            for key, block in zip(keys, blocks):
+                rank += 1
+                all_blocks[key] = block
+                ranks[key] = rank * _POSITION_SPAN
+                order[key] = None
+            self._next_rank = rank
+            return
         for key, block in zip(keys, blocks):
-            end = position(key)
+            end = positions.get(key)
             if end is None:
-                self._next_rank += 1
-                rank = self._next_rank * _POSITION_SPAN
+                self.insert(key, block)
             else:
-                rank = self._request_rank(req_context) * _POSITION_SPAN - end
-            self._add(key, block, rank)
+                bucket = self._request_bucket(req_context)
+                self.blocks[key] = block
+                self._join(bucket, key, bucket.rank * _POSITION_SPAN - end)
 
     @override
     def remove(self, key: OffloadKey) -> None:
         if self.blocks.pop(key, None) is not None:
+            self._detach(key)
             del self.ranks[key]
-            self.evictable.discard(key)
 
     @override
     def touch(self, keys: Collection[OffloadKey]) -> None:
         self._use(reversed(list(keys)))
 
     @override
-    def on_request_access(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
-        base = self._request_rank(req_context) * _POSITION_SPAN
-        position = req_context.get_offload_key_position
-        ranks, evictable = self.ranks, self.evictable
-        updated: list[OffloadKey] = []
+    def on_store_miss(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
+        return None  # the keys are absent: the default's touch would change nothing
+
+    @override
+    def on_request_access(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        bucket = self._request_bucket(req_context)  # taken even if no key moves, as in vLLM
+        positions = req_context.offload_key_positions
+        if not positions:
+            return
+        base = bucket.rank * _POSITION_SPAN
+        ranks = self.ranks
         for key in keys:
-            end = position(key)
+            end = positions.get(key)
             if end is None or key not in ranks:
                 continue
             # Only ever younger: a later position of the same request ranks below an earlier one.
             rank = base - end
             if ranks[key] >= rank:
                 continue
-            ranks[key] = rank
-            if key in evictable:
-                updated.append(key)
-        self._update_heap(updated)
+            self._detach(key)
+            self._join(bucket, key, rank)
 
     @override
     def on_request_finished(
@@ -179,62 +215,49 @@ class LRUCachePolicy(CachePolicy):
         req_context: ReqContext,
     ) -> None:
         self._use(reversed(order_request_keys(key_groups, req_context)))
+        state = req_context.get_state(_RequestRank)
+        if state is not None and state.owner is self and not state.bucket.keys:
+            self.order.pop(state.bucket, None)
+
+    def _idle_in_order(self, protected: Set[OffloadKey], empty: list[_Bucket]) -> Iterable[OffloadKey]:
+        blocks = self.blocks
+        for entry in self.order:
+            if isinstance(entry, _Bucket):
+                if not entry.keys:
+                    empty.append(entry)
+                for key in entry.in_order():
+                    if blocks[key].ref_cnt == 0 and key not in protected:
+                        yield key
+            elif blocks[entry].ref_cnt == 0 and entry not in protected:
+                yield entry
 
     @override
     def evict(self, n: int, protected: Set[OffloadKey]) -> list[tuple[OffloadKey, BlockStatus]] | None:
         if n <= 0:
             return []
-        heap, ranks, evictable = self.heap, self.ranks, self.evictable
-        selected: list[_HeapEntry] = []
-        selected_keys: set[OffloadKey] = set()
-        deferred: list[_HeapEntry] = []
-        while heap and len(selected) < n:
-            entry = heapq.heappop(heap)
-            rank, key = entry
-            if key not in evictable or ranks[key] != rank or key in selected_keys:
-                # Stale (re-ranked, pinned or gone), or a duplicate left by a re-pin.
-                continue
-            if key in protected:
-                deferred.append(entry)
-                continue
-            selected.append(entry)
-            selected_keys.add(key)
-        if len(selected) < n:
-            for entry in selected:
-                heapq.heappush(heap, entry)
-            for entry in deferred:
-                heapq.heappush(heap, entry)
+        victims: list[OffloadKey] = []
+        empty: list[_Bucket] = []
+        for key in self._idle_in_order(protected, empty):
+            victims.append(key)
+            if len(victims) == n:
+                break
+        for bucket in empty:  # dropping them changes no rank
+            del self.order[bucket]
+        if len(victims) < n:
             return None
-        for entry in deferred:
-            heapq.heappush(heap, entry)
-        blocks = self.blocks
-        victims: list[tuple[OffloadKey, BlockStatus]] = []
-        for _, key in selected:
-            block = blocks.pop(key)
-            assert block.ref_cnt == 0, f"LRU index holds {key.hex()} with ref_cnt {block.ref_cnt}"
-            evictable.remove(key)
+        blocks, ranks = self.blocks, self.ranks
+        evicted: list[tuple[OffloadKey, BlockStatus]] = []
+        for key in victims:
+            self._detach(key)
             del ranks[key]
-            victims.append((key, block))
-        self._maybe_compact_heap()
-        return victims
+            evicted.append((key, blocks.pop(key)))
+        return evicted
 
     @override
     def clear(self) -> None:
         self.blocks.clear()
         self.ranks.clear()
-        self.evictable.clear()
-        self.heap.clear()
+        self.order.clear()
+        self.bucket_of.clear()
         self._next_rank = 0
         self._generation += 1
-
-    @override
-    def mark_evictable(self, key: OffloadKey) -> None:
-        # Becoming idle is not a use: the block enters the heap with the rank it already has.
-        self.evictable.add(key)
-        heapq.heappush(self.heap, (self.ranks[key], key))
-        self._maybe_compact_heap()
-
-    @override
-    def mark_non_evictable(self, key: OffloadKey) -> None:
-        # The heap entry goes stale; it is skipped when popped.
-        self.evictable.discard(key)
