@@ -21,6 +21,7 @@ from kvref.cpu.manager import CPUOffloadingManager
 from kvref.cpu.policies.factory import CachePolicyName
 from kvref.cpu.policies.lru import LRUCachePolicy
 from tools.compare_vllm_manager import TraceShape, VLLMKVOffload, compare, load_vllm_kv_offload
+from tools.compare_vllm_manager import main as compare_main
 
 SMALL = TraceShape(num_blocks=64, num_requests=150, num_prefixes=8, prefix_blocks=12, suffix_blocks=6)
 
@@ -215,3 +216,15 @@ def test_random_programs_agree_with_vllm(vllm: VLLMKVOffload, policy: CachePolic
     run_state_machine_as_test(
         machine, settings=settings(max_examples=60, stateful_step_count=50, deadline=None)
     )
+
+
+def test_the_tool_prints_the_agreement(capsys: pytest.CaptureFixture[str]) -> None:
+    assert compare_main(["--blocks", "48", "--requests", "80", "--seeds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "| lru | 0 |" in out and "| arc | 0 |" in out
+    assert "worst agreement: 100.00%" in out
+
+
+def test_the_tool_refuses_bad_sizes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert compare_main(["--blocks", "0"]) == 2
+    assert "must be >= 1" in capsys.readouterr().err
