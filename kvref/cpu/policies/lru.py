@@ -66,9 +66,11 @@ class LRUCachePolicy(CachePolicy):
 
     State:
         blocks: every held block.
-        ranks: every held block's rank (lower is older).
+        ranks: the rank counter value of each block with a fresh rank (its rank is that value
+            times _POSITION_SPAN; kept unscaled so the common case handles small ints).
         order: held blocks with a fresh rank, and request buckets, oldest first.
-        bucket_of: the bucket of each block that holds a request's provisional rank.
+        bucket_of: the bucket of each block that holds a request's provisional rank (its rank
+            is in the bucket).
     """
 
     @override
@@ -105,7 +107,7 @@ class LRUCachePolicy(CachePolicy):
         self.order = OrderedDict.fromkeys(entries)
 
     def _rank_of(self, entry: OffloadKey | _Bucket) -> int:
-        return entry.rank * _POSITION_SPAN if isinstance(entry, _Bucket) else self.ranks[entry]
+        return (entry.rank if isinstance(entry, _Bucket) else self.ranks[entry]) * _POSITION_SPAN
 
     def _detach(self, key: OffloadKey) -> None:
         """Take a held key out of the order (from its bucket, or its own entry)."""
@@ -125,7 +127,7 @@ class LRUCachePolicy(CachePolicy):
         for key in keys:
             if key in blocks:
                 rank += 1
-                ranks[key] = rank * _POSITION_SPAN
+                ranks[key] = rank
                 if key in bucket_of:
                     self._detach(key)
                     order[key] = None
@@ -134,7 +136,7 @@ class LRUCachePolicy(CachePolicy):
         self._next_rank = rank
 
     def _join(self, bucket: _Bucket, key: OffloadKey, rank: int) -> None:
-        self.ranks[key] = rank
+        self.ranks.pop(key, None)
         self.bucket_of[key] = bucket
         bucket.keys[key] = rank
         bucket.ordered = None
@@ -147,7 +149,7 @@ class LRUCachePolicy(CachePolicy):
     def insert(self, key: OffloadKey, block: BlockStatus) -> None:
         self._next_rank += 1
         self.blocks[key] = block
-        self.ranks[key] = self._next_rank * _POSITION_SPAN
+        self.ranks[key] = self._next_rank
         self.order[key] = None
 
     @override
@@ -160,7 +162,7 @@ class LRUCachePolicy(CachePolicy):
             for key, block in zip(keys, blocks):
                 rank += 1
                 all_blocks[key] = block
-                ranks[key] = rank * _POSITION_SPAN
+                ranks[key] = rank
                 order[key] = None
             self._next_rank = rank
             return
@@ -177,7 +179,7 @@ class LRUCachePolicy(CachePolicy):
     def remove(self, key: OffloadKey) -> None:
         if self.blocks.pop(key, None) is not None:
             self._detach(key)
-            del self.ranks[key]
+            self.ranks.pop(key, None)
 
     @override
     def touch(self, keys: Collection[OffloadKey]) -> None:
@@ -194,14 +196,15 @@ class LRUCachePolicy(CachePolicy):
         if not positions:
             return
         base = bucket.rank * _POSITION_SPAN
-        ranks = self.ranks
+        blocks, ranks, bucket_of = self.blocks, self.ranks, self.bucket_of
         for key in keys:
             end = positions.get(key)
-            if end is None or key not in ranks:
+            if end is None or key not in blocks:
                 continue
             # Only ever younger: a later position of the same request ranks below an earlier one.
             rank = base - end
-            if ranks[key] >= rank:
+            held = bucket_of.get(key)
+            if (held.keys[key] if held is not None else ranks[key] * _POSITION_SPAN) >= rank:
                 continue
             self._detach(key)
             self._join(bucket, key, rank)
@@ -249,7 +252,7 @@ class LRUCachePolicy(CachePolicy):
         evicted: list[tuple[OffloadKey, BlockStatus]] = []
         for key in victims:
             self._detach(key)
-            del ranks[key]
+            ranks.pop(key, None)
             evicted.append((key, blocks.pop(key)))
         return evicted
 
