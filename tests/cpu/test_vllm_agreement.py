@@ -16,10 +16,11 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
-from kvref.base import OffloadKey, ReqContext, make_offload_key
+from kvref.base import OffloadKey, PrepareStoreOutput, ReqContext, make_offload_key
 from kvref.cpu.manager import CPUOffloadingManager
 from kvref.cpu.policies.factory import CachePolicyName
 from kvref.cpu.policies.lru import LRUCachePolicy
+from kvref.reuse_manager import FilterReusedOffloadingManager
 from tools.compare_vllm_manager import TraceShape, VLLMKVOffload, compare, load_vllm_kv_offload
 from tools.compare_vllm_manager import main as compare_main
 
@@ -228,3 +229,27 @@ def test_the_tool_prints_the_agreement(capsys: pytest.CaptureFixture[str]) -> No
 def test_the_tool_refuses_bad_sizes(capsys: pytest.CaptureFixture[str]) -> None:
     assert compare_main(["--blocks", "0"]) == 2
     assert "must be >= 1" in capsys.readouterr().err
+
+
+def test_reuse_filter_counts_lookups_where_vllm_counts_store_offers(vllm: VLLMKVOffload) -> None:
+    """Documented divergence: vLLM 0.33 moved the reuse filter into its CPU manager
+    (`store_threshold`) and counts `prepare_store` offers; kvref's FilterReusedOffloadingManager
+    keeps the earlier rule and counts lookups (a request that could reuse the block)."""
+    key = make_offload_key(b"block", 0)
+    theirs: Any = vllm.manager_class(num_chunks=4, cache_policy="lru", store_threshold=2)
+    first, second = vllm.req_context_class("a"), vllm.req_context_class("b")
+    assert theirs.prepare_store([key], first).keys_to_store == []  # offered once: skipped
+    assert theirs.prepare_store([key], second).keys_to_store == [key]  # offered twice: stored
+
+    ours = FilterReusedOffloadingManager(CPUOffloadingManager(4), store_threshold=2)
+    a, b = ReqContext("a"), ReqContext("b")
+    assert _stored(ours.prepare_store([key], a)) == []
+    assert _stored(ours.prepare_store([key], b)) == []  # offers do not count
+    ours.lookup(key, a)
+    ours.lookup(key, b)
+    assert _stored(ours.prepare_store([key], b)) == [key]  # two lookups do
+
+
+def _stored(output: PrepareStoreOutput | None) -> list[OffloadKey]:
+    assert output is not None
+    return output.keys_to_store
