@@ -505,6 +505,30 @@ class ManagerMachine(RuleBasedStateMachine):
     def touch(self, keys: list[OffloadKey]) -> None:
         self.manager.touch(keys, self.req)
 
+    @rule(keys=key_lists)
+    def prepare_store_with_a_policy_that_evicts_too_few(self, keys: list[OffloadKey]) -> None:
+        new = [key for key in dict.fromkeys(keys) if key not in self.ref_cnts]
+        need = len(new) - (CAPACITY - len(self.ref_cnts))
+        evictable = [key for key in self.keys_with(is_idle) if key not in keys]
+        if need <= 0 or need > len(evictable):
+            return  # only stores that must evict reach the policy
+        policy = self.manager.policy
+        real_evict = type(policy).evict
+
+        def evict_one_fewer(n: int, protected: Set[OffloadKey]) -> list[tuple[OffloadKey, BlockStatus]] | None:
+            return real_evict(policy, n - 1, protected)
+
+        before = self.snapshot(with_policy=False)
+        setattr(policy, "evict", evict_one_fewer)
+        try:
+            assert self.manager.prepare_store(keys, self.req) is None
+        finally:
+            delattr(policy, "evict")
+        # The blocks it did take are put back: blocks, slots and events are as they were.
+        assert self.snapshot(with_policy=False) == before
+        self.drain([], [])
+        event("prepare_store: short eviction refused")
+
     @rule()
     def finish_request(self) -> None:
         before = self.snapshot(with_policy=False)
