@@ -16,6 +16,7 @@ if TYPE_CHECKING:
         LoadStoreSpec,
         OffloadingEvent,
         OffloadingManager,
+        OffloadingStats,
         OffloadKey,
         OffloadPolicy,
         PrepareStoreOutput,
@@ -67,6 +68,7 @@ _EXPORTS: dict[str, str] = {
     "LoadStoreSpec": "kvref.base",
     "OffloadingEvent": "kvref.base",
     "OffloadingManager": "kvref.base",
+    "OffloadingStats": "kvref.base",
     "OffloadKey": "kvref.base",
     "OffloadPolicy": "kvref.base",
     "PrepareStoreOutput": "kvref.base",
@@ -141,6 +143,7 @@ __all__ = [
     "OffloadPolicy",
     "RequestOffloadingContext",
     "OffloadingManager",
+    "OffloadingStats",
     # errors
     "KVRefError",
     "OffloadProtocolError",

@@ -24,9 +24,10 @@ from __future__ import annotations
 import enum
 from abc import ABC, abstractmethod
 from array import array
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NewType
+from types import MappingProxyType
+from typing import Any, NewType, TypeVar
 
 from typing_extensions import override
 
@@ -35,7 +36,9 @@ __all__ = [
     "make_offload_key",
     "get_offload_block_hash",
     "get_offload_group_idx",
+    "MAX_OFFLOAD_KEY_POSITION",
     "ReqContext",
+    "check_key_collection",
     "LoadStoreSpec",
     "BlockIDsLoadStoreSpec",
     "GPULoadStoreSpec",
@@ -43,6 +46,7 @@ __all__ = [
     "OffloadingEvent",
     "OffloadPolicy",
     "RequestOffloadingContext",
+    "OffloadingStats",
     "OffloadingManager",
 ]
 
@@ -81,9 +85,21 @@ def get_offload_group_idx(key: OffloadKey) -> int:
     return int.from_bytes(key[-_GROUP_IDX_BYTES:], "big")
 
 
+_T = TypeVar("_T")
+
+MAX_OFFLOAD_KEY_POSITION = (1 << 40) - 1
+"""The largest end-token position `ReqContext.set_offload_key_position` accepts (about 10**12)."""
+
+
 @dataclass
 class ReqContext:
-    """Per-request context passed to every manager call.
+    """Per-request context passed to every manager call: one object per request.
+
+    Managers and policies keep per-request state in it (`set_state`/`get_state`), and the
+    scheduler records where each of the request's keys ends in its token sequence
+    (`set_offload_key_position`), so that a policy can order a request's blocks head to tail
+    even when they are stored out of order. Reusing one context for several requests merges
+    them into one as far as recency goes.
 
     Attributes:
         req_id: the engine's request id.
@@ -92,6 +108,69 @@ class ReqContext:
 
     req_id: str
     kv_transfer_params: dict[str, Any] | None = None
+    # Scratch space keyed by the value's type, so each component keeps one record per request.
+    _state: dict[type, Any] = field(default_factory=dict[type, Any], repr=False, init=False, compare=False)
+    _offload_key_positions: dict[OffloadKey, int] = field(
+        default_factory=dict[OffloadKey, int], repr=False, init=False, compare=False
+    )
+
+    def set_state(self, value: object) -> None:
+        """Keep `value` as this request's record of type `type(value)` (replacing any)."""
+        self._state[type(value)] = value
+
+    def get_state(self, cls: type[_T]) -> _T | None:
+        """Return this request's record of type `cls`, or None."""
+        return self._state.get(cls)
+
+    def set_offload_key_position(self, key: OffloadKey, end_token: int) -> None:
+        """Record that `key` covers this request's tokens up to `end_token` (exclusive).
+
+        Args:
+            key: one of the request's offload keys.
+            end_token: the number of tokens up to and including the key's block, in
+                [0, MAX_OFFLOAD_KEY_POSITION].
+
+        Raises:
+            ValueError: `end_token` is out of range.
+        """
+        if not 0 <= end_token <= MAX_OFFLOAD_KEY_POSITION:
+            raise ValueError(
+                f"end_token must be in [0, {MAX_OFFLOAD_KEY_POSITION}], got {end_token!r}"
+            )
+        self._offload_key_positions[key] = end_token
+
+    def get_offload_key_position(self, key: OffloadKey) -> int | None:
+        """Return the end-token position recorded for `key`, or None."""
+        return self._offload_key_positions.get(key)
+
+    @property
+    def offload_key_positions(self) -> Mapping[OffloadKey, int]:
+        """Every recorded key position (read-only use; for loops that look up many keys)."""
+        return self._offload_key_positions
+
+
+def check_key_collection(keys: object, operation: str) -> None:
+    """Refuse a single key where a collection of keys is expected.
+
+    `bytes` is itself a collection (of ints): without this check its bytes would be taken as
+    keys, one slot each.
+
+    Args:
+        keys: the argument given as `keys`.
+        operation: the manager method, named in the error.
+
+    Raises:
+        TypeError: `keys` is a bytes-like object or a str.
+    """
+    if isinstance(keys, _SINGLE_KEY_TYPES):
+        raise TypeError(
+            f"{operation}: keys must be a collection of OffloadKey, got a single "
+            f"{type(keys).__name__} (wrap one key in a list)"
+        )
+
+
+# Collections whose items are not keys, however they iterate.
+_SINGLE_KEY_TYPES: tuple[type, ...] = (bytes, bytearray, memoryview, str)
 
 
 class LoadStoreSpec(ABC):
@@ -214,6 +293,56 @@ class OffloadPolicy(enum.Enum):
     """Every block of the request, prefix hits included (tiers that need whole requests)."""
 
 
+@dataclass(frozen=True, slots=True)
+class OffloadingStats:
+    """Counters of one manager (or one tier of it), cumulative since the manager was built.
+
+    Counters only grow (a `reset_cache` does not reset them), so a scraper can export them as
+    Prometheus counters and take rates; `num_blocks`/`used_blocks` are gauges. vLLM's
+    `get_stats` returns increments since the previous call instead; kvref leaves the
+    differencing to the scraper so that two readers do not steal each other's counts.
+
+    Extension point: a manager composed of several storage tiers reports its own totals in the
+    top-level fields and one `OffloadingStats` per tier in `tiers`, keyed by the tier's medium
+    name (e.g. "CPU", "fs"); a single-tier manager leaves `tiers` empty.
+
+    Attributes:
+        lookups: `lookup` calls answered.
+        hits: lookups answered True (ready to load).
+        pending: lookups answered None (present, not yet readable).
+        misses: lookups answered False.
+        blocks_stored: blocks whose store completed successfully.
+        blocks_loaded: blocks handed out by `prepare_load`.
+        blocks_evicted: blocks evicted to make room.
+        stores_refused: `prepare_store` calls answered None (no room).
+        num_blocks: capacity in blocks (0 when unbounded or unknown).
+        used_blocks: blocks held (pending, idle or being read).
+        tiers: per-tier counters, by medium name.
+    """
+
+    lookups: int = 0
+    hits: int = 0
+    pending: int = 0
+    misses: int = 0
+    blocks_stored: int = 0
+    blocks_loaded: int = 0
+    blocks_evicted: int = 0
+    stores_refused: int = 0
+    num_blocks: int = 0
+    used_blocks: int = 0
+    tiers: Mapping[str, OffloadingStats] = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def usage(self) -> float:
+        """`used_blocks / num_blocks`, 0.0 when there is no capacity."""
+        return self.used_blocks / self.num_blocks if self.num_blocks > 0 else 0.0
+
+    @property
+    def hit_rate(self) -> float:
+        """`hits / lookups`, 0.0 before the first lookup."""
+        return self.hits / self.lookups if self.lookups else 0.0
+
+
 @dataclass(frozen=True)
 class RequestOffloadingContext:
     """A manager's answer to `on_new_request`."""
@@ -267,7 +396,9 @@ class OffloadingManager(ABC):
 
         Separate from `prepare_load` so that blocks hit in the GPU prefix cache, which are not
         loaded, still refresh their recency here. Keys come in prefix order; the first key of a
-        request should end up the most recently used.
+        request should end up the most recently used. Recency is logical: a touch counts even
+        for a block whose store is pending or that is being read, and finishing a store or a
+        load never counts as a use.
 
         Args:
             keys: the blocks, in request order.
@@ -336,7 +467,8 @@ class OffloadingManager(ABC):
         """Called once a request is done: no `prepare_*` call will name it again.
 
         Completions of its in-flight jobs may still arrive afterwards. It says nothing about
-        persistence. A manager composed of others must delay its children's finish until no
+        persistence. Managers that rank a running request's blocks provisionally (vLLM's and
+        kvref's LRU and ARC) commit the request's recency here. A manager composed of others must delay its children's finish until no
         more of the request's work can be submitted to them.
 
         Args:
@@ -354,6 +486,14 @@ class OffloadingManager(ABC):
             The events, oldest first.
         """
         return ()
+
+    def get_stats(self) -> OffloadingStats | None:
+        """Return this manager's counters (see `OffloadingStats`), or None if it keeps none.
+
+        Returns:
+            A snapshot; later calls are not affected by reading it.
+        """
+        return None
 
     def reset_cache(self) -> None:
         """Forget every tracked block (sleep, weight update, prefix-cache reset).

@@ -35,7 +35,14 @@ from typing import TYPE_CHECKING, TextIO
 
 import typer
 
-from kvref.base import GPULoadStoreSpec, OffloadingManager, OffloadKey, ReqContext, make_offload_key
+from kvref.base import (
+    GPULoadStoreSpec,
+    OffloadingManager,
+    OffloadingStats,
+    OffloadKey,
+    ReqContext,
+    make_offload_key,
+)
 from kvref.cpu.common import CPULoadStoreSpec
 from kvref.cpu.manager import CPUOffloadingManager
 from kvref.cpu.shared_region import SharedOffloadRegion
@@ -50,7 +57,7 @@ if TYPE_CHECKING:
 
     from kvref.cpu.gpu_worker import CpuGpuOffloadingHandlers
 
-__all__ = ["DemoConfig", "DemoReport", "run_demo", "main"]
+__all__ = ["DemoConfig", "DemoReport", "run_demo", "format_stats", "main"]
 
 NUM_GROUPS = 2
 
@@ -168,6 +175,8 @@ class DemoReport:
     load: DirectionStats = field(default_factory=DirectionStats)
     sweep_blocks: int = 0
     seconds: float = 0.0
+    # The manager's own counters (`get_stats`) at the end of the phase, None if it keeps none.
+    manager_stats: OffloadingStats | None = None
 
     @property
     def ok(self) -> bool:
@@ -635,6 +644,7 @@ def _run_phase(
             loop.serve(index)
         loop.drain()
         loop.sweep()
+        report.manager_stats = manager.get_stats()
     finally:
         # Handlers first: copies must finish and views be dropped before the rows go away.
         loop.worker.shutdown()
@@ -678,7 +688,23 @@ def format_report(config: DemoConfig, device: torch.device, reports: Sequence[De
         )
         for problem in (r.mismatches + r.failed_jobs)[:10]:
             lines.append(f"    {problem}")
+        if r.manager_stats is not None:
+            lines.extend(format_stats(r.manager_stats))
     return "\n".join(lines)
+
+
+def format_stats(stats: OffloadingStats, indent: str = "  ") -> list[str]:
+    """The manager's `get_stats` counters, one line for the manager and one per tier."""
+    lines = [
+        f"{indent}manager stats: lookups {stats.lookups} (hits {stats.hits}, pending "
+        f"{stats.pending}, misses {stats.misses}), blocks stored {stats.blocks_stored}, loaded "
+        f"{stats.blocks_loaded}, evicted {stats.blocks_evicted}, stores refused "
+        f"{stats.stores_refused}, usage {stats.used_blocks}/{stats.num_blocks} "
+        f"({stats.usage:.0%})"
+    ]
+    for tier, tier_stats in stats.tiers.items():
+        lines.extend(format_stats(tier_stats, indent + f"  [{tier}] "))
+    return lines
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,8 +8,10 @@ offload capacity and cause no evictions. Everything else is delegated unchanged.
 
 from __future__ import annotations
 
+import operator
 from collections import OrderedDict
 from collections.abc import Collection, Iterable
+from typing import cast
 
 from typing_extensions import override
 
@@ -20,10 +22,23 @@ from kvref.base import (
     OffloadKey,
     PrepareStoreOutput,
     ReqContext,
+    OffloadingStats,
     RequestOffloadingContext,
+    check_key_collection,
 )
 
 __all__ = ["FilterReusedOffloadingManager"]
+
+
+def _is_int(value: object) -> bool:
+    # bool is an int subclass but never a count; numpy integers pass operator.index.
+    if isinstance(value, bool):
+        return False
+    try:
+        operator.index(value)  # pyright: ignore[reportArgumentType]
+    except TypeError:
+        return False
+    return True
 
 
 class FilterReusedOffloadingManager(OffloadingManager):
@@ -41,18 +56,22 @@ class FilterReusedOffloadingManager(OffloadingManager):
             recently looked-up key is forgotten.
 
     Raises:
-        ValueError: `store_threshold` < 2 or `max_tracker_size` < 1.
+        TypeError: `backing` is not an `OffloadingManager`.
+        ValueError: `store_threshold` is not an integer >= 2 or `max_tracker_size` not one >= 1.
     """
 
     def __init__(
         self, backing: OffloadingManager, store_threshold: int = 2, max_tracker_size: int = 64_000
     ) -> None:
-        if store_threshold < 2:
+        given = cast(object, backing)  # checked at run time, whatever the annotation says
+        if not isinstance(given, OffloadingManager):
+            raise TypeError(f"backing must be an OffloadingManager, got {backing!r}")
+        if not _is_int(store_threshold) or store_threshold < 2:
             raise ValueError(
                 f"store_threshold must be an integer >= 2, got {store_threshold!r} "
                 "(below 2 nothing is filtered: use the backing manager directly)"
             )
-        if max_tracker_size < 1:
+        if not _is_int(max_tracker_size) or max_tracker_size < 1:
             raise ValueError(f"max_tracker_size must be an integer >= 1, got {max_tracker_size!r}")
         self._backing = backing
         self.store_threshold: int = store_threshold
@@ -88,6 +107,7 @@ class FilterReusedOffloadingManager(OffloadingManager):
     def prepare_store(
         self, keys: Collection[OffloadKey], req_context: ReqContext
     ) -> PrepareStoreOutput | None:
+        check_key_collection(keys, "prepare_store")
         counts, threshold = self._counts, self.store_threshold
         reused = [key for key in keys if counts.get(key, 0) >= threshold]
         # An empty list still goes to the backing manager, which answers with an empty output.
@@ -124,6 +144,11 @@ class FilterReusedOffloadingManager(OffloadingManager):
     @override
     def take_events(self) -> Iterable[OffloadingEvent]:
         return self._backing.take_events()
+
+    @override
+    def get_stats(self) -> OffloadingStats | None:
+        """The backing manager's counters (lookups reach it unfiltered, so they are the same)."""
+        return self._backing.get_stats()
 
     @override
     def reset_cache(self) -> None:

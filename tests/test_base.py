@@ -12,16 +12,19 @@ from typing_extensions import override
 
 import kvref
 from kvref.base import (
+    MAX_OFFLOAD_KEY_POSITION,
     BlockIDsLoadStoreSpec,
     GPULoadStoreSpec,
     LoadStoreSpec,
     OffloadingEvent,
     OffloadingManager,
+    OffloadingStats,
     OffloadKey,
     OffloadPolicy,
     PrepareStoreOutput,
     ReqContext,
     RequestOffloadingContext,
+    check_key_collection,
     get_offload_block_hash,
     get_offload_group_idx,
     make_offload_key,
@@ -180,3 +183,73 @@ def test_public_api_resolves() -> None:
     assert len(set(kvref.__all__)) == len(kvref.__all__)
     for name in kvref.__all__:
         assert hasattr(kvref, name), name
+
+
+# --- request context, key collections, statistics (issue 13) ---
+
+
+def test_req_context_keeps_one_record_per_type_and_key_positions() -> None:
+    context = ReqContext("r")
+    assert context.get_state(OffloadingStats) is None
+    record = OffloadingStats(lookups=1)
+    context.set_state(record)
+    assert context.get_state(OffloadingStats) is record
+    key = make_offload_key(b"h", 0)
+    assert context.get_offload_key_position(key) is None
+    context.set_offload_key_position(key, 32)
+    assert context.get_offload_key_position(key) == 32
+    assert dict(context.offload_key_positions) == {key: 32}
+    # State and positions are scratch space: they take no part in equality or repr.
+    assert context == ReqContext("r") and "32" not in repr(context)
+
+
+@pytest.mark.parametrize("end_token", [-1, MAX_OFFLOAD_KEY_POSITION + 1])
+def test_key_positions_out_of_range_are_rejected(end_token: int) -> None:
+    with pytest.raises(ValueError, match="end_token must be in"):
+        ReqContext("r").set_offload_key_position(make_offload_key(b"h", 0), end_token)
+
+
+@pytest.mark.parametrize("single", [b"key", bytearray(b"key"), memoryview(b"key"), "key"])
+def test_a_single_key_is_not_a_collection_of_keys(single: object) -> None:
+    with pytest.raises(TypeError, match=r"touch: keys must be a collection of OffloadKey, got a single"):
+        check_key_collection(single, "touch")
+
+
+_KEY = make_offload_key(b"h", 0)
+_COLLECTIONS: list[Collection[OffloadKey]] = [[], (), set[OffloadKey](), frozenset([_KEY]), {_KEY: 1}.keys(), [_KEY]]
+
+
+@pytest.mark.parametrize("keys", _COLLECTIONS)
+def test_collections_of_keys_pass(keys: object) -> None:
+    check_key_collection(keys, "touch")
+
+
+def test_stats_ratios_and_default() -> None:
+    assert OffloadingStats().usage == 0.0 and OffloadingStats().hit_rate == 0.0
+    stats = OffloadingStats(lookups=4, hits=3, num_blocks=8, used_blocks=2)
+    assert (stats.usage, stats.hit_rate) == (0.25, 0.75)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        stats.hits = 0  # type: ignore[misc]
+    tiered = OffloadingStats(tiers={"CPU": stats})
+    assert tiered.tiers["CPU"] is stats
+
+
+def test_a_manager_without_statistics_says_so() -> None:
+    class Minimal(OffloadingManager):
+        @override
+        def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
+            return False
+
+        @override
+        def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
+            raise AssertionError
+
+        @override
+        def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
+            return None
+
+        @override
+        def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+            return RequestOffloadingContext()
+
+    assert Minimal().get_stats() is None

@@ -34,6 +34,7 @@ def test_demo_main_round_trips_every_byte(capsys: pytest.CaptureFixture[str]) ->
     assert "CPU tier" in out and "Tiering" in out
     assert "GPU->CPU" in out and "CPU->GPU" in out
     assert out.count("reloaded into different GPU blocks): OK") == 2
+    assert "manager stats: lookups " in out  # the CPU manager's get_stats, printed at the end
 
 
 def test_the_cpu_tier_offloads_evicts_reloads_and_verifies() -> None:
@@ -44,6 +45,11 @@ def test_the_cpu_tier_offloads_evicts_reloads_and_verifies() -> None:
     assert report.verified_blocks == report.load.gpu_blocks > 0
     assert report.sweep_blocks > 0
     assert report.store.bytes > 0 and report.load.bytes > 0
+    stats = report.manager_stats
+    assert stats is not None
+    assert stats.blocks_evicted == report.evicted_blocks > 0
+    assert stats.hits >= report.hits > 0 and stats.lookups >= report.lookups
+    assert 0 < stats.used_blocks <= stats.num_blocks
 
 
 def test_the_filesystem_tier_gives_evicted_blocks_back() -> None:

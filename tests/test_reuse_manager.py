@@ -15,6 +15,7 @@ from kvref.base import (
     LoadStoreSpec,
     OffloadingEvent,
     OffloadingManager,
+    OffloadingStats,
     OffloadKey,
     PrepareStoreOutput,
     ReqContext,
@@ -236,3 +237,31 @@ def test_reset_keeps_the_lookup_counts() -> None:
     look_up(manager, 1, 1)
     manager.reset_cache()
     assert manager.lookup_count(to_key(1)) == 2
+
+
+@pytest.mark.parametrize(
+    ("field", "kwargs"),
+    [
+        ("store_threshold", {"store_threshold": 2.5}),
+        ("store_threshold", {"store_threshold": True}),
+        ("max_tracker_size", {"max_tracker_size": "8"}),
+        ("max_tracker_size", {"max_tracker_size": 0}),
+    ],
+)
+def test_configuration_errors_name_the_field(field: str, kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match=field):
+        FilterReusedOffloadingManager(CPUOffloadingManager(4), **kwargs)
+
+
+def test_backing_must_be_a_manager() -> None:
+    with pytest.raises(TypeError, match="backing must be an OffloadingManager"):
+        FilterReusedOffloadingManager(object())  # pyright: ignore[reportArgumentType]
+
+
+def test_a_single_bytes_key_is_a_type_error_and_counts_nothing() -> None:
+    manager = FilterReusedOffloadingManager(CPUOffloadingManager(4))
+    key = make_offload_key(b"k", 0)
+    with pytest.raises(TypeError, match="prepare_store: keys must be a collection"):
+        manager.prepare_store(key, ReqContext("r"))  # pyright: ignore[reportArgumentType]
+    assert manager.backing.get_stats() == manager.get_stats()
+    assert manager.get_stats() == OffloadingStats(num_blocks=4)

@@ -4,7 +4,7 @@ Requests share long prefixes (a few popular system prompts and documents, Zipf-d
 add a unique suffix. Each request is replayed the way vLLM's offloading connector drives the
 manager: a maximal-prefix lookup, a load of the hit blocks, a touch of every block, a store of
 the rest, and completions of stores and loads a few requests later (so blocks are pending or
-being read while others are evicted).
+being read while others are evicted), each followed by the request's `on_request_finished`.
 
 Printed per policy and cache size, each next to a baseline measured in the same run:
 
@@ -118,11 +118,11 @@ def replay(
     Stores and loads complete `lag` requests after they were prepared.
     """
     stats = ReplayStats()
-    contexts = [ReqContext(f"req-{i}") for i in range(lag + 1)]
     in_flight: deque[tuple[ReqContext, list[OffloadKey], list[OffloadKey]]] = deque()
     lookup = manager.lookup
     for index, keys in enumerate(trace):
-        context = contexts[index % len(contexts)]
+        # One context per request: managers keep the request's access record in it.
+        context = ReqContext(f"req-{index}")
         hits = 0
         for key in keys:
             if record_lookups is not None:
@@ -152,10 +152,12 @@ def replay(
             done_context, done_stored, done_loaded = in_flight.popleft()
             manager.complete_store(done_stored, done_context)
             manager.complete_load(done_loaded, done_context)
+            manager.on_request_finished(done_context)
     while in_flight:
         done_context, done_stored, done_loaded = in_flight.popleft()
         manager.complete_store(done_stored, done_context)
         manager.complete_load(done_loaded, done_context)
+        manager.on_request_finished(done_context)
     return stats
 
 

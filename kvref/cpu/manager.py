@@ -7,22 +7,32 @@ idle blocks to evict. Block states (kv-offload.md section 4):
     absent --prepare_store--> pending (ref_cnt -1) --complete_store--> idle (0) <--> reading (n > 0)
       ^                          | complete_store(success=False): dropped, slot freed
       +---- evicted (idle and not named by the evicting prepare_store) <----+
+
+Like vLLM 0.33's manager, it also keeps one access record per request (in the request's
+`ReqContext`): the keys the request loaded or offered to store, grouped by KV-cache group, which
+it stored and which it reused. The policy sees a request's first access to each key
+(`on_request_access`), its store misses once (`on_store_miss`), and the whole record when the
+request finishes (`on_request_finished`), which is where LRU and ARC commit its recency.
 """
 
 from __future__ import annotations
 
+import logging
 import operator
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
 
 from typing_extensions import override
 
 from kvref.base import (
     OffloadingEvent,
     OffloadingManager,
+    OffloadingStats,
     OffloadKey,
     PrepareStoreOutput,
     ReqContext,
     RequestOffloadingContext,
+    check_key_collection,
 )
 from kvref.cpu.common import CPU_MEDIUM, CPULoadStoreSpec
 from kvref.cpu.policies.base import BlockStatus, CachePolicy
@@ -30,6 +40,8 @@ from kvref.cpu.policies.factory import CachePolicyName, create_cache_policy
 from kvref.errors import OffloadProtocolError
 
 __all__ = ["CPUOffloadingManager", "describe_block"]
+
+logger = logging.getLogger(__name__)
 
 
 def describe_block(block: BlockStatus | None) -> str:
@@ -41,34 +53,49 @@ def describe_block(block: BlockStatus | None) -> str:
     return f"reading({block.ref_cnt})" if block.ref_cnt else "idle"
 
 
-def _non_negative_int(name: str, value: int) -> int:
+def _positive_int(name: str, value: int) -> int:
     # operator.index admits any integer type (numpy's included) and nothing else.
     try:
         number = operator.index(value)
     except TypeError:
-        number = -1
-    if number < 0 or isinstance(value, bool):
-        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        number = 0
+    if number < 1 or isinstance(value, bool):
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
     return number
+
+
+@dataclass(slots=True)
+class _RequestAccess:
+    """The keys one request named to one manager (kept in the request's context)."""
+
+    owner: object
+    generation: int
+    # Every key the request named, in first-named order (grouped when the request finishes).
+    seen_keys: dict[OffloadKey, None] = field(default_factory=dict[OffloadKey, None])
+    inserted_keys: set[OffloadKey] = field(default_factory=set[OffloadKey])
+    reused_keys: set[OffloadKey] = field(default_factory=set[OffloadKey])
+    store_miss_keys: set[OffloadKey] = field(default_factory=set[OffloadKey])
+    finished: bool = False
 
 
 class CPUOffloadingManager(OffloadingManager):
     """Offloads blocks to `num_blocks` CPU slots, evicting idle blocks as the policy chooses.
 
     Args:
-        num_blocks: how many CPU blocks (slots) there are, >= 0.
+        num_blocks: how many CPU blocks (slots) there are, >= 1.
         cache_policy: which idle blocks to evict first: "lru" or "arc" (or a name given to
             `register_cache_policy`).
         enable_events: buffer stored/removed events for `take_events` (off: none are kept).
 
     Raises:
-        ValueError: `num_blocks` is negative or `cache_policy` is not a known policy.
+        ValueError: `num_blocks` is not an integer >= 1 or `cache_policy` is not a known
+            policy.
     """
 
     def __init__(
         self, num_blocks: int, cache_policy: CachePolicyName = "lru", enable_events: bool = False
     ) -> None:
-        self._num_blocks: int = _non_negative_int("num_blocks", num_blocks)
+        self._num_blocks: int = _positive_int("num_blocks", num_blocks)
         self.medium: str = CPU_MEDIUM
         # Slots [0, _num_allocated_blocks) have been handed out at least once (the bump pointer).
         self._num_allocated_blocks: int = 0
@@ -77,8 +104,14 @@ class CPUOffloadingManager(OffloadingManager):
         # Blocks with ref_cnt 0: what eviction can reclaim, counted so a hopeless prepare_store
         # fails without asking the policy.
         self._num_idle_blocks: int = 0
-        self._policy: CachePolicy = create_cache_policy(cache_policy, num_blocks)
+        self._policy: CachePolicy = create_cache_policy(cache_policy, self._num_blocks)
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
+        # Bumped by reset_cache, so access records of requests from before are started afresh.
+        self._generation: int = 0
+        # Counters for get_stats: one increment per call on the hot paths.
+        self._hits = self._pending = self._misses = 0
+        self._blocks_stored = self._blocks_loaded = self._blocks_evicted = 0
+        self._stores_refused = 0
 
     @override
     def __repr__(self) -> str:
@@ -110,6 +143,22 @@ class CPUOffloadingManager(OffloadingManager):
         """The cache policy (for inspection; mutate it only through the manager)."""
         return self._policy
 
+    @override
+    def get_stats(self) -> OffloadingStats:
+        """Return the cumulative counters and the slot usage (see `OffloadingStats`)."""
+        return OffloadingStats(
+            lookups=self._hits + self._pending + self._misses,
+            hits=self._hits,
+            pending=self._pending,
+            misses=self._misses,
+            blocks_stored=self._blocks_stored,
+            blocks_loaded=self._blocks_loaded,
+            blocks_evicted=self._blocks_evicted,
+            stores_refused=self._stores_refused,
+            num_blocks=self._num_blocks,
+            used_blocks=self._num_blocks - self.num_free_blocks,
+        )
+
     # --- block pool ---
 
     def _allocate_block_ids(self, n: int) -> list[int]:
@@ -132,17 +181,57 @@ class CPUOffloadingManager(OffloadingManager):
         if self._events is not None and keys:
             self._events.append(OffloadingEvent(keys, self.medium, removed))
 
+    # --- request access records ---
+
+    def _request_access(self, req_context: ReqContext) -> _RequestAccess:
+        state = req_context.get_state(_RequestAccess)
+        if state is None or state.owner is not self or state.generation != self._generation:
+            state = _RequestAccess(self, self._generation)
+            req_context.set_state(state)
+        return state
+
+    def _record_access(
+        self,
+        state: _RequestAccess,
+        keys: Collection[OffloadKey],
+        req_context: ReqContext,
+        reused_keys: Collection[OffloadKey] = (),
+    ) -> None:
+        if state.finished:
+            # vLLM asserts here; kvref ignores accesses after the finish (a composite manager's
+            # internal transfers for the request may still arrive).
+            return
+        seen = state.seen_keys
+        new_keys = dict.fromkeys(key for key in keys if key not in seen)
+        if new_keys:
+            seen.update(new_keys)
+            self._policy.on_request_access(new_keys.keys(), req_context)
+        if reused_keys:
+            inserted = state.inserted_keys
+            # Re-reading a block this request stored is an internal transfer (a tier's
+            # cascade), not a second use.
+            if inserted:
+                state.reused_keys.update(key for key in reused_keys if key not in inserted)
+            else:
+                state.reused_keys.update(reused_keys)
+
     # --- OffloadingManager interface ---
 
     @override
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
         block = self._policy.get(key)
         if block is None:
+            self._misses += 1
             return False
-        return True if block.ref_cnt >= 0 else None
+        if block.ref_cnt >= 0:
+            self._hits += 1
+            return True
+        self._pending += 1
+        return None
 
     @override
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> CPULoadStoreSpec:
+        check_key_collection(keys, "prepare_load")
         get = self._policy.get
         blocks: list[BlockStatus] = []
         for key in keys:
@@ -156,14 +245,18 @@ class CPUOffloadingManager(OffloadingManager):
                 self._num_idle_blocks -= 1
                 self._policy.mark_non_evictable(key)
             block.ref_cnt += 1
+        self._blocks_loaded += len(blocks)
+        self._record_access(self._request_access(req_context), keys, req_context, reused_keys=keys)
         return CPULoadStoreSpec(block.block_id for block in blocks)
 
     @override
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        check_key_collection(keys, "touch")
         self._policy.touch(keys)
 
     @override
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        check_key_collection(keys, "complete_load")
         get = self._policy.get
         blocks: list[BlockStatus] = []
         for key in keys:
@@ -173,7 +266,8 @@ class CPUOffloadingManager(OffloadingManager):
             blocks.append(block)
         if len(blocks) > 1 and len(set(keys)) < len(blocks):
             self._check_repeated_releases(keys)
-        # Validated every key: from here on nothing can fail half-way.
+        # Validated every key: from here on nothing can fail half-way. Finishing a load is not
+        # a use: the block becomes evictable with the recency it has.
         for key, block in zip(keys, blocks):
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
@@ -197,10 +291,38 @@ class CPUOffloadingManager(OffloadingManager):
     def prepare_store(
         self, keys: Collection[OffloadKey], req_context: ReqContext
     ) -> PrepareStoreOutput | None:
+        """See `OffloadingManager.prepare_store`.
+
+        As in vLLM, the request's access is recorded (and ARC learns from ghost hits) before
+        room is sought, so a refused store (None) still counts as the request naming the keys;
+        no block, slot or event changes.
+        """
+        check_key_collection(keys, "prepare_store")
         get = self._policy.get
         # dict.fromkeys drops repeated keys (each needs one slot) and gives a set view for free.
         requested = dict.fromkeys(keys)
-        keys_to_store = [key for key in requested if get(key) is None]
+        keys_to_store: list[OffloadKey] = []
+        ready_keys: list[OffloadKey] = []
+        # Keys the request names here, in the order given: absent and ready ones, not pending.
+        named: list[OffloadKey] = []
+        for key in requested:
+            block = get(key)
+            if block is None:
+                keys_to_store.append(key)
+                named.append(key)
+            elif block.ref_cnt >= 0:
+                ready_keys.append(key)
+                named.append(key)
+
+        state = self._request_access(req_context)
+        if keys_to_store and not state.finished:
+            misses = state.store_miss_keys
+            new_misses = [key for key in keys_to_store if key not in misses]
+            if new_misses:
+                # ARC learns from b1/b2 before insert removes the ghost entries; once per request.
+                self._policy.on_store_miss(new_misses, req_context)
+                misses.update(new_misses)
+        self._record_access(state, named, req_context, reused_keys=ready_keys)
         if not keys_to_store:
             return PrepareStoreOutput([], CPULoadStoreSpec(()), [])
 
@@ -208,27 +330,58 @@ class CPUOffloadingManager(OffloadingManager):
         num_to_evict = len(keys_to_store) - self.num_free_blocks
         if num_to_evict > 0:
             if num_to_evict > self._num_idle_blocks:
+                self._stores_refused += 1
                 return None
             # Keys named by this call must survive it, stored ones included.
             evicted = self._policy.evict(num_to_evict, requested.keys())
-            if evicted is None:
+            if evicted is None or not self._valid_eviction(evicted, num_to_evict, requested.keys()):
+                self._stores_refused += 1
                 return None
             self._num_idle_blocks -= len(evicted)
+            self._blocks_evicted += len(evicted)
             for key, block in evicted:
                 self._free_block(block)
                 evicted_keys.append(key)
             self._emit(evicted_keys, removed=True)
 
         block_ids = self._allocate_block_ids(len(keys_to_store))
-        insert = self._policy.insert
-        for key, block_id in zip(keys_to_store, block_ids):
-            insert(key, BlockStatus(block_id))
+        self._policy.insert_for_request(
+            keys_to_store, [BlockStatus(block_id) for block_id in block_ids], req_context
+        )
+        state.inserted_keys.update(keys_to_store)
         return PrepareStoreOutput(keys_to_store, CPULoadStoreSpec(block_ids), evicted_keys)
+
+    def _valid_eviction(
+        self,
+        evicted: Sequence[tuple[OffloadKey, BlockStatus]],
+        wanted: int,
+        protected: Collection[OffloadKey],
+    ) -> bool:
+        """Check a policy's answer; put back what a misbehaving policy took, and say so."""
+        if len(evicted) == wanted and all(
+            block.ref_cnt == 0 and key not in protected for key, block in evicted
+        ):
+            return True
+        policy = self._policy
+        logger.warning(
+            "cache policy %s returned %d blocks (idle and unprotected expected) for %d "
+            "evictions; the store is refused",
+            type(policy).__name__,
+            len(evicted),
+            wanted,
+        )
+        for key, block in evicted:
+            if policy.get(key) is None:
+                policy.insert(key, block)
+                if block.ref_cnt == 0:
+                    policy.mark_evictable(key)
+        return False
 
     @override
     def complete_store(
         self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True
     ) -> None:
+        check_key_collection(keys, "complete_store")
         policy = self._policy
         if not success:
             for key in keys:
@@ -237,6 +390,7 @@ class CPUOffloadingManager(OffloadingManager):
                     policy.remove(key)
                     self._free_block(block)
             return
+        # Finishing a store is not a use: the block becomes evictable with the recency it has.
         stored_keys: list[OffloadKey] = []
         for key in keys:
             block = policy.get(key)
@@ -245,11 +399,54 @@ class CPUOffloadingManager(OffloadingManager):
                 self._num_idle_blocks += 1
                 policy.mark_evictable(key)
                 stored_keys.append(key)
+        self._blocks_stored += len(stored_keys)
         self._emit(stored_keys, removed=False)
 
     @override
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        self._request_access(req_context)
         return RequestOffloadingContext()
+
+    @override
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        """Commit the request's access to the policy (once; later calls do nothing).
+
+        The keys of each KV-cache group are passed head to tail: by recorded token position
+        when every key has one, else in the order the request first named them.
+        """
+        state = req_context.get_state(_RequestAccess)
+        if (
+            state is None
+            or state.owner is not self
+            or state.generation != self._generation
+            or state.finished
+        ):
+            return
+        state.finished = True
+        groups: dict[bytes, list[OffloadKey]] = {}
+        for key in state.seen_keys:
+            # The 4-byte group suffix, compared as bytes: big-endian, so it sorts like the index.
+            suffix = key[-4:]
+            group = groups.get(suffix)
+            if group is None:
+                groups[suffix] = [key]
+            else:
+                group.append(key)
+        recorded = req_context.offload_key_positions
+        key_groups: list[Sequence[OffloadKey]] = []
+        for suffix in sorted(groups):
+            keys = groups[suffix]
+            if recorded:
+                positions = {key: end for key in keys if (end := recorded.get(key)) is not None}
+                if len(positions) == len(keys):
+                    keys.sort(key=positions.__getitem__)
+            key_groups.append(keys)
+        self._policy.on_request_finished(
+            tuple(key_groups),
+            state.inserted_keys - state.reused_keys,
+            state.reused_keys,
+            req_context,
+        )
 
     @override
     def take_events(self) -> list[OffloadingEvent]:
@@ -260,13 +457,14 @@ class CPUOffloadingManager(OffloadingManager):
 
     @override
     def reset_cache(self) -> None:
-        """Drop every block, and every buffered event.
+        """Drop every block, and every buffered event; the statistics counters are kept.
 
         Like vLLM, no removal event is emitted: the engine announces a reset itself (vLLM's
         `AllBlocksCleared`), and events still buffered would describe blocks that no longer exist,
         so they are dropped rather than delivered after the reset.
         """
         self._policy.clear()
+        self._generation += 1
         self._num_idle_blocks = 0
         self._free_list.clear()
         self._num_allocated_blocks = 0

@@ -28,7 +28,6 @@ from kvref.errors import OffloadProtocolError
 
 CAPACITY = 4
 KEYS = [make_offload_key(i.to_bytes(2, "big"), i % 2) for i in range(12)]
-REQ = ReqContext("stateful")
 MACHINE_SETTINGS = settings(max_examples=60, stateful_step_count=60, deadline=None)
 
 keys_st = st.sampled_from(KEYS)
@@ -56,11 +55,17 @@ def is_ready(ref_cnt: int) -> bool:
 
 
 class NaiveLRU(CachePolicy):
-    """Every block in one OrderedDict; eviction scans it from the old end."""
+    """Logical recency in its plainest form: a use counter per block; eviction sorts idle blocks."""
 
     @override
     def __init__(self, cache_capacity: int) -> None:
-        self.blocks: OrderedDict[OffloadKey, BlockStatus] = OrderedDict()
+        self.blocks: dict[OffloadKey, BlockStatus] = {}
+        self.last_use: dict[OffloadKey, int] = {}
+        self.clock = 0
+
+    def use(self, key: OffloadKey) -> None:
+        self.clock += 1
+        self.last_use[key] = self.clock
 
     @override
     def get(self, key: OffloadKey) -> BlockStatus | None:
@@ -69,6 +74,7 @@ class NaiveLRU(CachePolicy):
     @override
     def insert(self, key: OffloadKey, block: BlockStatus) -> None:
         self.blocks[key] = block
+        self.use(key)  # the first store is a use
 
     @override
     def remove(self, key: OffloadKey) -> None:
@@ -78,24 +84,21 @@ class NaiveLRU(CachePolicy):
     def touch(self, keys: Collection[OffloadKey]) -> None:
         for key in reversed(list(keys)):
             if key in self.blocks:
-                self.blocks.move_to_end(key)
+                self.use(key)  # whatever the block's state
 
     @override
     def evict(self, n: int, protected: Set[OffloadKey]) -> list[tuple[OffloadKey, BlockStatus]] | None:
-        victims = [(k, b) for k, b in self.blocks.items() if b.ref_cnt == 0 and k not in protected]
+        idle = [k for k, b in self.blocks.items() if b.ref_cnt == 0 and k not in protected]
+        victims = sorted(idle, key=lambda k: (self.last_use[k], k))[:n]
         if len(victims) < n:
             return None
-        for key, _ in victims[:n]:
-            del self.blocks[key]
-        return victims[:n]
+        return [(key, self.blocks.pop(key)) for key in victims]
 
     @override
     def clear(self) -> None:
         self.blocks.clear()
 
-    @override
-    def mark_evictable(self, key: OffloadKey) -> None:
-        self.blocks.move_to_end(key)
+    # mark_evictable / mark_non_evictable: becoming idle or busy is not a use (base no-ops).
 
 
 class NaiveARC(CachePolicy):
@@ -129,8 +132,11 @@ class NaiveARC(CachePolicy):
     def touch(self, keys: Collection[OffloadKey]) -> None:
         for key in reversed(list(keys)):
             if key in self.t1:
-                if self.t1[key].ref_cnt >= 0:
-                    self.t2[key] = self.t1.pop(key)
+                block = self.t1.pop(key)
+                if block.ref_cnt >= 0:
+                    self.t2[key] = block
+                else:
+                    self.t1[key] = block  # pending: re-ranked within t1
             elif key in self.t2:
                 self.t2.move_to_end(key)
             elif key in self.b1:
@@ -179,9 +185,6 @@ class NaiveARC(CachePolicy):
         self.b1.clear()
         self.b2.clear()
 
-    @override
-    def mark_evictable(self, key: OffloadKey) -> None:
-        (self.t1 if key in self.t1 else self.t2).move_to_end(key)
 
 
 # --- policies against their references ---
@@ -327,11 +330,12 @@ class LRUMachine(PolicyMachine):
     reference_class = NaiveLRU
 
     @invariant()
-    def index_holds_exactly_the_idle_blocks(self) -> None:
+    def order_holds_every_block_once_in_rank_order(self) -> None:
         policy = self.policy
         assert isinstance(policy, LRUCachePolicy)
-        assert set(policy.evictable) == set(self.keys_with(is_idle))
-        assert set(policy.blocks) == set(self.ref_cnts)
+        assert set(policy.blocks) == set(self.ref_cnts) == set(policy.ranks)
+        # No request buckets here (no positions): the order is the blocks by rank.
+        assert list(policy.order) == sorted(policy.blocks, key=policy.ranks.__getitem__)
 
 
 class ARCMachine(PolicyMachine):
@@ -344,9 +348,6 @@ class ARCMachine(PolicyMachine):
         assert isinstance(policy, ARCCachePolicy)
         assert not policy.t1.keys() & policy.t2.keys()
         assert policy.t1.keys() | policy.t2.keys() == self.ref_cnts.keys()
-        idle = set(self.keys_with(is_idle))
-        assert set(policy.t1_evictable) == idle & policy.t1.keys()
-        assert set(policy.t2_evictable) == idle & policy.t2.keys()
         assert len(policy.b1) <= CAPACITY and len(policy.b2) <= CAPACITY
         assert not (policy.b1.keys() | policy.b2.keys()) & self.ref_cnts.keys()
         assert 0 <= policy.target_t1_size <= CAPACITY
@@ -365,6 +366,9 @@ class ManagerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.manager = CPUOffloadingManager(CAPACITY, self.cache_policy, enable_events=True)
+        # The running request; finish_request commits its recency and starts another.
+        self.requests = 0
+        self.req = ReqContext("req-0")
         # The model: ref_cnt (-1 pending) and slot of every block the manager holds.
         self.ref_cnts: dict[OffloadKey, int] = {}
         self.slots: dict[OffloadKey, int] = {}
@@ -386,12 +390,19 @@ class ManagerMachine(RuleBasedStateMachine):
         self.announced -= set(expect_removed)
         self.announced |= set(expect_stored)
 
-    def snapshot(self) -> Any:
+    def snapshot(self, with_policy: bool = True) -> Any:
         manager = self.manager
         blocks = [manager.policy.get(key) for key in KEYS]
-        policy = [(name, repr(value)) for name, value in vars(manager.policy).items()]
+        # LRU may drop empty request buckets on any eviction walk (no rank changes): its order is
+        # compared through the ranks and the eviction order instead.
+        skipped = ("order", "bucket_of")
+        policy = [(name, repr(value)) for name, value in vars(manager.policy).items() if name not in skipped]
+        idle = manager.num_idle_blocks
+        order = copy.deepcopy(manager.policy).evict(idle, frozenset())
         described = [None if b is None else (b.block_id, b.ref_cnt) for b in blocks]
-        return described, manager.num_free_blocks, manager.num_idle_blocks, policy
+        if not with_policy:
+            return described, manager.num_free_blocks, idle
+        return described, manager.num_free_blocks, idle, policy, order and [k for k, _ in order]
 
     @rule(keys=st.lists(keys_st, max_size=3) | key_lists, complete_now=mostly_true)
     def prepare_store(self, keys: list[OffloadKey], complete_now: bool) -> None:
@@ -399,11 +410,13 @@ class ManagerMachine(RuleBasedStateMachine):
         need = len(new) - (CAPACITY - len(self.ref_cnts))
         evictable = [key for key in self.keys_with(is_idle) if key not in keys]
         before = self.snapshot()
-        output = self.manager.prepare_store(keys, REQ)
+        output = self.manager.prepare_store(keys, self.req)
         event("prepare_store: " + ("none" if need > len(evictable) else "evicts" if need > 0 else "fits"))
         if need > len(evictable):
             assert output is None
-            assert self.snapshot() == before
+            # Blocks, slots and events unchanged; the request's access is still recorded for
+            # recency (and ARC learns from ghost hits), as in vLLM.
+            assert self.snapshot(with_policy=False) == before[:3]
             self.drain([], [])
             return
         assert output is not None
@@ -420,7 +433,7 @@ class ManagerMachine(RuleBasedStateMachine):
             self.ref_cnts[key], self.slots[key] = -1, block_id
         self.drain(output.evicted_keys, [])
         if complete_now:
-            self.manager.complete_store(new, REQ)
+            self.manager.complete_store(new, self.req)
             for key in new:
                 self.ref_cnts[key] = 0
             self.drain([], new)
@@ -430,7 +443,7 @@ class ManagerMachine(RuleBasedStateMachine):
         pending = self.keys_with(is_pending)
         keys = data.draw(st.lists(st.sampled_from(pending + KEYS[:2]), max_size=5)) if pending else []
         finalized = [key for key in dict.fromkeys(keys) if self.ref_cnts.get(key) == -1]
-        self.manager.complete_store(keys, REQ, success=success)
+        self.manager.complete_store(keys, self.req, success=success)
         for key in finalized:
             if success:
                 self.ref_cnts[key] = 0
@@ -447,7 +460,7 @@ class ManagerMachine(RuleBasedStateMachine):
         if any(self.ref_cnts.get(key, -1) < 0 for key in keys):
             before = self.snapshot()
             try:
-                self.manager.prepare_load(keys, REQ)
+                self.manager.prepare_load(keys, self.req)
             except OffloadProtocolError as error:
                 assert error.state in ("absent", "pending")
                 assert self.snapshot() == before
@@ -455,13 +468,13 @@ class ManagerMachine(RuleBasedStateMachine):
             else:
                 raise AssertionError(f"prepare_load of an unready key accepted: {keys}")
             return
-        spec = self.manager.prepare_load(keys, REQ)
+        spec = self.manager.prepare_load(keys, self.req)
         assert isinstance(spec, CPULoadStoreSpec)
         assert spec.block_ids.tolist() == [self.slots[key] for key in keys]
         for key in keys:
             self.ref_cnts[key] += 1
         if release_now:
-            self.manager.complete_load(keys, REQ)
+            self.manager.complete_load(keys, self.req)
             for key in keys:
                 self.ref_cnts[key] -= 1
 
@@ -476,21 +489,69 @@ class ManagerMachine(RuleBasedStateMachine):
         if any(self.ref_cnts.get(key, 0) < count for key, count in counts.items()):
             before = self.snapshot()
             try:
-                self.manager.complete_load(keys, REQ)
+                self.manager.complete_load(keys, self.req)
             except OffloadProtocolError as error:
                 assert self.snapshot() == before
                 event(f"complete_load refused: {error.state.split('(')[0]}")
             else:
                 raise AssertionError(f"complete_load without a load accepted: {keys}")
             return
-        self.manager.complete_load(keys, REQ)
+        self.manager.complete_load(keys, self.req)
         event(f"complete_load of {len(keys)} keys")
         for key, count in counts.items():
             self.ref_cnts[key] -= count
 
     @rule(keys=key_lists)
     def touch(self, keys: list[OffloadKey]) -> None:
-        self.manager.touch(keys, REQ)
+        self.manager.touch(keys, self.req)
+
+    @rule(keys=key_lists)
+    def prepare_store_with_a_policy_that_evicts_too_few(self, keys: list[OffloadKey]) -> None:
+        new = [key for key in dict.fromkeys(keys) if key not in self.ref_cnts]
+        need = len(new) - (CAPACITY - len(self.ref_cnts))
+        evictable = [key for key in self.keys_with(is_idle) if key not in keys]
+        if need <= 0 or need > len(evictable):
+            return  # only stores that must evict reach the policy
+        policy = self.manager.policy
+        real_evict = type(policy).evict
+
+        def evict_one_fewer(n: int, protected: Set[OffloadKey]) -> list[tuple[OffloadKey, BlockStatus]] | None:
+            return real_evict(policy, n - 1, protected)
+
+        before = self.snapshot(with_policy=False)
+        setattr(policy, "evict", evict_one_fewer)
+        try:
+            assert self.manager.prepare_store(keys, self.req) is None
+        finally:
+            delattr(policy, "evict")
+        # The blocks it did take are put back: blocks, slots and events are as they were.
+        assert self.snapshot(with_policy=False) == before
+        self.drain([], [])
+        event("prepare_store: short eviction refused")
+
+    @rule()
+    def finish_request(self) -> None:
+        before = self.snapshot(with_policy=False)
+        self.manager.on_request_finished(self.req)
+        self.manager.on_request_finished(self.req)  # only the first finish counts
+        assert self.snapshot(with_policy=False) == before, "finishing a request moved blocks"
+        self.requests += 1
+        self.req = ReqContext(f"req-{self.requests}")
+        for position, key in enumerate(KEYS, start=1):
+            self.req.set_offload_key_position(key, 16 * position)
+
+    @rule(data=st.data())
+    def bytes_instead_of_keys(self, data: st.DataObject) -> None:
+        key = data.draw(keys_st)
+        before = self.snapshot()
+        operation = data.draw(st.sampled_from(["prepare_store", "prepare_load", "complete_load", "touch"]))
+        try:
+            getattr(self.manager, operation)(key, self.req)
+        except TypeError:
+            pass
+        else:
+            raise AssertionError(f"{operation} accepted a single bytes key")
+        assert self.snapshot() == before
 
     @rule(now=rarely)
     def reset_cache(self, now: bool) -> None:
@@ -524,9 +585,9 @@ class ManagerMachine(RuleBasedStateMachine):
         for key in KEYS:
             count = self.ref_cnts.get(key)
             expected = False if count is None else (None if count < 0 else True)
-            assert self.manager.lookup(key, REQ) is expected
+            assert self.manager.lookup(key, self.req) is expected
         for key in self.announced:
-            assert self.manager.lookup(key, REQ) is True, "a stored key vanished without an event"
+            assert self.manager.lookup(key, self.req) is True, "a stored key vanished without an event"
 
     @invariant()
     def idle_count_matches_a_brute_force_count(self) -> None:

@@ -2,19 +2,47 @@
 
 A policy owns the mapping key -> `BlockStatus` and the replacement order; the manager owns slot
 allocation, reference counts and events, and calls the policy's hooks when a block's reference
-count moves between 0 (evictable) and non-zero (protected).
+count moves between 0 (evictable) and non-zero (protected), and when a request accesses blocks
+(`on_request_access`, `on_store_miss`) or finishes (`on_request_finished`), as vLLM 0.33 does.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Set
+from collections.abc import Collection, Sequence, Set
 
 from typing_extensions import override
 
-from kvref.base import OffloadKey
+from kvref.base import OffloadKey, ReqContext
 
-__all__ = ["BlockStatus", "CachePolicy"]
+__all__ = ["BlockStatus", "CachePolicy", "order_request_keys"]
+
+
+def order_request_keys(
+    key_groups: Sequence[Sequence[OffloadKey]], req_context: ReqContext
+) -> list[OffloadKey]:
+    """Flatten a request's key groups into one head-to-tail order (vLLM's helper of that name).
+
+    Sorted by recorded end-token position when every key has one (a stable sort: groups keep
+    their order at equal positions); otherwise the groups are concatenated as given.
+
+    Args:
+        key_groups: the request's keys per KV-cache group, each head to tail.
+        req_context: the request (its recorded key positions).
+
+    Returns:
+        Every key once per occurrence, head first.
+    """
+    if len(key_groups) == 1:
+        keys = list(key_groups[0])
+    else:
+        keys = [key for group in key_groups for key in group]
+    recorded = req_context.offload_key_positions
+    if recorded:
+        positions = {key: end for key in keys if (end := recorded.get(key)) is not None}
+        if len(positions) == len(keys):
+            keys.sort(key=positions.__getitem__)
+    return keys
 
 
 class BlockStatus:
@@ -72,6 +100,22 @@ class CachePolicy(ABC):
             block: its status.
         """
 
+    def insert_for_request(
+        self, keys: Sequence[OffloadKey], blocks: Sequence[BlockStatus], req_context: ReqContext
+    ) -> None:
+        """Add the blocks one `prepare_store` allocated for `req_context`, co-indexed with `keys`.
+
+        The default inserts each with `insert`; a policy that ranks a request's blocks by token
+        position (kvref's LRU) overrides it.
+
+        Args:
+            keys: keys the policy does not hold, in the order of the store.
+            blocks: their statuses (writes pending).
+            req_context: the storing request.
+        """
+        for key, block in zip(keys, blocks):
+            self.insert(key, block)
+
     @abstractmethod
     def remove(self, key: OffloadKey) -> None:
         """Drop `key` (used to clean up a failed store). Absent keys are ignored.
@@ -82,14 +126,59 @@ class CachePolicy(ABC):
 
     @abstractmethod
     def touch(self, keys: Collection[OffloadKey]) -> None:
-        """Mark blocks recently used; absent keys are ignored.
+        """Mark blocks recently used, whatever their state; absent keys are ignored.
 
         Keys are applied in reverse, so the first key (a request's prefix head) ends up the
-        most recently used.
+        most recently used. Pending and pinned blocks are re-ranked too (logical recency).
 
         Args:
             keys: the blocks, in request order.
         """
+
+    def on_store_miss(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
+        """Observe keys a request offers to store that are not held, before they are inserted.
+
+        Called once per key and request, even if the store is then refused. The default touches
+        them (which, for absent keys, changes nothing in kvref's policies); ARC adapts its target
+        on ghost hits here.
+
+        Args:
+            keys: absent keys, in the order offered.
+            req_context: the storing request.
+        """
+        self.touch(keys)
+
+    def on_request_access(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        """Observe keys a running request loads or stores, the first time it names each.
+
+        Keys may not be held yet. The default does nothing; LRU gives held keys with a recorded
+        position the request's provisional rank here.
+
+        Args:
+            keys: keys first named by the request, in the order named.
+            req_context: the request.
+        """
+        return None
+
+    def on_request_finished(
+        self,
+        key_groups: Sequence[Sequence[OffloadKey]],
+        insertion_only_keys: Set[OffloadKey],
+        reused_keys: Set[OffloadKey],
+        req_context: ReqContext,
+    ) -> None:
+        """Commit one finished request's access, in prefix order.
+
+        The default touches each group.
+
+        Args:
+            key_groups: the keys the request named, per KV-cache group, head to tail.
+            insertion_only_keys: keys the request stored and did not reuse.
+            reused_keys: ready keys the request loaded or offered again (a frequency hit).
+            req_context: the finished request.
+        """
+        for keys in key_groups:
+            self.touch(keys)
 
     @abstractmethod
     def evict(self, n: int, protected: Set[OffloadKey]) -> list[tuple[OffloadKey, BlockStatus]] | None:
@@ -112,6 +201,8 @@ class CachePolicy(ABC):
 
     def mark_evictable(self, key: OffloadKey) -> None:
         """Hook: the block of `key` just became idle (ref_cnt -1 -> 0 or 1 -> 0).
+
+        Not a use: the block keeps the recency it had (vLLM 0.33's logical recency).
 
         Args:
             key: the block's key (held by the policy).

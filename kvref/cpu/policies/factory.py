@@ -7,7 +7,7 @@ built-in names, so a registered policy is reached through `create_cache_policy` 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, cast
 
 from kvref.cpu.policies.arc import ARCCachePolicy
 from kvref.cpu.policies.base import CachePolicy
@@ -54,8 +54,18 @@ def register_cache_policy(name: str, policy_class: type[CachePolicy]) -> None:
     """Make `policy_class` available as `name`.
 
     Raises:
-        ValueError: `name` is already registered (names are never silently replaced).
+        TypeError: `policy_class` is not a `CachePolicy` subclass, or `name` is not a str.
+        ValueError: `name` is empty or already registered (names are never silently replaced).
     """
+    # Callers without a type checker pass anything: check what arrives, not what is declared.
+    given_class = cast(object, policy_class)
+    given_name = cast(object, name)
+    if not isinstance(given_class, type) or not issubclass(given_class, CachePolicy):
+        raise TypeError(f"policy_class must be a CachePolicy subclass, got {policy_class!r}")
+    if not isinstance(given_name, str):
+        raise TypeError(f"name must be a str, got {name!r}")
+    if not name:
+        raise ValueError("name must be a non-empty str")
     if name in _POLICIES:
         raise ValueError(f"name {name!r} is already registered to {_POLICIES[name].__name__}")
     _POLICIES[name] = policy_class

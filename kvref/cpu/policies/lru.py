@@ -1,41 +1,145 @@
-"""Least-recently-used replacement with an index of idle blocks (vLLM: `cpu/policies/lru.py`).
+"""Least-recently-used replacement with logical recency (vLLM 0.33: `cpu/policies/lru.py`).
 
-vLLM shipped two LRUs. The first kept one `OrderedDict` of every block and scanned it from the
-oldest end on each eviction, skipping blocks that were pending or being read, so an eviction cost
-O(cache) when the old end was busy, and finishing a load did not refresh a block. The later one,
-which kvref follows, keeps every block in a plain dict and only idle blocks (ref_cnt 0) in an
-`OrderedDict` in LRU order: eviction walks that index and costs O(evicted + protected idle
-blocks skipped), and a block re-enters at the most-recent end whenever it becomes idle, so a
-completed store and the completion of its last load both count as a use, like a touch.
+Recency is logical: it is what requests did with a block, never when a transfer finished. A use
+is the first store of a block, a `touch`, or a request's access (committed when the request
+finishes). A touch re-ranks a block even while its store is pending or while it is being read;
+a block that becomes idle (its store or its last load completed) keeps the rank it had.
+
+Ranks: a fresh use takes the next value of a counter. The blocks of a running request share one
+provisional rank, taken when the request first names a block, ordered by token position so that
+the request's tail is evicted before its head; `on_request_finished` then gives every key of the
+request a fresh rank, tail first, so its head ends most recent. A rank is one int,
+`rank * _POSITION_SPAN - position` (vLLM's pair `(rank, -position)`, same order); equal ranks
+(one position in several KV-cache groups) are ordered by key, as in vLLM's heap.
+
+vLLM keeps idle blocks in a lazily invalidated heap. kvref keeps every block in one
+`OrderedDict` in rank order instead: a fresh rank is the highest, so it is a `move_to_end`; a
+request's provisional rank is a bucket, one entry of the order placed when the request took its
+rank, holding its blocks. Eviction walks the order from the oldest end, skipping busy blocks
+(usually the most recent ones), so touches cost O(1) and an eviction O(evicted + skipped).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Set
+from collections.abc import Collection, Iterable, Sequence, Set
+from dataclasses import dataclass, field
 
 from typing_extensions import override
 
-from kvref.base import OffloadKey
-from kvref.cpu.policies.base import BlockStatus, CachePolicy
+from kvref.base import MAX_OFFLOAD_KEY_POSITION, OffloadKey, ReqContext
+from kvref.cpu.policies.base import BlockStatus, CachePolicy, order_request_keys
 
 __all__ = ["LRUCachePolicy"]
 
+# Positions are <= MAX_OFFLOAD_KEY_POSITION (ReqContext enforces it), so a rank step spans them.
+_POSITION_SPAN = MAX_OFFLOAD_KEY_POSITION + 1
+
+
+@dataclass(eq=False, slots=True)
+class _Bucket:
+    """One request's provisional rank and the blocks that hold it (hashed by identity)."""
+
+    rank: int
+    keys: dict[OffloadKey, int] = field(default_factory=dict[OffloadKey, int])
+    # keys in eviction order, rebuilt after a change.
+    ordered: list[OffloadKey] | None = None
+
+    def in_order(self) -> list[OffloadKey]:
+        if self.ordered is None:
+            keys = self.keys
+            self.ordered = sorted(keys, key=lambda key: (keys[key], key))
+        return self.ordered
+
+
+@dataclass(slots=True)
+class _RequestRank:
+    """The provisional rank one policy gave one request (kept in the request's context)."""
+
+    owner: object
+    generation: int
+    bucket: _Bucket
+
 
 class LRUCachePolicy(CachePolicy):
-    """Evict the idle block used least recently.
+    """Evict the idle block whose last use is oldest (see the module docstring for "use").
 
-    A use is a completed store, the completion of a block's last load, or a touch. Touching a
-    block that is pending or being read changes nothing: it re-enters the order when it becomes
-    idle, which is later than the touch.
+    State:
+        blocks: every held block.
+        ranks: the rank counter value of each block with a fresh rank (its rank is that value
+            times _POSITION_SPAN; kept unscaled so the common case handles small ints).
+        order: held blocks with a fresh rank, and request buckets, oldest first.
+        bucket_of: the bucket of each block that holds a request's provisional rank (its rank
+            is in the bucket).
     """
 
     @override
     def __init__(self, cache_capacity: int) -> None:
         # cache_capacity is unused: the manager bounds the blocks, and LRU keeps no ghosts.
         self.blocks: dict[OffloadKey, BlockStatus] = {}
-        # Only idle blocks, least recently used first.
-        self.evictable: OrderedDict[OffloadKey, BlockStatus] = OrderedDict()
+        self.ranks: dict[OffloadKey, int] = {}
+        self.order: OrderedDict[OffloadKey | _Bucket, None] = OrderedDict()
+        self.bucket_of: dict[OffloadKey, _Bucket] = {}
+        self._next_rank = 0
+        # Bumped by clear(), so ranks kept in request contexts from before are not reused.
+        self._generation = 0
+
+    def _request_bucket(self, req_context: ReqContext) -> _Bucket:
+        state = req_context.get_state(_RequestRank)
+        if state is None or state.owner is not self or state.generation != self._generation:
+            self._next_rank += 1
+            state = _RequestRank(self, self._generation, _Bucket(self._next_rank))
+            req_context.set_state(state)
+        bucket = state.bucket
+        if bucket not in self.order:
+            self._place(bucket)
+        return bucket
+
+    def _place(self, bucket: _Bucket) -> None:
+        """Put a bucket (new, or dropped once empty) at its rank's place in the order."""
+        order = self.order
+        if not order or self._rank_of(next(reversed(order))) < bucket.rank * _POSITION_SPAN:
+            order[bucket] = None  # the common case: the newest entry
+            return
+        # A request that emptied its bucket (finished) stores again: rare, rebuilt in O(n).
+        entries = [*order, bucket]
+        entries.sort(key=self._rank_of)
+        self.order = OrderedDict.fromkeys(entries)
+
+    def _rank_of(self, entry: OffloadKey | _Bucket) -> int:
+        return (entry.rank if isinstance(entry, _Bucket) else self.ranks[entry]) * _POSITION_SPAN
+
+    def _detach(self, key: OffloadKey) -> None:
+        """Take a held key out of the order (from its bucket, or its own entry)."""
+        bucket = self.bucket_of.pop(key, None)
+        if bucket is None:
+            del self.order[key]
+            return
+        del bucket.keys[key]
+        bucket.ordered = None
+        # An empty bucket stays in place while its request may still add blocks; eviction walks
+        # and on_request_finished drop it.
+
+    def _use(self, keys: Iterable[OffloadKey]) -> None:
+        """Give each held key a fresh rank, in iteration order (the last ends most recent)."""
+        blocks, ranks, order, bucket_of = self.blocks, self.ranks, self.order, self.bucket_of
+        rank = self._next_rank
+        for key in keys:
+            if key in blocks:
+                rank += 1
+                ranks[key] = rank
+                if key in bucket_of:
+                    self._detach(key)
+                    order[key] = None
+                else:
+                    order.move_to_end(key)
+        self._next_rank = rank
+
+    def _join(self, bucket: _Bucket, key: OffloadKey, rank: int) -> None:
+        self.ranks.pop(key, None)
+        self.bucket_of[key] = bucket
+        bucket.keys[key] = rank
+        bucket.ordered = None
 
     @override
     def get(self, key: OffloadKey) -> BlockStatus | None:
@@ -43,53 +147,120 @@ class LRUCachePolicy(CachePolicy):
 
     @override
     def insert(self, key: OffloadKey, block: BlockStatus) -> None:
+        self._next_rank += 1
         self.blocks[key] = block
-        if block.ref_cnt == 0:
-            self.evictable[key] = block
+        self.ranks[key] = self._next_rank
+        self.order[key] = None
+
+    @override
+    def insert_for_request(
+        self, keys: Sequence[OffloadKey], blocks: Sequence[BlockStatus], req_context: ReqContext
+    ) -> None:
+        positions = req_context.offload_key_positions
+        if not positions:  # the common case without positions: fresh ranks, inlined
+            rank, all_blocks, ranks, order = self._next_rank, self.blocks, self.ranks, self.order
+            for key, block in zip(keys, blocks):
+                rank += 1
+                all_blocks[key] = block
+                ranks[key] = rank
+                order[key] = None
+            self._next_rank = rank
+            return
+        for key, block in zip(keys, blocks):
+            end = positions.get(key)
+            if end is None:
+                self.insert(key, block)
+            else:
+                bucket = self._request_bucket(req_context)
+                self.blocks[key] = block
+                self._join(bucket, key, bucket.rank * _POSITION_SPAN - end)
 
     @override
     def remove(self, key: OffloadKey) -> None:
         if self.blocks.pop(key, None) is not None:
-            self.evictable.pop(key, None)
+            self._detach(key)
+            self.ranks.pop(key, None)
 
     @override
     def touch(self, keys: Collection[OffloadKey]) -> None:
-        evictable = self.evictable
-        for key in reversed(list(keys)):
-            if key in evictable:
-                evictable.move_to_end(key)
+        self._use(reversed(list(keys)))
+
+    @override
+    def on_store_miss(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
+        return None  # the keys are absent: the default's touch would change nothing
+
+    @override
+    def on_request_access(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        bucket = self._request_bucket(req_context)  # taken even if no key moves, as in vLLM
+        positions = req_context.offload_key_positions
+        if not positions:
+            return
+        base = bucket.rank * _POSITION_SPAN
+        blocks, ranks, bucket_of = self.blocks, self.ranks, self.bucket_of
+        for key in keys:
+            end = positions.get(key)
+            if end is None or key not in blocks:
+                continue
+            # Only ever younger: a later position of the same request ranks below an earlier one.
+            rank = base - end
+            held = bucket_of.get(key)
+            if (held.keys[key] if held is not None else ranks[key] * _POSITION_SPAN) >= rank:
+                continue
+            self._detach(key)
+            self._join(bucket, key, rank)
+
+    @override
+    def on_request_finished(
+        self,
+        key_groups: Sequence[Sequence[OffloadKey]],
+        insertion_only_keys: Set[OffloadKey],
+        reused_keys: Set[OffloadKey],
+        req_context: ReqContext,
+    ) -> None:
+        self._use(reversed(order_request_keys(key_groups, req_context)))
+        state = req_context.get_state(_RequestRank)
+        if state is not None and state.owner is self and not state.bucket.keys:
+            self.order.pop(state.bucket, None)
+
+    def _idle_in_order(self, protected: Set[OffloadKey], empty: list[_Bucket]) -> Iterable[OffloadKey]:
+        blocks = self.blocks
+        for entry in self.order:
+            if isinstance(entry, _Bucket):
+                if not entry.keys:
+                    empty.append(entry)
+                for key in entry.in_order():
+                    if blocks[key].ref_cnt == 0 and key not in protected:
+                        yield key
+            elif blocks[entry].ref_cnt == 0 and entry not in protected:
+                yield entry
 
     @override
     def evict(self, n: int, protected: Set[OffloadKey]) -> list[tuple[OffloadKey, BlockStatus]] | None:
         if n <= 0:
             return []
-        victims: list[tuple[OffloadKey, BlockStatus]] = []
-        for key, block in self.evictable.items():
-            if key in protected:
-                continue
-            assert block.ref_cnt == 0, f"LRU index holds {key.hex()} with ref_cnt {block.ref_cnt}"
-            victims.append((key, block))
+        victims: list[OffloadKey] = []
+        empty: list[_Bucket] = []
+        for key in self._idle_in_order(protected, empty):
+            victims.append(key)
             if len(victims) == n:
                 break
-        else:
+        for bucket in empty:  # dropping them changes no rank
+            del self.order[bucket]
+        if len(victims) < n:
             return None
-        blocks, evictable = self.blocks, self.evictable
-        for key, _ in victims:
-            del blocks[key]
-            del evictable[key]
-        return victims
+        blocks, ranks = self.blocks, self.ranks
+        evicted: list[tuple[OffloadKey, BlockStatus]] = []
+        for key in victims:
+            self._detach(key)
+            ranks.pop(key, None)
+            evicted.append((key, blocks.pop(key)))
+        return evicted
 
     @override
     def clear(self) -> None:
         self.blocks.clear()
-        self.evictable.clear()
-
-    @override
-    def mark_evictable(self, key: OffloadKey) -> None:
-        # The key is not in the index (it was pending or being read): it goes in at the recent
-        # end, which makes "became idle" a use.
-        self.evictable[key] = self.blocks[key]
-
-    @override
-    def mark_non_evictable(self, key: OffloadKey) -> None:
-        self.evictable.pop(key, None)
+        self.ranks.clear()
+        self.order.clear()
+        self.bucket_of.clear()
+        self._next_rank = 0
+        self._generation += 1
