@@ -3,8 +3,12 @@
 Layout under `root_dir`:
 
     kvref_fs_tier.json                  the block size and format the files were written with
+    kvref_fs_tier.lock                  held (flock) by the one process using the root
     <ff>/<ff>/<generation>.kvs          a segment: the blocks of one store job, back to back
-    record = header (magic, format, key length, CRC-32, payload length) | key | payload
+    record = header | key | payload
+    header = magic, format (3), checksum algorithm (1: XXH3-64), key length, payload length,
+             XXH3-64 of (header fields before the checksums | key),
+             XXH3-64 of (header fields before the checksums | key | payload)
 
 A store job's new blocks are written as one segment file (split at `max_segment_bytes`), so a
 file is created per job rather than per block: creating files is the slow part of small writes
@@ -12,22 +16,32 @@ on most filesystems. The two fan-out directory levels come from a hash of the se
 generation (a strictly increasing nanosecond clock), which also makes every segment name new,
 so deleting an evicted segment can never remove newer data.
 
-Crash safety: a segment is written to `<name>.tmp` (optionally `fsync`ed) and renamed into
-place with `os.replace`, so a final name always holds whole records. Each record carries its
-key and a CRC-32 of its payload; a load verifies the record's header, key and checksum after
-reading straight into the primary slot, and any mismatch fails the job and drops the block from
-the index (its record is marked dead on disk, or its segment deleted once empty), so it is a
-miss afterwards, restarts included, and wrong bytes are never reported as loaded. At start-up
-the tier re-indexes the segments already there (blocks survive a restart), deletes stale `.tmp`
-files left by a crash, and skips records that are truncated or of another block size.
+Integrity: a segment is written to `<name>.tmp` (optionally `fsync`ed) and renamed into place
+with `os.replace`, so a final name always holds whole records. The record checksum covers the
+header and the key as well as the payload, so a damaged key can never make a record pass for
+another block's; the header checksum lets start-up re-indexing check every header and key
+without reading payloads. A load reads a run of adjacent records with one `preadv` straight into
+the primary slots and verifies each record's header, key and checksum; any mismatch fails the
+job and drops the block from the index (its record is marked dead on disk, or its segment deleted
+once empty), so it is a miss afterwards, restarts included, and wrong bytes are never reported
+as loaded. Records of another format version (format 2 used CRC-32 of the payload only) are
+never read: a root written with another format is refused at start-up. At start-up the tier
+re-indexes the segments already there (blocks survive a restart), deletes stale `.tmp` files
+left by a crash, and skips records that are damaged, truncated or of another block size.
+
+One process per root: the tier holds an exclusive `flock` on `kvref_fs_tier.lock` while it runs;
+a second tier on the same root, in this process or another, is refused with an `OSError` naming
+the holder's pid. (flock is advisory and local: a root on a network filesystem shared between
+hosts is not protected.) Start-up writes nothing it does not need, so a tier restarted on a full
+disk starts and serves the blocks it holds; its stores fail until space is freed.
 
 Threads: the scheduler thread only updates an in-memory index (so `lookup` never touches the
-disk) and queues tasks (one per segment to write, one per block to read); a pool of I/O threads
-runs them. The pool has two queues: read threads serve loads first and write threads serve
-stores and deletions first, and each kind takes from the other queue when its own is empty, so
-a burst of stores never starves promotions and no thread idles while work is queued. Failures
-(disk full, permission denied, I/O errors) become failed jobs; nothing raises on the scheduler
-thread.
+disk) and queues tasks (one per segment to write, one per run of adjacent records to read); a
+pool of I/O threads runs them. The pool has two queues: read threads serve loads first and write
+threads serve stores and deletions first, and each kind takes from the other queue when its own
+is empty, so a burst of stores never starves promotions and no thread idles while work is
+queued. Failures (disk full, permission denied, I/O errors) become failed jobs; nothing raises on
+the scheduler thread.
 
 Capacity: with `capacity_bytes`, storing evicts whole segments, least recently used first (a
 block's `touch`, store or promotion makes its segment recent), skipping segments being written
@@ -40,6 +54,7 @@ they are reported finished.
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import json
 import logging
@@ -48,61 +63,108 @@ import queue
 import struct
 import threading
 import time
-import zlib
 from collections import OrderedDict, deque
 from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
+import xxhash
 from typing_extensions import override
 
 from kvref.base import OffloadingEvent, OffloadKey, ReqContext
+from kvref.errors import KVRefError
+from kvref.tiering._options import check_bool, check_int, check_optional_int, check_path, check_str
 from kvref.tiering.base import JobMetadata, JobResult, PrimaryBlocks, SecondaryTierManager
 
-__all__ = ["FileSystemSecondaryTier", "CONFIG_FILE_NAME", "RECORD_HEADER_BYTES"]
+__all__ = [
+    "FileSystemSecondaryTier",
+    "TierRootError",
+    "CONFIG_FILE_NAME",
+    "LOCK_FILE_NAME",
+    "FORMAT_VERSION",
+    "RECORD_HEADER_BYTES",
+]
 
 logger = logging.getLogger(__name__)
 
 CONFIG_FILE_NAME = "kvref_fs_tier.json"
+LOCK_FILE_NAME = "kvref_fs_tier.lock"
 
-_FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+"""Version of the record format; roots and records of any other version are never read."""
+_CHECKSUM_XXH3_64 = 1
 _MAGIC = b"KVREFBLK"
 # A record dropped (damaged) while the rest of its segment lives on: skipped at re-indexing.
 _DEAD_MAGIC = b"KVREFDED"
-# magic, format version, key length, CRC-32 of the payload, payload length
-_HEADER = struct.Struct("<8sHHIQ")
-RECORD_HEADER_BYTES = _HEADER.size
+# The fields both checksums cover (magic, format version, checksum algorithm, key length,
+# reserved, payload length), then the two checksums. Magic and version sit where format 2 had
+# them, so either version's reader recognises the other's records and skips them.
+_FIELDS = struct.Struct("<8sHHHHQ")
+_CHECKSUMS = struct.Struct("<QQ")
+_HEADER_SIZE = _FIELDS.size + _CHECKSUMS.size
+RECORD_HEADER_BYTES = _HEADER_SIZE
 """Bytes of a record's fixed header; a record is this header, then its key, then its payload."""
 _MAX_KEY_BYTES = 0xFFFF
+# A load reads adjacent records of one segment with one preadv, in runs of at most this many
+# bytes (always at least one record), so a large job still spreads over several I/O threads.
+_MAX_READ_RUN_BYTES = 8 << 20
+_IOV_MAX = 1024
 _SEGMENT_SUFFIX = ".kvs"
 _TMP_SUFFIX = ".tmp"
 _WARN_INTERVAL_S = 10.0
 
 
-def _write_all(fd: int, parts: Sequence[memoryview]) -> None:
+class TierRootError(KVRefError, OSError):
+    """The tier's `root_dir` cannot be used (missing and not creatable, not a directory, not
+    writable, written with another block size or format, or in use by another process)."""
+
+
+def _root_error(root: Path, reason: str, err: int | None = None) -> TierRootError:
+    text = f"root_dir {str(root)!r} is not usable: {reason}"
+    return TierRootError(err, text) if err is not None else TierRootError(text)
+
+
+def _checksums(fields: bytes, key: bytes, payload: memoryview) -> tuple[int, int]:
+    """Return (header checksum, record checksum) of one record, in one pass."""
+    hasher = xxhash.xxh3_64(fields)
+    hasher.update(key)
+    header_sum = hasher.intdigest()
+    hasher.update(payload)
+    return header_sum, hasher.intdigest()
+
+
+def _pack_header(key: bytes, payload: memoryview) -> bytes:
+    fields = _FIELDS.pack(_MAGIC, FORMAT_VERSION, _CHECKSUM_XXH3_64, len(key), 0, len(payload))
+    return fields + _CHECKSUMS.pack(*_checksums(fields, key, payload)) + key
+
+
+def _write_all(fd: int, parts: Sequence[memoryview | bytes]) -> None:
     pending = list(parts)
     while pending:
-        written = os.writev(fd, pending[:1024])  # IOV_MAX
+        written = os.writev(fd, pending[:_IOV_MAX])
         while pending and written >= len(pending[0]):
             written -= len(pending[0])
             pending.pop(0)
         if pending and written:
-            pending[0] = pending[0][written:]
+            pending[0] = memoryview(pending[0])[written:]
 
 
-def _read_exact_into(fd: int, buffers: Sequence[memoryview], offset: int) -> bool:
-    """Fill `buffers` in order from `offset`; False if the file ends first."""
+def _read_into(fd: int, buffers: Sequence[memoryview], offset: int) -> int:
+    """Fill `buffers` in order from `offset`; return the bytes read (short if the file ends)."""
     pending = list(buffers)
+    total = 0
     while pending:
-        count = os.preadv(fd, pending, offset)
+        count = os.preadv(fd, pending[:_IOV_MAX], offset)
         if count == 0:
-            return False
+            return total
         offset += count
+        total += count
         while pending and count >= len(pending[0]):
             count -= len(pending[0])
             pending.pop(0)
         if pending and count:
             pending[0] = pending[0][count:]
-    return True
+    return total
 
 
 class _Segment:
@@ -155,7 +217,6 @@ class _Task:
     def __init__(self, run: Callable[[], None], cancel: Callable[[], None]) -> None:
         self.run = run
         self.cancel = cancel
-
 
 class _DualQueuePool:
     """I/O threads over a read queue and a write queue; each thread prefers one queue.
@@ -231,9 +292,10 @@ class FileSystemSecondaryTier(SecondaryTierManager):
     """Secondary tier storing checksummed block records in segment files under `root_dir`.
 
     Args:
-        primary_kv_view: the primary's `(num_blocks, block_bytes)` memoryview.
-        root_dir: the directory holding the blocks; created if missing. Sharing it between
-            processes needs keys hashed with the same seed.
+        primary_kv_view: the primary's `(num_blocks, row_items)` memoryview (any item format).
+        root_dir: the directory holding the blocks; created (with its parents) if missing.
+            Used by one tier at a time (see the module docstring); sharing its blocks between
+            processes over time needs keys hashed with the same seed.
         capacity_bytes: evict least recently used segments to keep segment files under this
             many bytes; None for no limit.
         max_segment_bytes: split a store job's blocks into segment files of at most this many
@@ -245,13 +307,15 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         enable_events: buffer stored/removed events for `take_events`.
 
     Raises:
-        ValueError: `root_dir` is unusable (not a directory, not writable, holds blocks of
-            another size or format), or another argument is out of range.
+        ValueError: an argument has the wrong type or is out of range (the message names it).
+        TierRootError: (an `OSError`) `root_dir` is unusable: it cannot be created, is not a
+            directory, cannot be written while empty, holds blocks of another size or format,
+            or another tier holds it; the message names the path.
     """
 
     def __init__(
         self,
-        primary_kv_view: memoryview,
+        primary_kv_view: memoryview[Any],
         root_dir: str | os.PathLike[str],
         *,
         capacity_bytes: int | None = None,
@@ -262,81 +326,137 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         name: str = "fs",
         enable_events: bool = False,
     ) -> None:
-        if n_read_threads < 1 or n_write_threads < 1:
-            raise ValueError(
-                f"n_read_threads and n_write_threads must be >= 1, got {n_read_threads} and "
-                f"{n_write_threads}"
-            )
+        self.root_dir = check_path("root_dir", root_dir)
+        capacity = check_optional_int("capacity_bytes", capacity_bytes, minimum=1)
+        self._max_segment_bytes = check_int("max_segment_bytes", max_segment_bytes, minimum=1)
+        n_read = check_int("n_read_threads", n_read_threads, minimum=1)
+        n_write = check_int("n_write_threads", n_write_threads, minimum=1)
+        self.fsync = check_bool("fsync", fsync)
+        self.medium = check_str("name", name)
+        events = check_bool("enable_events", enable_events)
         self._primary = PrimaryBlocks(primary_kv_view)
-        self.medium = name
-        self.root_dir = Path(root_dir)
         self.block_bytes = self._primary.block_bytes
-        self.fsync = fsync
-        if capacity_bytes is not None and capacity_bytes < self.block_bytes:
+        if capacity is not None and capacity < self.block_bytes:
             raise ValueError(
                 f"capacity_bytes must be None or at least one block ({self.block_bytes} bytes), "
                 f"got {capacity_bytes}"
             )
-        if max_segment_bytes < 1:
-            raise ValueError(f"max_segment_bytes must be >= 1, got {max_segment_bytes}")
-        self._capacity = capacity_bytes
-        self._max_segment_bytes = max_segment_bytes
+        self._capacity = capacity
         self._used_bytes = 0
+        self._evicted_blocks = 0
         self._index: dict[OffloadKey, _Entry] = {}
         # Segments in least-recently-used order.
         self._segments: OrderedDict[_Segment, None] = OrderedDict()
-        self._events: list[OffloadingEvent] | None = [] if enable_events else None
+        self._events: list[OffloadingEvent] | None = [] if events else None
         self._last_generation = 0
         self._made_dirs: set[str] = set()
         # Jobs finished without I/O, and per-task completions posted by the I/O threads
         # (deque appends and pops are atomic: the scheduler thread never waits on a lock that
         # an I/O thread could hold).
         self._done: list[_Job] = []
-        self._completions: deque[tuple[_Job, OffloadKey | str | None]] = deque()
+        self._completions: deque[tuple[_Job, Sequence[OffloadKey | str]]] = deque()
         self._closed = False
         self._last_warning = 0.0
+        self._lock_fd: int | None = None
 
-        self._check_root()
-        self._reindex()
-        self._pool = _DualQueuePool(n_read_threads, n_write_threads, f"kvref-{name}")
+        self._open_root()
+        try:
+            self._reindex()
+        except BaseException:
+            self._release_root()
+            raise
+        self._pool = _DualQueuePool(n_read, n_write, f"kvref-{self.medium}")
 
     # --- start-up ---
 
-    def _unusable(self, reason: str) -> ValueError:
-        return ValueError(f"root_dir {str(self.root_dir)!r} is not usable: {reason}")
+    def _open_root(self) -> None:
+        root = self.root_dir
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:
+            pass  # something that is not a directory: said below
+        except OSError as exc:
+            raise _root_error(root, exc.strerror or str(exc), exc.errno) from exc
+        if not root.is_dir():
+            raise _root_error(root, "it is not a directory", errno.ENOTDIR)
+        self._lock_root()
+        try:
+            self._check_config()
+        except BaseException:
+            self._release_root()
+            raise
 
-    def _check_root(self) -> None:
+    def _lock_root(self) -> None:
+        root = self.root_dir
+        lock_path = root / LOCK_FILE_NAME
         try:
-            self.root_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            except OSError as exc:
+                if exc.errno not in (errno.EACCES, errno.EROFS, errno.EPERM):
+                    raise
+                # A read-only root can still be read from: lock it through a read-only fd.
+                fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as exc:
-            raise self._unusable(exc.strerror or str(exc)) from exc
-        if not self.root_dir.is_dir():
-            raise self._unusable("it is not a directory")
-        config_path = self.root_dir / CONFIG_FILE_NAME
-        config: dict[str, int] = {"format": _FORMAT_VERSION, "block_bytes": self.block_bytes}
-        found: object = None
+            raise _root_error(root, exc.strerror or str(exc), exc.errno) from exc
         try:
-            if config_path.exists():
-                found = json.loads(config_path.read_text())
-            # Rewriting the config is also the write-permission probe.
-            tmp_path = config_path.with_suffix(_TMP_SUFFIX)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            os.close(fd)
+            raise _root_error(
+                root,
+                f"another fs tier holds it (pid {holder}, lock {LOCK_FILE_NAME}); one process "
+                "per root_dir",
+                exc.errno,
+            ) from exc
+        try:
+            # Who holds it, for the message above; on a full or read-only disk it stays unknown.
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError:
+            pass
+        self._lock_fd = fd
+
+    def _release_root(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
+
+    def _check_config(self) -> None:
+        root = self.root_dir
+        config_path = root / CONFIG_FILE_NAME
+        config: dict[str, int] = {"format": FORMAT_VERSION, "block_bytes": self.block_bytes}
+        try:
+            text = config_path.read_text()
+        except FileNotFoundError:
+            text = None
+        except OSError as exc:
+            raise _root_error(root, exc.strerror or str(exc), exc.errno) from exc
+        if text is not None:
+            try:
+                found: object = json.loads(text)
+            except ValueError as exc:
+                raise _root_error(root, f"{CONFIG_FILE_NAME} is not valid JSON ({exc})") from exc
+            if found != config:
+                raise _root_error(
+                    root,
+                    f"it holds blocks written as {found}, this tier needs {config}; use another "
+                    "root_dir or empty this one",
+                )
+            # Already written: start-up writes nothing more (a full disk must not stop it).
+            return
+        # A new root: writing its config also proves it writable.
+        tmp_path = root / f"{CONFIG_FILE_NAME}.{os.getpid()}{_TMP_SUFFIX}"
+        try:
             tmp_path.write_text(json.dumps(config))
-            if found is None or found == config:
-                os.replace(tmp_path, config_path)
-            else:
-                tmp_path.unlink()
+            os.replace(tmp_path, config_path)
         except OSError as exc:
-            raise self._unusable(exc.strerror or str(exc)) from exc
-        except ValueError as exc:
-            raise self._unusable(f"{CONFIG_FILE_NAME} is not valid JSON ({exc})") from exc
-        if found is not None and found != config:
-            raise self._unusable(
-                f"it holds blocks written as {found}, this tier needs {config}; use another "
-                f"root_dir or empty this one"
-            )
+            _unlink_quietly(str(tmp_path))
+            raise _root_error(root, exc.strerror or str(exc), exc.errno) from exc
 
     def _record_bytes(self, key: bytes) -> int:
-        return _HEADER.size + len(key) + self.block_bytes
+        return _HEADER_SIZE + len(key) + self.block_bytes
 
     def _reindex(self) -> None:
         found: list[tuple[int, float, str, int]] = []  # generation, mtime, path, size
@@ -345,6 +465,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             for filename in filenames:
                 path = os.path.join(dirpath, filename)
                 if filename.endswith(_TMP_SUFFIX):
+                    # Left by a crash: this tier holds the root's lock, so no live writer owns it.
                     stale_tmp += 1
                     _unlink_quietly(path)
                 elif filename.endswith(_SEGMENT_SUFFIX):
@@ -393,8 +514,9 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             )
 
     def _scan_segment(self, path: str, size: int) -> tuple[list[tuple[OffloadKey, int]], int]:
-        """Read a segment's record headers: (key, offset) of each whole record, and the number
-        of records skipped because they are damaged or of another block size."""
+        """Read a segment's record headers: (key, offset) of each whole record whose header and
+        key pass their checksum, and the number of records skipped (damaged, of another format
+        or block size)."""
         records: list[tuple[OffloadKey, int]] = []
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -402,17 +524,33 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             return records, 1
         try:
             offset = 0
-            while offset + _HEADER.size <= size:
-                header = os.pread(fd, _HEADER.size, offset)
-                if len(header) < _HEADER.size:
+            while offset + _HEADER_SIZE <= size:
+                header = os.pread(fd, _HEADER_SIZE, offset)
+                if len(header) < _HEADER_SIZE:
                     return records, 1
-                magic, version, key_len, _crc, payload_len = _HEADER.unpack(header)
-                end = offset + _HEADER.size + key_len + payload_len
-                if magic not in (_MAGIC, _DEAD_MAGIC) or version != _FORMAT_VERSION or end > size:
+                magic, version, algorithm, key_len, _reserved, payload_len = _FIELDS.unpack_from(
+                    header
+                )
+                end = offset + _HEADER_SIZE + key_len + payload_len
+                if (
+                    magic not in (_MAGIC, _DEAD_MAGIC)
+                    or version != FORMAT_VERSION
+                    or algorithm != _CHECKSUM_XXH3_64
+                    or end > size
+                ):
                     return records, 1  # what follows cannot be located
-                if magic == _MAGIC and payload_len == self.block_bytes:
-                    key = os.pread(fd, key_len, offset + _HEADER.size)
-                    records.append((OffloadKey(key), offset))
+                key = os.pread(fd, key_len, offset + _HEADER_SIZE)
+                header_sum, _record_sum = _CHECKSUMS.unpack_from(header, _FIELDS.size)
+                # A dead record was written whole with the live magic, then only its magic was
+                # overwritten: check it as written.
+                fields = _MAGIC + header[len(_MAGIC) : _FIELDS.size]
+                if len(key) != key_len or xxhash.xxh3_64_intdigest(fields + key) != header_sum:
+                    return records, 1  # a damaged length would misplace everything after it
+                if magic == _MAGIC:
+                    if payload_len == self.block_bytes:
+                        records.append((OffloadKey(key), offset))
+                    else:
+                        return records, 1
                 offset = end
             return records, 1 if offset != size else 0
         except OSError:
@@ -441,6 +579,14 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         if entry is None:
             return None
         return entry.segment.path, entry.offset, self._record_bytes(key)
+
+    @override
+    def num_evicted_blocks(self) -> int:
+        return self._evicted_blocks
+
+    @override
+    def usage(self) -> float | None:
+        return None if self._capacity is None else self._used_bytes / self._capacity
 
     @override
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
@@ -518,21 +664,52 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             state.reads.clear()
             self._finish(state)
             return
-        state.remaining = len(state.reads)
-        for (key, entry), block_id in zip(state.reads, job.block_ids):
+        runs = self._plan_runs(state.reads, job.block_ids)
+        state.remaining = len(runs)
+        for key, entry in state.reads:
             entry.segment.readers += 1
             self._segments.move_to_end(entry.segment)
-            self._pool.submit(self._read_task(state, key, entry, block_id), read=True)
+        for path, offset, records in runs:
+            self._pool.submit(self._read_task(state, path, offset, records), read=True)
+
+    def _plan_runs(
+        self, reads: list[tuple[OffloadKey, _Entry]], block_ids: Sequence[int]
+    ) -> list[tuple[str, int, list[tuple[OffloadKey, int]]]]:
+        """Group a load's records into runs of adjacent records of one segment.
+
+        Returns:
+            (segment path, offset of the run's first record, [(key, primary block id)]) per run.
+        """
+        by_segment: dict[_Segment, list[tuple[int, OffloadKey, int]]] = {}
+        for (key, entry), block_id in zip(reads, block_ids):
+            by_segment.setdefault(entry.segment, []).append((entry.offset, key, block_id))
+        runs: list[tuple[str, int, list[tuple[OffloadKey, int]]]] = []
+        for segment, records in by_segment.items():
+            records.sort(key=lambda record: record[0])
+            run: list[tuple[OffloadKey, int]] = []
+            run_start = run_end = 0
+            for offset, key, block_id in records:
+                record_bytes = self._record_bytes(key)
+                adjacent = offset == run_end and run_end - run_start + record_bytes <= _MAX_READ_RUN_BYTES
+                if run and not adjacent:
+                    runs.append((segment.path, run_start, run))
+                    run = []
+                if not run:
+                    run_start = offset
+                run.append((key, block_id))
+                run_end = offset + record_bytes
+            runs.append((segment.path, run_start, run))
+        return runs
 
     @override
     def get_finished_jobs(self) -> Iterable[JobResult]:
         done, self._done = self._done, []
         completions = self._completions
         while completions:
-            state, failure = completions.popleft()
-            if failure is not None:
+            state, failures = completions.popleft()
+            if failures:
                 state.failed = True
-                state.failed_keys.append(failure)
+                state.failed_keys.extend(failures)
             state.remaining -= 1
             if state.remaining == 0:
                 done.append(state)
@@ -587,6 +764,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
 
     def _evict(self, segment: _Segment, *, announce: bool) -> None:
         keys = list(segment.keys)
+        self._evicted_blocks += len(keys)
         self._forget(segment)
         if announce:
             self._announce_removed(keys)
@@ -654,30 +832,30 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         self._closed = True
         self._pool.shutdown()
         self._primary.release()
+        self._release_root()
 
     # --- I/O threads ---
 
-    def _task_done(self, state: _Job, failure: OffloadKey | str | None) -> None:
-        """Post one task's outcome (failure: the block or segment that failed, or None)."""
-        self._completions.append((state, failure))
+    def _task_done(self, state: _Job, failures: Sequence[OffloadKey | str]) -> None:
+        """Post one task's outcome (the blocks or the segment that failed; empty: success)."""
+        self._completions.append((state, failures))
 
     def _write_task(
         self, state: _Job, segment: _Segment, records: list[tuple[OffloadKey, int]]
     ) -> _Task:
         def run() -> None:
             ok = self._write_segment(segment.path, records)
-            self._task_done(state, None if ok else segment.path)
+            self._task_done(state, () if ok else (segment.path,))
 
-        return _Task(run, lambda: self._task_done(state, segment.path))
+        return _Task(run, lambda: self._task_done(state, (segment.path,)))
 
-    def _read_task(self, state: _Job, key: OffloadKey, entry: _Entry, block_id: int) -> _Task:
-        path, offset = entry.segment.path, entry.offset
-
+    def _read_task(
+        self, state: _Job, path: str, offset: int, records: list[tuple[OffloadKey, int]]
+    ) -> _Task:
         def run() -> None:
-            ok = self._read_record(key, path, offset, block_id)
-            self._task_done(state, None if ok else key)
+            self._task_done(state, self._read_run(path, offset, records))
 
-        return _Task(run, lambda: self._task_done(state, key))
+        return _Task(run, lambda: self._task_done(state, [key for key, _ in records]))
 
     def _delete_task(self, path: str) -> _Task:
         # Run even when cancelled by shutdown: a restart must not find the data again.
@@ -709,10 +887,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
                 # payload is still in cache for the copy, and no call grows past one block.
                 for key, block_id in records:
                     payload = self._primary.row(block_id)
-                    header = _HEADER.pack(
-                        _MAGIC, _FORMAT_VERSION, len(key), zlib.crc32(payload), len(payload)
-                    )
-                    _write_all(fd, [memoryview(header + key), payload])
+                    _write_all(fd, [_pack_header(key, payload), payload])
                 if self.fsync:
                     os.fsync(fd)
             finally:
@@ -724,32 +899,54 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             _unlink_quietly(tmp_path)
             return False
 
-    def _read_record(self, key: bytes, path: str, offset: int, block_id: int) -> bool:
+    def _read_run(
+        self, path: str, offset: int, records: list[tuple[OffloadKey, int]]
+    ) -> list[OffloadKey]:
+        """Read adjacent records with one `preadv`, straight into their primary slots.
+
+        Returns:
+            The keys whose record could not be read or failed verification.
+        """
+        headers = [bytearray(_HEADER_SIZE + len(key)) for key, _ in records]
+        buffers: list[memoryview] = []
         try:
+            for header, (_key, block_id) in zip(headers, records):
+                buffers.append(memoryview(header))
+                buffers.append(self._primary.row(block_id))
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             try:
-                header = bytearray(_HEADER.size + len(key))
-                dest = self._primary.row(block_id)
-                # One system call for header, key and payload, straight into the primary slot.
-                if not _read_exact_into(fd, [memoryview(header), dest], offset):
-                    raise _CorruptBlock("truncated record")
-                magic, version, key_len, crc, payload_len = _HEADER.unpack_from(header)
-                if (
-                    magic != _MAGIC
-                    or version != _FORMAT_VERSION
-                    or key_len != len(key)
-                    or payload_len != self.block_bytes
-                    or bytes(header[_HEADER.size :]) != key
-                ):
-                    raise _CorruptBlock("header")
-                if zlib.crc32(dest) != crc:
-                    raise _CorruptBlock("checksum mismatch")
+                available = _read_into(fd, buffers, offset)
             finally:
                 os.close(fd)
-            return True
         except Exception as exc:
             self._warn("read", path, exc)
-            return False
+            return [key for key, _ in records]
+        failed: list[OffloadKey] = []
+        end = 0
+        for header, dest, (key, _block_id) in zip(headers, buffers[1::2], records):
+            end += len(header) + len(dest)
+            problem = "truncated record" if end > available else self._verify(header, key, dest)
+            if problem is not None:
+                self._warn("read", path, _CorruptBlock(f"{problem} (key {key.hex()})"))
+                failed.append(key)
+        return failed
+
+    def _verify(self, header: bytearray, key: bytes, payload: memoryview) -> str | None:
+        """Check one record read back; return what is wrong with it, or None."""
+        magic, version, algorithm, key_len, _reserved, payload_len = _FIELDS.unpack_from(header)
+        if (
+            magic != _MAGIC
+            or version != FORMAT_VERSION
+            or algorithm != _CHECKSUM_XXH3_64
+            or key_len != len(key)
+            or payload_len != self.block_bytes
+            or bytes(header[_HEADER_SIZE:]) != key
+        ):
+            return "header"
+        expected = _CHECKSUMS.unpack_from(header, _FIELDS.size)
+        if _checksums(bytes(header[: _FIELDS.size]), key, payload) != expected:
+            return "checksum mismatch"
+        return None
 
     def _warn(self, operation: str, path: str, exc: Exception) -> None:
         # Disk-full or permission errors hit every block: warn at most every few seconds.

@@ -8,7 +8,10 @@ raise, and a load either reports success with the exact bytes or reports failure
 from __future__ import annotations
 
 import errno
+import json
+import multiprocessing
 import os
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +22,13 @@ import pytest
 from kvref.base import OffloadingEvent, OffloadKey, ReqContext
 from kvref.tiering import fs as fs_module
 from kvref.tiering.base import JobMetadata, JobResult
-from kvref.tiering.fs import CONFIG_FILE_NAME, RECORD_HEADER_BYTES, FileSystemSecondaryTier
+from kvref.errors import KVRefError
+from kvref.tiering.fs import (
+    CONFIG_FILE_NAME,
+    RECORD_HEADER_BYTES,
+    FileSystemSecondaryTier,
+    TierRootError,
+)
 from tests.tiering.helpers import BLOCK_BYTES, content, make_view, to_key, to_keys
 
 CTX = ReqContext(req_id="r1")
@@ -323,8 +332,31 @@ def test_restart_drops_segments_of_another_block_size(tmp_path: Path) -> None:
 
 def test_restart_with_another_block_size_is_refused(tmp_path: Path) -> None:
     Harness(tmp_path / "fs").close()
-    with pytest.raises(ValueError, match=r"root_dir .* is not usable: it holds blocks written as"):
+    with pytest.raises(TierRootError, match=r"root_dir '.*fs' is not usable: it holds blocks written as"):
         FileSystemSecondaryTier(make_view(2, 128), tmp_path / "fs")
+
+
+def test_root_of_the_previous_format_is_refused_not_misread(tmp_path: Path) -> None:
+    # Format 2 checksummed payloads only (CRC-32): its records are never read as format 3.
+    root = tmp_path / "fs"
+    root.mkdir()
+    (root / CONFIG_FILE_NAME).write_text(json.dumps({"format": 2, "block_bytes": BLOCK_BYTES}))
+    with pytest.raises(OSError, match=r"written as \{'format': 2.*needs \{'format': 3"):
+        FileSystemSecondaryTier(make_view(2), root)
+
+
+def test_records_of_the_previous_format_are_skipped(tmp_path: Path) -> None:
+    k1 = to_key(1)
+    first = Harness(tmp_path / "fs")
+    assert first.store([k1])
+    path = file_of(first, k1)
+    first.close()
+    data = bytearray(path.read_bytes())
+    data[8:10] = (2).to_bytes(2, "little")  # the format field, where format 2 had it too
+    path.write_bytes(bytes(data))
+    second = Harness(tmp_path / "fs")
+    assert second.tier.lookup(k1, CTX) is False
+    second.close()
 
 
 def test_restart_over_capacity_evicts_the_oldest(tmp_path: Path) -> None:
@@ -344,39 +376,82 @@ def test_restart_over_capacity_evicts_the_oldest(tmp_path: Path) -> None:
 
 def test_root_that_is_a_file_is_refused(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
-    with pytest.raises(ValueError, match=r"root_dir '.*file' is not usable"):
+    with pytest.raises(TierRootError, match=r"root_dir '.*file' is not usable: it is not a directory"):
         FileSystemSecondaryTier(make_view(2), tmp_path / "file")
-    with pytest.raises(ValueError, match=r"root_dir '.*sub' is not usable"):
-        FileSystemSecondaryTier(make_view(2), tmp_path / "file" / "sub")
 
 
-def test_unwritable_root_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def deny(self: Path, data: str) -> int:
-        raise PermissionError(errno.EACCES, "Permission denied")
+def test_root_under_a_file_cannot_be_created(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(OSError, match=r"root_dir '.*file/sub/fs' is not usable: Not a directory") as info:
+        FileSystemSecondaryTier(make_view(2), tmp_path / "file" / "sub" / "fs")
+    assert info.value.errno == errno.ENOTDIR
+    assert isinstance(info.value, KVRefError)
 
-    monkeypatch.setattr(Path, "write_text", deny)
-    with pytest.raises(ValueError, match=r"root_dir .* is not usable: Permission denied"):
-        FileSystemSecondaryTier(make_view(2), tmp_path / "fs")
+
+def _open_tier_as_nobody(root: str, result: Any) -> None:
+    # Runs in a forked child: drop root, so the directory's permissions apply for real.
+    try:
+        if os.geteuid() == 0:
+            os.setgid(65534)
+            os.setuid(65534)
+        FileSystemSecondaryTier(make_view(2), root).shutdown()
+        result.put("opened")
+    except OSError as exc:
+        result.put(f"{type(exc).__name__}: {exc}")
+
+
+def test_root_without_write_permission_is_refused(tmp_path: Path) -> None:
+    parent = tmp_path / "locked"
+    parent.mkdir()
+    (parent / "fs").mkdir()
+    # Readable and searchable by everyone, writable by its owner only.
+    os.chmod(tmp_path, 0o755)
+    os.chmod(parent, 0o555 if os.geteuid() != 0 else 0o755)
+    os.chmod(parent / "fs", 0o555 if os.geteuid() != 0 else 0o755)
+    context = multiprocessing.get_context("fork")
+    result = context.SimpleQueue()
+    for root in (parent / "fs", parent / "new" / "fs"):
+        child = context.Process(target=_open_tier_as_nobody, args=(str(root), result))
+        child.start()
+        child.join(30)
+        outcome = result.get()
+        assert outcome.startswith("TierRootError:"), outcome
+        assert f"root_dir '{root}' is not usable: Permission denied" in outcome
+    os.chmod(parent, 0o755)
 
 
 def test_corrupt_config_is_refused(tmp_path: Path) -> None:
     (tmp_path / "fs").mkdir()
     (tmp_path / "fs" / CONFIG_FILE_NAME).write_text("{not json")
-    with pytest.raises(ValueError, match="is not valid JSON"):
+    with pytest.raises(TierRootError, match="is not valid JSON"):
         FileSystemSecondaryTier(make_view(2), tmp_path / "fs")
 
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"n_read_threads": 0}, "n_read_threads and n_write_threads must be >= 1"),
+        ({"n_read_threads": 0}, "n_read_threads must be an integer >= 1, got 0"),
+        ({"n_write_threads": 2.5}, "n_write_threads must be an integer >= 1, got 2.5"),
         ({"capacity_bytes": 10}, "capacity_bytes must be None or at least one block"),
-        ({"max_segment_bytes": 0}, "max_segment_bytes must be >= 1"),
+        ({"capacity_bytes": "1G"}, "capacity_bytes must be None or an integer >= 1, got '1G'"),
+        ({"max_segment_bytes": 0}, "max_segment_bytes must be an integer >= 1, got 0"),
+        ({"max_segment_bytes": True}, "max_segment_bytes must be an integer >= 1, got True"),
+        ({"fsync": "no"}, "fsync must be true or false, got 'no'"),
+        ({"enable_events": 1}, "enable_events must be true or false, got 1"),
+        ({"name": ""}, "name must be a non-empty string, got ''"),
+        ({"name": 7}, "name must be a non-empty string, got 7"),
     ],
 )
 def test_invalid_arguments(tmp_path: Path, kwargs: dict[str, Any], message: str) -> None:
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=re.escape(message)):
         FileSystemSecondaryTier(make_view(2), tmp_path / "fs", **kwargs)
+    assert not (tmp_path / "fs").exists()  # refused before touching the disk
+
+
+@pytest.mark.parametrize("root_dir", ["", 42, None])
+def test_invalid_root_dir(tmp_path: Path, root_dir: Any) -> None:
+    with pytest.raises(ValueError, match="root_dir must be a non-empty path"):
+        FileSystemSecondaryTier(make_view(2), root_dir)
 
 
 # --- fault injection: the scheduler side never raises and never gets wrong bytes ---
