@@ -137,9 +137,7 @@ class PrimaryBlocks:
         assert shape is not None
         self.num_blocks: int = shape[0]
         self.block_bytes: int = shape[1] * primary_kv_view.itemsize
-        # PickleBuffer.raw() gives a flat byte view of any contiguous buffer without copying;
-        # memoryview.cast("B") refuses formats it does not know (numpy's float16 "e" on 3.11).
-        self._flat: memoryview = pickle.PickleBuffer(primary_kv_view).raw()
+        self._flat: memoryview = _flat_bytes(primary_kv_view)
 
     def row(self, block_id: int) -> memoryview:
         """Return the bytes of primary block `block_id` (zero-copy, writable when the view is).
@@ -159,6 +157,17 @@ class PrimaryBlocks:
     @override
     def __repr__(self) -> str:
         return f"PrimaryBlocks(num_blocks={self.num_blocks}, block_bytes={self.block_bytes})"
+
+
+def _flat_bytes(view: memoryview[Any]) -> memoryview:
+    """A flat, zero-copy byte view of a C-contiguous view of any format."""
+    try:
+        # Shares the view's buffer without exporting it, so the owner can release it later.
+        return view.cast("B")
+    except (TypeError, ValueError):
+        # cast refuses formats it does not know (numpy's float16 "e" on Python 3.11);
+        # PickleBuffer.raw() takes any contiguous buffer, holding an export until released.
+        return pickle.PickleBuffer(view).raw()
 
 
 class SecondaryTierManager(ABC):
