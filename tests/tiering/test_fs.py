@@ -12,19 +12,23 @@ import json
 import multiprocessing
 import os
 import re
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from kvref.base import OffloadingEvent, OffloadKey, ReqContext
+from kvref.base import OffloadingEvent, OffloadKey, ReqContext, make_offload_key
 from kvref.tiering import fs as fs_module
 from kvref.tiering.base import JobMetadata, JobResult
 from kvref.errors import KVRefError
 from kvref.tiering.fs import (
     CONFIG_FILE_NAME,
+    LOCK_FILE_NAME,
     RECORD_HEADER_BYTES,
     FileSystemSecondaryTier,
     TierRootError,
@@ -590,3 +594,130 @@ def test_dropped_blocks_stay_dropped_after_a_restart(tmp_path: Path) -> None:
     assert [second.tier.lookup(k, CTX) for k in (k1, k2, k3)] == [True, False, False]
     assert second.tier.num_segments == 1
     second.close()
+
+
+# --- damage anywhere in a record never yields wrong bytes (issue 13, point 8) ---
+
+GROUP_0 = make_offload_key(b"prefix01", 0)
+GROUP_1 = make_offload_key(b"prefix01", 1)
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    record=st.integers(0, 1),
+    position=st.integers(0, RECORD - 1),
+    bit=st.integers(0, 7),
+    restart=st.booleans(),
+)
+def test_a_flipped_bit_anywhere_never_serves_wrong_bytes(
+    record: int, position: int, bit: int, restart: bool
+) -> None:
+    # Two blocks whose keys differ in one bit of the group index, in two segments, the damaged
+    # one newest: a flipped key bit could turn group 0's record into group 1's.
+    with tempfile.TemporaryDirectory(prefix="kvref-flip-") as tmp:
+        h = Harness(Path(tmp) / "fs")
+        try:
+            damaged, other = (GROUP_0, GROUP_1) if record == 0 else (GROUP_1, GROUP_0)
+            assert h.store([other], [0])
+            assert h.store([damaged], [1])
+            path, offset, _size = record_of(h, damaged)
+            data = bytearray(path.read_bytes())
+            data[offset + position] ^= 1 << bit
+            path.write_bytes(bytes(data))
+            if restart:
+                h.tier.shutdown()
+                h.tier = FileSystemSecondaryTier(h.view, h.root, n_read_threads=1, n_write_threads=1)
+            for key in (GROUP_0, GROUP_1):
+                if h.tier.lookup(key, CTX) is True and h.load([key], [5]):
+                    assert h.row(5) == content(key), f"{key.hex()} loaded another block's bytes"
+            # The undamaged block is never lost to its neighbour's damage.
+            assert h.tier.lookup(other, CTX) is True
+            assert h.load([other], [6]) and h.row(6) == content(other)
+        finally:
+            h.close()
+
+
+# --- a full disk (point 8) ---
+
+
+def test_restart_on_a_full_disk_starts_and_serves_what_it_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    keys = to_keys([1, 2])
+    first = Harness(tmp_path / "fs")
+    assert first.store(keys)
+    first.close()
+
+    def no_space(*args: object, **kwargs: object) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    real_open = os.open
+
+    def open_without_creating(path: Any, flags: int, mode: int = 0o777, **kwargs: Any) -> int:
+        if flags & os.O_CREAT and not os.path.exists(path):
+            no_space()
+        return real_open(path, flags, mode, **kwargs)
+
+    # Nothing that allocates space works: writes, new files, the config rewrite.
+    for name in ("write", "pwrite", "writev"):
+        monkeypatch.setattr(os, name, no_space)
+    monkeypatch.setattr(os, "open", open_without_creating)
+    monkeypatch.setattr(Path, "write_text", no_space)
+    second = Harness(tmp_path / "fs")
+    assert [second.tier.lookup(key, CTX) for key in keys] == [True, True]
+    assert second.load(keys, [4, 5])
+    assert (second.row(4), second.row(5)) == (content(keys[0]), content(keys[1]))
+    assert not second.store([to_key(3)], [0])  # stores fail as jobs, nothing raises
+    monkeypatch.undo()
+    assert second.store([to_key(3)], [0])
+    second.close()
+
+
+def test_a_new_root_on_a_full_disk_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_space(self: Path, data: str) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", no_space)
+    with pytest.raises(TierRootError, match=r"root_dir '.*fs' is not usable: No space left on device"):
+        FileSystemSecondaryTier(make_view(2), tmp_path / "fs")
+    assert [p.name for p in (tmp_path / "fs").iterdir()] == [LOCK_FILE_NAME]
+
+
+# --- one process per root (point 8) ---
+
+
+def test_a_second_tier_on_the_same_root_is_refused_naming_the_holder(tmp_path: Path) -> None:
+    first = Harness(tmp_path / "fs")
+    with pytest.raises(TierRootError, match=rf"another fs tier holds it \(pid {os.getpid()}\b"):
+        FileSystemSecondaryTier(make_view(2), tmp_path / "fs")
+    first.close()
+    FileSystemSecondaryTier(make_view(2), tmp_path / "fs").shutdown()  # free again
+
+
+def _try_to_open(root: str, result: Any) -> None:
+    try:
+        tier = FileSystemSecondaryTier(make_view(2), root, n_read_threads=1, n_write_threads=1)
+    except OSError as exc:
+        result.put(f"refused: {exc}")
+    else:
+        result.put(f"opened: {len(tier)} blocks")
+        tier.shutdown()
+
+
+def test_another_process_is_refused_while_the_root_is_held(tmp_path: Path) -> None:
+    first = Harness(tmp_path / "fs")
+    assert first.store(to_keys([1]))
+    context = multiprocessing.get_context("spawn")
+    result = context.SimpleQueue()
+    child = context.Process(target=_try_to_open, args=(str(first.root), result))
+    child.start()
+    child.join(60)
+    outcome = result.get()
+    assert outcome.startswith("refused: ") and f"(pid {os.getpid()}," in outcome, outcome
+    # The holder's data and temporary files were left alone.
+    assert first.tier.lookup(to_key(1), CTX) is True and first.load(to_keys([1]), [3])
+    first.close()
+    child = context.Process(target=_try_to_open, args=(str(first.root), result))
+    child.start()
+    child.join(60)
+    assert result.get() == "opened: 1 blocks"
