@@ -366,6 +366,9 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         self._closed = False
         self._last_warning = 0.0
         self._lock_fd: int | None = None
+        # Key length -> the header fields a record of this tier has (checked on every load; I/O
+        # threads fill it, and two racing to fill an entry store the same bytes).
+        self._expected_fields: dict[int, bytes] = {}
 
         try:
             self._open_root()
@@ -963,18 +966,16 @@ class FileSystemSecondaryTier(SecondaryTierManager):
 
     def _verify(self, header: bytearray, key: bytes, payload: memoryview) -> str | None:
         """Check one record read back; return what is wrong with it, or None."""
-        magic, version, algorithm, key_len, _reserved, payload_len = _FIELDS.unpack_from(header)
-        if (
-            magic != _MAGIC
-            or version != FORMAT_VERSION
-            or algorithm != _CHECKSUM_XXH3_64
-            or key_len != len(key)
-            or payload_len != self.block_bytes
-            or bytes(header[_HEADER_SIZE:]) != key
-        ):
+        fields = self._expected_fields.get(len(key))
+        if fields is None:
+            fields = _FIELDS.pack(
+                _MAGIC, FORMAT_VERSION, _CHECKSUM_XXH3_64, len(key), 0, self.block_bytes
+            )
+            self._expected_fields[len(key)] = fields
+        # Magic, version, algorithm and lengths as this tier writes them, then the key itself.
+        if not header.startswith(fields) or not header.endswith(key):
             return "header"
-        expected = _CHECKSUMS.unpack_from(header, _FIELDS.size)
-        if _checksums(bytes(header[: _FIELDS.size]), key, payload) != expected:
+        if _checksums(fields, key, payload) != _CHECKSUMS.unpack_from(header, _FIELDS.size):
             return "checksum mismatch"
         return None
 
