@@ -406,15 +406,16 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         root = self.root_dir
         lock_path = root / LOCK_FILE_NAME
         try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            if exc.errno not in (errno.EACCES, errno.EROFS, errno.EPERM):
+                raise _root_error(root, exc.strerror or str(exc), exc.errno) from exc
             try:
-                fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            except OSError as exc:
-                if exc.errno not in (errno.EACCES, errno.EROFS, errno.EPERM):
-                    raise
                 # A read-only root can still be read from: lock it through a read-only fd.
                 fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as exc:
-            raise _root_error(root, exc.strerror or str(exc), exc.errno) from exc
+            except OSError:
+                # No lock file to fall back on: the root is simply not writable.
+                raise _root_error(root, exc.strerror or str(exc), exc.errno) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:

@@ -12,6 +12,7 @@ import json
 import multiprocessing
 import os
 import re
+import shutil
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -404,24 +405,32 @@ def _open_tier_as_nobody(root: str, result: Any) -> None:
         result.put(f"{type(exc).__name__}: {exc}")
 
 
-def test_root_without_write_permission_is_refused(tmp_path: Path) -> None:
-    parent = tmp_path / "locked"
-    parent.mkdir()
-    (parent / "fs").mkdir()
-    # Readable and searchable by everyone, writable by its owner only.
-    os.chmod(tmp_path, 0o755)
-    os.chmod(parent, 0o555 if os.geteuid() != 0 else 0o755)
-    os.chmod(parent / "fs", 0o555 if os.geteuid() != 0 else 0o755)
-    context = multiprocessing.get_context("fork")
-    result = context.SimpleQueue()
-    for root in (parent / "fs", parent / "new" / "fs"):
-        child = context.Process(target=_open_tier_as_nobody, args=(str(root), result))
-        child.start()
-        child.join(30)
-        outcome = result.get()
-        assert outcome.startswith("TierRootError:"), outcome
-        assert f"root_dir '{root}' is not usable: Permission denied" in outcome
-    os.chmod(parent, 0o755)
+def test_root_without_write_permission_is_refused() -> None:
+    # Outside pytest's tmp_path, whose parents only root may enter: the child, not root, must
+    # reach the directory and be refused by its own permissions.
+    base = Path(tempfile.mkdtemp(prefix="kvref-perm-"))
+    try:
+        os.chmod(base, 0o755)
+        parent = base / "locked"
+        (parent / "fs").mkdir(parents=True)
+        # Readable and searchable by everyone; writable by its owner only (not even by the
+        # owner when the test does not run as root).
+        mode = 0o755 if os.geteuid() == 0 else 0o555
+        os.chmod(parent / "fs", mode)
+        os.chmod(parent, mode)
+        context = multiprocessing.get_context("fork")
+        result = context.SimpleQueue()
+        # An existing root the process cannot write to, and a missing one it cannot create.
+        for root in (parent / "fs", parent / "new" / "fs"):
+            child = context.Process(target=_open_tier_as_nobody, args=(str(root), result))
+            child.start()
+            child.join(30)
+            outcome = result.get()
+            assert outcome.startswith("TierRootError:"), outcome
+            assert f"root_dir '{root}' is not usable: Permission denied" in outcome, outcome
+    finally:
+        os.chmod(base / "locked", 0o755)
+        shutil.rmtree(base)
 
 
 def test_corrupt_config_is_refused(tmp_path: Path) -> None:
