@@ -4,11 +4,11 @@ Layout under `root_dir`:
 
     kvref_fs_tier.json                  the block size and format the files were written with
     kvref_fs_tier.lock                  held (flock) by the one process using the root
-    <ff>/<ff>/<generation>.kvs          a segment: the blocks of one store job, back to back
-    record = header | key | payload
-    header = magic, format (3), checksum algorithm (1: XXH3-64), key length, payload length,
-             XXH3-64 of (header fields before the checksums | key),
-             XXH3-64 of (header fields before the checksums | key | payload)
+    <ff>/<ff>/<generation>.kvs          a segment: the blocks of one store job, back to back,
+                                        as records (see `kvref.tiering.fs_format`)
+
+This module holds the tier and its in-memory index; the record format is in
+`kvref.tiering.fs_format`, the I/O thread pool in `kvref.tiering.fs_pool`.
 
 A store job's new blocks are written as one segment file (split at `max_segment_bytes`), so a
 file is created per job rather than per block: creating files is the slow part of small writes
@@ -17,10 +17,10 @@ generation (a strictly increasing nanosecond clock), which also makes every segm
 so deleting an evicted segment can never remove newer data.
 
 Integrity: a segment is written to `<name>.tmp` (optionally `fsync`ed) and renamed into place
-with `os.replace`, so a final name always holds whole records. The record checksum covers the
-header and the key as well as the payload, so a damaged key can never make a record pass for
-another block's; the header checksum lets start-up re-indexing check every header and key
-without reading payloads. A load reads a run of adjacent records with one `preadv` straight into
+with `os.replace`, so a final name always holds whole records. Each record's XXH3-64 checksum
+covers its header and key as well as its payload (a damaged key never passes for another
+block's), and a header checksum lets start-up re-indexing check headers and keys without
+reading payloads. A load reads a run of adjacent records with one `preadv` straight into
 the primary slots and verifies each record's header, key and checksum; any mismatch fails the
 job and drops the block from the index (its record is marked dead on disk, or its segment deleted
 once empty), so it is a miss afterwards, restarts included, and wrong bytes are never reported
@@ -36,12 +36,10 @@ hosts is not protected.) Start-up writes nothing it does not need, so a tier res
 disk starts and serves the blocks it holds; its stores fail until space is freed.
 
 Threads: the scheduler thread only updates an in-memory index (so `lookup` never touches the
-disk) and queues tasks (one per segment to write, one per run of adjacent records to read); a
-pool of I/O threads runs them. The pool has two queues: read threads serve loads first and write
-threads serve stores and deletions first, and each kind takes from the other queue when its own
-is empty, so a burst of stores never starves promotions and no thread idles while work is
-queued. Failures (disk full, permission denied, I/O errors) become failed jobs; nothing raises on
-the scheduler thread.
+disk) and queues tasks (one per segment to write, one per up to 8 MiB of a segment's records to
+read, each run of adjacent records of up to 1 MiB with one `preadv`) on a pool of I/O threads
+whose read threads serve loads first. Failures (disk full, permission denied, I/O errors) become
+failed jobs; nothing raises on the scheduler thread.
 
 Capacity: with `capacity_bytes`, storing evicts whole segments, least recently used first (a
 block's `touch`, store or promotion makes its segment recent), skipping segments being written
@@ -59,22 +57,31 @@ import hashlib
 import json
 import logging
 import os
-import queue
-import struct
-import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import xxhash
 from typing_extensions import override
 
 from kvref.base import OffloadingEvent, OffloadKey, ReqContext
 from kvref.errors import KVRefError
 from kvref.tiering._options import check_bool, check_int, check_optional_int, check_path, check_str
 from kvref.tiering.base import JobMetadata, JobResult, PrimaryBlocks, SecondaryTierManager
+from kvref.tiering.fs_format import (
+    DEAD_MAGIC,
+    FORMAT_VERSION,
+    MAX_KEY_BYTES,
+    RECORD_HEADER_BYTES,
+    expected_fields,
+    pack_header,
+    read_into,
+    scan_segment,
+    verify_record,
+    write_all,
+)
+from kvref.tiering.fs_pool import DualQueuePool, IOTask
 
 __all__ = [
     "FileSystemSecondaryTier",
@@ -90,21 +97,6 @@ logger = logging.getLogger(__name__)
 CONFIG_FILE_NAME = "kvref_fs_tier.json"
 LOCK_FILE_NAME = "kvref_fs_tier.lock"
 
-FORMAT_VERSION = 3
-"""Version of the record format; roots and records of any other version are never read."""
-_CHECKSUM_XXH3_64 = 1
-_MAGIC = b"KVREFBLK"
-# A record dropped (damaged) while the rest of its segment lives on: skipped at re-indexing.
-_DEAD_MAGIC = b"KVREFDED"
-# The fields both checksums cover (magic, format version, checksum algorithm, key length,
-# reserved, payload length), then the two checksums. Magic and version sit where format 2 had
-# them, so either version's reader recognises the other's records and skips them.
-_FIELDS = struct.Struct("<8sHHHHQ")
-_CHECKSUMS = struct.Struct("<QQ")
-_HEADER_SIZE = _FIELDS.size + _CHECKSUMS.size
-RECORD_HEADER_BYTES = _HEADER_SIZE
-"""Bytes of a record's fixed header; a record is this header, then its key, then its payload."""
-_MAX_KEY_BYTES = 0xFFFF
 # A load reads each run of adjacent records of one segment with one preadv. A run holds at most
 # this many bytes (always at least one record), so its checksums are computed while the bytes
 # just read are still in the CPU cache (about one core's L2) rather than re-read from memory.
@@ -112,7 +104,6 @@ _MAX_READ_RUN_BYTES = 1 << 20
 # One read task (one open of the segment) covers runs of up to this many bytes, so a large job
 # still spreads over several I/O threads.
 _MAX_READ_TASK_BYTES = 8 << 20
-_IOV_MAX = 1024
 _SEGMENT_SUFFIX = ".kvs"
 _TMP_SUFFIX = ".tmp"
 _WARN_INTERVAL_S = 10.0
@@ -126,49 +117,6 @@ class TierRootError(KVRefError, OSError):
 def _root_error(root: Path, reason: str, err: int | None = None) -> TierRootError:
     text = f"root_dir {str(root)!r} is not usable: {reason}"
     return TierRootError(err, text) if err is not None else TierRootError(text)
-
-
-def _checksums(fields: bytes, key: bytes, payload: memoryview) -> tuple[int, int]:
-    """Return (header checksum, record checksum) of one record, in one pass."""
-    hasher = xxhash.xxh3_64(fields)
-    hasher.update(key)
-    header_sum = hasher.intdigest()
-    hasher.update(payload)
-    return header_sum, hasher.intdigest()
-
-
-def _pack_header(key: bytes, payload: memoryview) -> bytes:
-    fields = _FIELDS.pack(_MAGIC, FORMAT_VERSION, _CHECKSUM_XXH3_64, len(key), 0, len(payload))
-    return fields + _CHECKSUMS.pack(*_checksums(fields, key, payload)) + key
-
-
-def _write_all(fd: int, parts: Sequence[memoryview | bytes]) -> None:
-    pending = list(parts)
-    while pending:
-        written = os.writev(fd, pending[:_IOV_MAX])
-        while pending and written >= len(pending[0]):
-            written -= len(pending[0])
-            pending.pop(0)
-        if pending and written:
-            pending[0] = memoryview(pending[0])[written:]
-
-
-def _read_into(fd: int, buffers: Sequence[memoryview], offset: int) -> int:
-    """Fill `buffers` in order from `offset`; return the bytes read (short if the file ends)."""
-    pending = list(buffers)
-    total = 0
-    while pending:
-        count = os.preadv(fd, pending[:_IOV_MAX], offset)
-        if count == 0:
-            return total
-        offset += count
-        total += count
-        while pending and count >= len(pending[0]):
-            count -= len(pending[0])
-            pending.pop(0)
-        if pending and count:
-            pending[0] = pending[0][count:]
-    return total
 
 
 _Run = tuple[int, list[tuple[OffloadKey, int]]]
@@ -215,85 +163,6 @@ class _Job:
         self.failed = False
         # Blocks whose load failed, and paths of segments whose write failed.
         self.failed_keys: list[OffloadKey | str] = []
-
-
-class _Task:
-    """One unit of I/O for the pool; `run` and `cancel` never raise."""
-
-    __slots__ = ("run", "cancel")
-
-    def __init__(self, run: Callable[[], None], cancel: Callable[[], None]) -> None:
-        self.run = run
-        self.cancel = cancel
-
-class _DualQueuePool:
-    """I/O threads over a read queue and a write queue; each thread prefers one queue.
-
-    Submitting never waits on a lock an I/O thread may hold: a task is appended to its deque
-    and a token to a `SimpleQueue`; a thread takes one token, then one task from its own queue
-    or, if that is empty, from the other (there is always one: tasks go in before tokens).
-    """
-
-    def __init__(self, n_read_threads: int, n_write_threads: int, name: str) -> None:
-        self._reads: deque[_Task] = deque()
-        self._writes: deque[_Task] = deque()
-        self._tokens: queue.SimpleQueue[bool] = queue.SimpleQueue()
-        self._closed = False
-        self._submitted = 0  # written by the submitting thread only
-        self._finished = 0  # under _idle
-        self._idle = threading.Condition()
-        self._threads = [
-            threading.Thread(
-                target=self._work, args=(prefer_reads,), name=f"{name}-{kind}{i}", daemon=True
-            )
-            for prefer_reads, kind, count in (
-                (True, "r", n_read_threads),
-                (False, "w", n_write_threads),
-            )
-            for i in range(count)
-        ]
-        for thread in self._threads:
-            thread.start()
-
-    def submit(self, task: _Task, *, read: bool) -> None:
-        if self._closed:
-            task.cancel()
-            return
-        (self._reads if read else self._writes).append(task)
-        self._submitted += 1
-        self._tokens.put(True)
-
-    def _work(self, prefer_reads: bool) -> None:
-        own, other = (self._reads, self._writes) if prefer_reads else (self._writes, self._reads)
-        while self._tokens.get():
-            try:
-                task = own.popleft()
-            except IndexError:
-                task = other.popleft()
-            try:
-                if self._closed:
-                    task.cancel()
-                else:
-                    task.run()
-            finally:
-                with self._idle:
-                    self._finished += 1
-                    self._idle.notify_all()
-
-    def drain(self) -> None:
-        with self._idle:
-            while self._finished < self._submitted:
-                self._idle.wait()
-
-    def shutdown(self) -> None:
-        """Let running tasks finish, cancel queued ones, and join the threads."""
-        if self._closed:
-            return
-        self._closed = True
-        for _ in self._threads:
-            self._tokens.put(False)  # after every queued task's token: those get cancelled
-        for thread in self._threads:
-            thread.join()
 
 
 class FileSystemSecondaryTier(SecondaryTierManager):
@@ -381,7 +250,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             self._release_root()
             self._primary.release()
             raise
-        self._pool = _DualQueuePool(n_read, n_write, f"kvref-{self.medium}")
+        self._pool = DualQueuePool(n_read, n_write, f"kvref-{self.medium}")
 
     # --- start-up ---
 
@@ -473,7 +342,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             raise _root_error(root, exc.strerror or str(exc), exc.errno) from exc
 
     def _record_bytes(self, key: bytes) -> int:
-        return _HEADER_SIZE + len(key) + self.block_bytes
+        return RECORD_HEADER_BYTES + len(key) + self.block_bytes
 
     def _reindex(self) -> None:
         found: list[tuple[int, float, str, int]] = []  # generation, mtime, path, size
@@ -531,47 +400,15 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             )
 
     def _scan_segment(self, path: str, size: int) -> tuple[list[tuple[OffloadKey, int]], int]:
-        """Read a segment's record headers: (key, offset) of each whole record whose header and
-        key pass their checksum, and the number of records skipped (damaged, of another format
-        or block size)."""
-        records: list[tuple[OffloadKey, int]] = []
+        """(key, offset) of each sound record of a segment, and how many were skipped."""
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
-            return records, 1
+            return [], 1
         try:
-            offset = 0
-            while offset + _HEADER_SIZE <= size:
-                header = os.pread(fd, _HEADER_SIZE, offset)
-                if len(header) < _HEADER_SIZE:
-                    return records, 1
-                magic, version, algorithm, key_len, _reserved, payload_len = _FIELDS.unpack_from(
-                    header
-                )
-                end = offset + _HEADER_SIZE + key_len + payload_len
-                if (
-                    magic not in (_MAGIC, _DEAD_MAGIC)
-                    or version != FORMAT_VERSION
-                    or algorithm != _CHECKSUM_XXH3_64
-                    or end > size
-                ):
-                    return records, 1  # what follows cannot be located
-                key = os.pread(fd, key_len, offset + _HEADER_SIZE)
-                header_sum, _record_sum = _CHECKSUMS.unpack_from(header, _FIELDS.size)
-                # A dead record was written whole with the live magic, then only its magic was
-                # overwritten: check it as written.
-                fields = _MAGIC + header[len(_MAGIC) : _FIELDS.size]
-                if len(key) != key_len or xxhash.xxh3_64_intdigest(fields + key) != header_sum:
-                    return records, 1  # a damaged length would misplace everything after it
-                if magic == _MAGIC:
-                    if payload_len == self.block_bytes:
-                        records.append((OffloadKey(key), offset))
-                    else:
-                        return records, 1
-                offset = end
-            return records, 1 if offset != size else 0
+            return scan_segment(fd, size, self.block_bytes)
         except OSError:
-            return records, 1
+            return [], 1
         finally:
             os.close(fd)
 
@@ -619,7 +456,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         for key, block_id in zip(job.keys, job.block_ids):
             if key in self._index or key in new:
                 continue  # already stored or being written: nothing to do
-            if len(key) > _MAX_KEY_BYTES:
+            if len(key) > MAX_KEY_BYTES:
                 state.failed = True
                 continue
             new[key] = block_id
@@ -867,35 +704,35 @@ class FileSystemSecondaryTier(SecondaryTierManager):
 
     def _write_task(
         self, state: _Job, segment: _Segment, records: list[tuple[OffloadKey, int]]
-    ) -> _Task:
+    ) -> IOTask:
         def run() -> None:
             ok = self._write_segment(segment.path, records)
             self._task_done(state, () if ok else (segment.path,))
 
-        return _Task(run, lambda: self._task_done(state, (segment.path,)))
+        return IOTask(run, lambda: self._task_done(state, (segment.path,)))
 
-    def _read_task(self, state: _Job, path: str, runs: list[_Run]) -> _Task:
+    def _read_task(self, state: _Job, path: str, runs: list[_Run]) -> IOTask:
         def run() -> None:
             self._task_done(state, self._read_runs(path, runs))
 
-        return _Task(run, lambda: self._task_done(state, [key for _, run in runs for key, _ in run]))
+        return IOTask(run, lambda: self._task_done(state, [key for _, run in runs for key, _ in run]))
 
-    def _delete_task(self, path: str) -> _Task:
+    def _delete_task(self, path: str) -> IOTask:
         # Run even when cancelled by shutdown: a restart must not find the data again.
-        return _Task(lambda: _unlink_quietly(path), lambda: _unlink_quietly(path))
+        return IOTask(lambda: _unlink_quietly(path), lambda: _unlink_quietly(path))
 
-    def _mark_dead_task(self, path: str, offset: int) -> _Task:
+    def _mark_dead_task(self, path: str, offset: int) -> IOTask:
         def run() -> None:
             try:
                 fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
                 try:
-                    os.pwrite(fd, _DEAD_MAGIC, offset)
+                    os.pwrite(fd, DEAD_MAGIC, offset)
                 finally:
                     os.close(fd)
             except OSError as exc:
                 logger.debug("could not mark the record at %s:%d dead: %s", path, offset, exc)
 
-        return _Task(run, run)
+        return IOTask(run, run)
 
     def _write_segment(self, path: str, records: list[tuple[OffloadKey, int]]) -> bool:
         tmp_path = path + _TMP_SUFFIX
@@ -910,7 +747,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
                 # payload is still in cache for the copy, and no call grows past one block.
                 for key, block_id in records:
                     payload = self._primary.row(block_id)
-                    _write_all(fd, [_pack_header(key, payload), payload])
+                    write_all(fd, [pack_header(key, payload), payload])
                 if self.fsync:
                     os.fsync(fd)
             finally:
@@ -945,13 +782,13 @@ class FileSystemSecondaryTier(SecondaryTierManager):
     def _read_run(
         self, fd: int, path: str, offset: int, records: list[tuple[OffloadKey, int]]
     ) -> list[OffloadKey]:
-        headers = [bytearray(_HEADER_SIZE + len(key)) for key, _ in records]
+        headers = [bytearray(RECORD_HEADER_BYTES + len(key)) for key, _ in records]
         buffers: list[memoryview] = []
         try:
             for header, (_key, block_id) in zip(headers, records):
                 buffers.append(memoryview(header))
                 buffers.append(self._primary.row(block_id))
-            available = _read_into(fd, buffers, offset)
+            available = read_into(fd, buffers, offset)
         except Exception as exc:
             self._warn("read", path, exc)
             return [key for key, _ in records]
@@ -969,16 +806,8 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         """Check one record read back; return what is wrong with it, or None."""
         fields = self._expected_fields.get(len(key))
         if fields is None:
-            fields = _FIELDS.pack(
-                _MAGIC, FORMAT_VERSION, _CHECKSUM_XXH3_64, len(key), 0, self.block_bytes
-            )
-            self._expected_fields[len(key)] = fields
-        # Magic, version, algorithm and lengths as this tier writes them, then the key itself.
-        if not header.startswith(fields) or not header.endswith(key):
-            return "header"
-        if _checksums(fields, key, payload) != _CHECKSUMS.unpack_from(header, _FIELDS.size):
-            return "checksum mismatch"
-        return None
+            fields = self._expected_fields[len(key)] = expected_fields(len(key), self.block_bytes)
+        return verify_record(header, fields, key, payload)
 
     def _warn(self, operation: str, path: str, exc: Exception) -> None:
         # Disk-full or permission errors hit every block: warn at most every few seconds.

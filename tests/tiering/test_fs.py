@@ -24,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvref.base import OffloadingEvent, OffloadKey, ReqContext, make_offload_key
-from kvref.tiering import fs as fs_module
+from kvref.tiering.fs_pool import DualQueuePool, IOTask
 from kvref.tiering.base import JobMetadata, JobResult
 from kvref.errors import KVRefError
 from kvref.tiering.fs import (
@@ -217,14 +217,14 @@ def test_capacity_never_evicts_blocks_being_read(tmp_path: Path, monkeypatch: py
 
 
 def test_reads_are_not_starved_by_writes() -> None:
-    pool = fs_module._DualQueuePool(1, 1, "test")  # pyright: ignore[reportPrivateUsage]
+    pool = DualQueuePool(1, 1, "test")
     # One gate per write, so the test decides when each write may finish (no timing races).
     gates = [threading.Event() for _ in range(10)]
     started = threading.Semaphore(0)
     done: list[str] = []
     lock = threading.Lock()
 
-    def task(name: str, gate: threading.Event | None) -> Any:
+    def task(name: str, gate: threading.Event | None) -> IOTask:
         def run() -> None:
             started.release()
             if gate is not None:
@@ -232,7 +232,7 @@ def test_reads_are_not_starved_by_writes() -> None:
             with lock:
                 done.append(name)
 
-        return fs_module._Task(run, lambda: None)  # pyright: ignore[reportPrivateUsage]
+        return IOTask(run, lambda: None)
 
     for i in range(10):
         pool.submit(task(f"w{i}", gates[i]), read=False)
