@@ -25,12 +25,18 @@ class IOTask:
         self.run = run
         self.cancel = cancel
 
+
 class DualQueuePool:
     """I/O threads over a read queue and a write queue; each thread prefers one queue.
 
     Submitting never waits on a lock an I/O thread may hold: a task is appended to its deque
     and a token to a `SimpleQueue`; a thread takes one token, then one task from its own queue
     or, if that is empty, from the other (there is always one: tasks go in before tokens).
+
+    Args:
+        n_read_threads: threads that take reads first.
+        n_write_threads: threads that take writes first.
+        name: the prefix of the threads' names.
     """
 
     def __init__(self, n_read_threads: int, n_write_threads: int, name: str) -> None:
@@ -55,6 +61,12 @@ class DualQueuePool:
             thread.start()
 
     def submit(self, task: IOTask, *, read: bool) -> None:
+        """Queue `task` (cancelled at once after `shutdown`).
+
+        Args:
+            task: the work.
+            read: queue it as a read (served first by read threads) or as a write.
+        """
         if self._closed:
             task.cancel()
             return
@@ -80,6 +92,7 @@ class DualQueuePool:
                     self._idle.notify_all()
 
     def drain(self) -> None:
+        """Block until every task submitted so far has run or been cancelled."""
         with self._idle:
             while self._finished < self._submitted:
                 self._idle.wait()
