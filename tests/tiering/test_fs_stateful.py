@@ -108,8 +108,8 @@ class FsTierMachine(RuleBasedStateMachine):
     @rule(key=st.sampled_from(KEYS), where=st.integers(0, RECORD - 1))
     def damage(self, key: OffloadKey, where: int) -> None:
         location = self.tier.location(key)
-        if location is None:
-            return
+        if location is None or key in self.damaged:
+            return  # a second flip of the same byte would undo the first
         path, offset, _size = location
         with open(path, "r+b") as file:
             file.seek(offset + where)
