@@ -878,15 +878,14 @@ class _ModuleWalker:
         return last == name and module in OVERRIDE_MODULES
 
     def _is_override(self, dotted: str) -> bool:
-        """`override` from typing(_extensions) under any alias, or any bound `...override`.
+        """`override` from typing(_extensions) under any alias, or as a module attribute.
 
-        A project's own compatibility shim (`from mypkg.compat import override`, or a local
-        `def override(f)`) counts too: the name says what the author meant.
+        Only these two count: another object named `override` (Django's translation context
+        manager, a local no-op) does not mark an override. A project module that re-exports
+        typing's `override` is followed later, by the rules through the index (see
+        `kvref.audit.rules._override`): this module alone cannot see where it leads.
         """
-        if not dotted or self._resolves_to(dotted, "override"):
-            return bool(dotted)
-        bound = self._lookup(dotted.partition(".")[0]) is not None
-        return bound and self._qualify(dotted).rpartition(".")[2] == "override"
+        return bool(dotted) and self._resolves_to(dotted, "override")
 
     def _type(self, node: ast.expr, depth: int = 0, quoted: bool = False) -> TypeExpr:
         """Normalize an annotation; `quoted` parts come from a string (no usable positions).
