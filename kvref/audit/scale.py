@@ -34,8 +34,11 @@ from kvref.audit.summary import ModuleSummary, summarize
 __all__ = ["InterpreterError", "ScaleSettings", "analyze_at_scale", "wait_for_saves"]
 
 _AUDIT_DIR = Path(__file__).resolve().parent
-# The summaries' meaning depends on these two modules only; the result on the whole engine.
-_SUMMARY_SCHEMA = (_AUDIT_DIR / "summary.py", _AUDIT_DIR / "model.py")
+# The summaries' meaning depends on these modules only; the result on the whole engine.
+_SUMMARY_SCHEMA = (
+    _AUDIT_DIR / "summary.py", _AUDIT_DIR / "model.py", _AUDIT_DIR / "passes.py",
+    _AUDIT_DIR / "newer_syntax.py",
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -175,12 +175,20 @@ ParamRow = tuple[str, str, int, int, "TypeExpr | None", "tuple[int, int, int, in
 
 @_record
 class MultiPass:
-    """A parameter annotated Iterable/Iterator that the body consumes more than once."""
+    """A parameter annotated Iterable/Iterator that one path through the body consumes twice.
+
+    Attributes:
+        first_line, second_line: the lines of the first two passes (equal when both are on
+            one line: `zip(xs, xs)`, or one expression run again by a loop).
+        loop_line: nonzero when the second pass is the first one again, on a later iteration
+            of the loop or comprehension that starts on that line.
+    """
 
     param: str
     annotation: str
     first_line: int
     second_line: int
+    loop_line: int = 0
 
 
 @_record
@@ -1039,7 +1047,7 @@ def _count_passes(
         and p.kind not in ("vararg", "kwarg")
     }
     return tuple(
-        MultiPass(name, tracked[name], first, second)
+        MultiPass(name, tracked[name], first.line, second.line, second.loop_line)
         for name, (first, second) in count_passes(node.body, set(tracked)).items()
     )
 
