@@ -26,6 +26,8 @@ from kvref.audit.cache import ResultCache, SummaryCache, default_cache_dir, vers
 from kvref.audit.environment import InterpreterError, discover_environment
 from kvref.audit.forked import fork_available
 from kvref.audit.model import AnalysisOptions, AnalysisResult, FileError
+from kvref.audit.newer_syntax import cache_key as newer_syntax_key
+from kvref.audit.newer_syntax import use_interpreter
 from kvref.audit.paths import absolute_path
 from kvref.audit.parallel import Pickled, available_cpus, summarize_many
 from kvref.audit.progress import ProgressBar
@@ -166,6 +168,9 @@ def analyze_at_scale(
         raise ValueError(f"--jobs must be at least 1, got {settings.jobs}")
     root = Path(os.path.abspath(root))
     environment = discover_environment(settings.python, project_root=root)
+    # Files in syntax newer than this Python are parsed by the project's interpreter first.
+    use_interpreter(environment.python, environment.version)
+    newer = newer_syntax_key()  # which files parse depends on the interpreters at hand
     files = [absolute_path(path) for path in project_files]
     reported = None if report_files is None else sorted(os.path.abspath(p) for p in report_files)
 
@@ -181,7 +186,8 @@ def analyze_at_scale(
                 for path in environment.search_paths
             ]
             key, newest = results.key(
-                stats, [str(root), reported, _options_key(options), roots, str(environment.stdlib)]
+                stats,
+                [str(root), reported, _options_key(options), roots, str(environment.stdlib), newer],
             )
             cached = results.load(key, newest)
             if cached is not None:
@@ -189,7 +195,7 @@ def analyze_at_scale(
 
     summaries: SummaryCache[ModuleSummary | FileError] | None = None
     if cache_dir is not None:
-        summaries = SummaryCache(cache_dir, version_stamp(_SUMMARY_SCHEMA) + f"@{root}")
+        summaries = SummaryCache(cache_dir, version_stamp(_SUMMARY_SCHEMA) + f"@{root}@{newer}")
         summaries.load()
     # The bar counts the reported files (summarised up front); other project files are read
     # only when a lookup reaches them, so they are not part of the total (the bar clamps).

@@ -509,11 +509,18 @@ def summarize(path: str, source: bytes) -> ModuleSummary:
     """
     text, encoding, bom = decode_source(source)
     try:
-        tree = ast.parse(text, filename=path, type_comments=False)
+        try:
+            tree = ast.parse(text, filename=path, type_comments=False)
+        except SyntaxError:
+            # Maybe syntax newer than this Python: parsed by a newer interpreter if one is
+            # at hand (imported only here: most runs never need it).
+            from kvref.audit.newer_syntax import parse_source
+
+            tree = parse_source(text, path)
     except SyntaxError as error:
-        raise SummaryError(
-            f"syntax error: {error.msg}", error.lineno or 1, error.offset or 1
-        ) from None
+        # "uses Python 3.12 syntax (...)" (from `parse_source`) is not a mistake in the file.
+        message = error.msg if error.msg.startswith("uses Python ") else f"syntax error: {error.msg}"
+        raise SummaryError(message, error.lineno or 1, error.offset or 1) from None
     except (ValueError, RecursionError) as error:  # NUL bytes, absurd nesting
         raise SummaryError(f"cannot parse: {error}") from None
     newline = detect_newline(text)

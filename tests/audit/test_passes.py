@@ -161,11 +161,14 @@ def statements(in_loop: bool) -> st.SearchStrategy[tuple[Stmt, ...]]:
     leaf = st.sampled_from(leaves).map(Stmt)
 
     def blocks(inner: st.SearchStrategy[Stmt]) -> st.SearchStrategy[Stmt]:
-        block = st.lists(inner, min_size=1, max_size=3).map(tuple)
+        block: st.SearchStrategy[tuple[Stmt, ...]] = st.lists(inner, min_size=1, max_size=3).map(tuple)
+        empty: st.SearchStrategy[tuple[Stmt, ...]] = st.just(())
+
+        def compound(kind: str, else_block: st.SearchStrategy[tuple[Stmt, ...]]) -> st.SearchStrategy[Stmt]:
+            return st.tuples(block, else_block).map(lambda arms: Stmt(kind, arms[0], arms[1]))
+
         return st.one_of(
-            st.builds(lambda b, o: Stmt("if", b, o), block, st.one_of(st.just(()), block)),
-            st.builds(lambda b, o: Stmt("try", b, o), block, block),
-            st.builds(lambda b, o: Stmt("match", b, o), block, block),
+            compound("if", st.one_of(empty, block)), compound("try", block), compound("match", block)
         )
 
     tree = st.recursive(leaf, blocks, max_leaves=8)
