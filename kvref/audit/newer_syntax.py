@@ -37,6 +37,7 @@ from typing import Final, cast
 
 __all__ = [
     "cache_key",
+    "close",
     "candidate_interpreters",
     "parse_source",
     "parse_with_newer_interpreter",
@@ -135,10 +136,21 @@ def use_interpreter(python: Path | None, version: Sequence[int] = ()) -> None:
         python: the interpreter; None forgets a previous choice.
         version: its version, when known: one not newer than the running Python is ignored.
     """
-    global _server, _unavailable_in
     _configured.clear()
     if python is not None and (not version or tuple(version[:2]) > _RUNNING):
         _configured.append(python)
+    close()
+
+
+def close() -> None:
+    """Stop this process's helper interpreter, if one runs (the next parse starts another).
+
+    It also stops when kvref exits; an embedding program that audits many times may call this
+    between audits so that no child process outlives one.
+    """
+    global _server, _unavailable_in
+    if _server is not None:
+        _stop(_server)
     _server, _unavailable_in = None, 0
 
 
@@ -150,11 +162,11 @@ def candidate_interpreters() -> list[Path]:
     then on PATH.
     """
     found: list[Path] = list(_configured)
-    pyenv_root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
     versions: list[tuple[tuple[int, int], Path]] = []
     try:
+        pyenv_root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
         entries = list((pyenv_root / "versions").iterdir())
-    except OSError:
+    except (OSError, RuntimeError):  # no such directory, or no home directory at all
         entries = []
     for entry in entries:
         match = re.fullmatch(r"3\.(\d+)\.\d+", entry.name)
@@ -307,6 +319,8 @@ def _start(python: Path) -> _Server | None:
 def _read_line(server: _Server) -> bytes:
     stdout = server.process.stdout
     assert stdout is not None
+    if sys.platform == "win32":  # select() takes only sockets there
+        return stdout.readline()
     ready, _, _ = select.select([stdout], [], [], _ANSWER_TIMEOUT_S)
     return stdout.readline() if ready else b""
 
@@ -333,14 +347,16 @@ def _ask(server: _Server, text: str, filename: str) -> dict[str, object] | None:
 def _stop(server: _Server) -> None:
     if server.owner != os.getpid():
         return  # a forked child leaves its parent's helper alone
+    # Killed rather than waited for: it holds nothing worth flushing, and a process forked
+    # from this one (a background cache save) may still hold its stdin open.
     process = server.process
     try:
         if process.stdin is not None:
             process.stdin.close()
-        process.wait(timeout=1)
-    except (OSError, subprocess.TimeoutExpired):
-        process.kill()
-        process.wait()
+    except OSError:
+        pass
+    process.kill()
+    process.wait()
 
 
 # --- rebuilding the tree -----------------------------------------------------------------

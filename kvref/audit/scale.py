@@ -67,6 +67,14 @@ def _engine_sources() -> list[Path]:
     return sorted(path for path in _AUDIT_DIR.rglob("*.py") if "__pycache__" not in path.parts)
 
 
+def _summary_stamp(root: Path, newer: str | None = None) -> str:
+    """The summary cache's version: its schema, the project root, and the interpreters that
+    parse syntax newer than this Python (a file's summary or error depends on them)."""
+    if newer is None:
+        newer = newer_syntax_key()
+    return version_stamp(_SUMMARY_SCHEMA) + f"@{root}@{newer}"
+
+
 def _stats(files: Sequence[Path]) -> list[tuple[str, int, int]] | None:
     rows: list[tuple[str, int, int]] = []
     for path in files:
@@ -195,7 +203,7 @@ def analyze_at_scale(
 
     summaries: SummaryCache[ModuleSummary | FileError] | None = None
     if cache_dir is not None:
-        summaries = SummaryCache(cache_dir, version_stamp(_SUMMARY_SCHEMA) + f"@{root}@{newer}")
+        summaries = SummaryCache(cache_dir, _summary_stamp(root, newer))
         summaries.load()
     # The bar counts the reported files (summarised up front); other project files are read
     # only when a lookup reaches them, so they are not part of the total (the bar clamps).

@@ -27,6 +27,8 @@ from kvref.audit.newer_syntax import (
 )
 from kvref.audit.summary import summarize
 
+from .test_fixtures import expected_counts
+
 RUNNING = sys.version_info[:2]
 
 
@@ -91,6 +93,17 @@ def test_pep_695_file_is_audited_with_positions(newer_python: Path, tmp_path: Pa
     assert result.errors == []
     found = [(f.code, f.line, f.col) for f in result.findings]
     assert found == [("KVR001", 13, 9), ("KVR002", 17, 9), ("KVR102", 20, 14)]
+
+
+NEWER_FIXTURES = Path(__file__).parent / "fixtures" / "newer_syntax"
+
+
+@pytest.mark.parametrize("path", sorted(NEWER_FIXTURES.glob("*.py")), ids=lambda p: p.stem)
+def test_newer_syntax_fixture_findings_match_markers(newer_python: Path, path: Path) -> None:
+    source = path.read_text(encoding="utf-8")
+    result = analyze([path], root=path.parent)
+    assert result.errors == []
+    assert sorted((f.line, f.code) for f in result.findings) == expected_counts(source)
 
 
 def test_pep_701_f_string_is_audited(newer_python: Path) -> None:
