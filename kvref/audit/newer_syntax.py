@@ -31,7 +31,6 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, cast
 
@@ -94,34 +93,25 @@ _LIST_FIELDS: Final = frozenset(
         "patterns", "posonlyargs", "targets", "type_ignores", "values",
     }
 )
-# What each syntax needs, recognised on the line a SyntaxError points at.
+# What each syntax needs, recognised on the line a SyntaxError points at (compiled on first
+# use: every audit imports this module, few ever meet such a file).
 _FEATURES: Final = (
-    (re.compile(r"^\s*type\s+[A-Za-z_]\w*\s*[\[=]"), (3, 12), "PEP 695 type aliases"),
-    (
-        re.compile(r"^\s*(?:async\s+)?(?:def|class)\s+[A-Za-z_]\w*\s*\["),
-        (3, 12),
-        "PEP 695 type parameters",
-    ),
-    (
-        re.compile(r"""(?<![\w.'"])(?:[tT][rR]?|[rR][tT])(?:'|")"""),
-        (3, 14),
-        "PEP 750 template strings",
-    ),
-    (
-        re.compile(r"^\s*except\*?\s+(?!\()[^:#]*,[^:#]*:"),
-        (3, 14),
-        "PEP 758 except without parentheses",
-    ),
+    (r"^\s*type\s+[A-Za-z_]\w*\s*[\[=]", (3, 12), "PEP 695 type aliases"),
+    (r"^\s*(?:async\s+)?(?:def|class)\s+[A-Za-z_]\w*\s*\[", (3, 12), "PEP 695 type parameters"),
+    (r"""(?<![\w.'"])(?:[tT][rR]?|[rR][tT])(?:'|")""", (3, 14), "PEP 750 template strings"),
+    (r"^\s*except\*?\s+(?!\()[^:#]*,[^:#]*:", (3, 14), "PEP 758 except without parentheses"),
 )
 
 
-@dataclass(slots=True)
 class _Server:
     """A running newer interpreter answering parse requests."""
 
-    process: subprocess.Popen[bytes]
-    version: tuple[int, int]
-    owner: int  # the pid that started it: a forked child starts its own
+    __slots__ = ("owner", "process", "version")
+
+    def __init__(self, process: subprocess.Popen[bytes], version: tuple[int, int], owner: int) -> None:
+        self.process = process
+        self.version = version
+        self.owner = owner  # the pid that started it: a forked child starts its own
 
 
 _configured: list[Path] = []
@@ -203,7 +193,7 @@ def required_python(text: str, error: SyntaxError) -> tuple[tuple[int, int], str
     lines = text.splitlines()
     line = lines[error.lineno - 1] if error.lineno and 0 < error.lineno <= len(lines) else ""
     for pattern, version, feature in _FEATURES:
-        if version > _RUNNING and pattern.search(line):
+        if version > _RUNNING and re.search(pattern, line):
             return version, feature
     return None
 
