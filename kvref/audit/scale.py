@@ -26,6 +26,8 @@ from kvref.audit.cache import ResultCache, SummaryCache, default_cache_dir, vers
 from kvref.audit.environment import InterpreterError, discover_environment
 from kvref.audit.forked import fork_available
 from kvref.audit.model import AnalysisOptions, AnalysisResult, FileError
+from kvref.audit.newer_syntax import cache_key as newer_syntax_key
+from kvref.audit.newer_syntax import use_interpreter
 from kvref.audit.paths import absolute_path
 from kvref.audit.parallel import Pickled, available_cpus, summarize_many
 from kvref.audit.progress import ProgressBar
@@ -34,8 +36,11 @@ from kvref.audit.summary import ModuleSummary, summarize
 __all__ = ["InterpreterError", "ScaleSettings", "analyze_at_scale", "wait_for_saves"]
 
 _AUDIT_DIR = Path(__file__).resolve().parent
-# The summaries' meaning depends on these two modules only; the result on the whole engine.
-_SUMMARY_SCHEMA = (_AUDIT_DIR / "summary.py", _AUDIT_DIR / "model.py")
+# The summaries' meaning depends on these modules only; the result on the whole engine.
+_SUMMARY_SCHEMA = (
+    _AUDIT_DIR / "summary.py", _AUDIT_DIR / "model.py", _AUDIT_DIR / "passes.py",
+    _AUDIT_DIR / "newer_syntax.py",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +65,15 @@ class ScaleSettings:
 
 def _engine_sources() -> list[Path]:
     return sorted(path for path in _AUDIT_DIR.rglob("*.py") if "__pycache__" not in path.parts)
+
+
+def _summary_stamp(root: Path, max_file_bytes: int, newer: str | None = None) -> str:
+    """The summary cache's version: its schema, the project root, the file-size limit (a file
+    over it is cached as skipped) and the interpreters that parse syntax newer than this
+    Python (a file's summary or error depends on all of them)."""
+    if newer is None:
+        newer = newer_syntax_key()
+    return version_stamp(_SUMMARY_SCHEMA) + f"@{root}@{max_file_bytes}@{newer}"
 
 
 def _stats(files: Sequence[Path]) -> list[tuple[str, int, int]] | None:
@@ -166,6 +180,9 @@ def analyze_at_scale(
         raise ValueError(f"--jobs must be at least 1, got {settings.jobs}")
     root = Path(os.path.abspath(root))
     environment = discover_environment(settings.python, project_root=root)
+    # Files in syntax newer than this Python are parsed by the project's interpreter first.
+    use_interpreter(environment.python, environment.version)
+    newer = newer_syntax_key()  # which files parse depends on the interpreters at hand
     files = [absolute_path(path) for path in project_files]
     reported = None if report_files is None else sorted(os.path.abspath(p) for p in report_files)
 
@@ -184,7 +201,15 @@ def analyze_at_scale(
             packages.extend(("", str(path)) for path in environment.import_roots)
             key, newest = results.key(
                 stats,
-                [str(root), reported, _options_key(options), roots, str(environment.stdlib), packages],
+                [
+                    str(root),
+                    reported,
+                    _options_key(options),
+                    roots,
+                    str(environment.stdlib),
+                    packages,
+                    newer,
+                ],
             )
             cached = results.load(key, newest)
             if cached is not None:
@@ -192,10 +217,7 @@ def analyze_at_scale(
 
     summaries: SummaryCache[ModuleSummary | FileError] | None = None
     if cache_dir is not None:
-        # A file over the size limit is cached as skipped: another limit needs other entries.
-        summaries = SummaryCache(
-            cache_dir, version_stamp(_SUMMARY_SCHEMA) + f"@{root}@{options.max_file_bytes}"
-        )
+        summaries = SummaryCache(cache_dir, _summary_stamp(root, options.max_file_bytes, newer))
         summaries.load()
     # The bar counts the reported files (summarised up front); other project files are read
     # only when a lookup reaches them, so they are not part of the total (the bar clamps).

@@ -175,12 +175,20 @@ ParamRow = tuple[str, str, int, int, "TypeExpr | None", "tuple[int, int, int, in
 
 @_record
 class MultiPass:
-    """A parameter annotated Iterable/Iterator that the body consumes more than once."""
+    """A parameter annotated Iterable/Iterator that one path through the body consumes twice.
+
+    Attributes:
+        first_line, second_line: the lines of the first two passes (equal when both are on
+            one line: `zip(xs, xs)`, or one expression run again by a loop).
+        loop_line: nonzero when the second pass is the first one again, on a later iteration
+            of the loop or comprehension that starts on that line.
+    """
 
     param: str
     annotation: str
     first_line: int
     second_line: int
+    loop_line: int = 0
 
 
 @_record
@@ -501,11 +509,18 @@ def summarize(path: str, source: bytes) -> ModuleSummary:
     """
     text, encoding, bom = decode_source(source)
     try:
-        tree = ast.parse(text, filename=path, type_comments=False)
+        try:
+            tree = ast.parse(text, filename=path, type_comments=False)
+        except SyntaxError:
+            # Maybe syntax newer than this Python: parsed by a newer interpreter if one is
+            # at hand (imported only here: most runs never need it).
+            from kvref.audit.newer_syntax import parse_source
+
+            tree = parse_source(text, path)
     except SyntaxError as error:
-        raise SummaryError(
-            f"syntax error: {error.msg}", error.lineno or 1, error.offset or 1
-        ) from None
+        # "uses Python 3.12 syntax (...)" (from `parse_source`) is not a mistake in the file.
+        message = error.msg if error.msg.startswith("uses Python ") else f"syntax error: {error.msg}"
+        raise SummaryError(message, error.lineno or 1, error.offset or 1) from None
     except (ValueError, RecursionError) as error:  # NUL bytes, absurd nesting
         raise SummaryError(f"cannot parse: {error}") from None
     newline = detect_newline(text)
@@ -878,15 +893,14 @@ class _ModuleWalker:
         return last == name and module in OVERRIDE_MODULES
 
     def _is_override(self, dotted: str) -> bool:
-        """`override` from typing(_extensions) under any alias, or any bound `...override`.
+        """`override` from typing(_extensions) under any alias, or as a module attribute.
 
-        A project's own compatibility shim (`from mypkg.compat import override`, or a local
-        `def override(f)`) counts too: the name says what the author meant.
+        Only these two count: another object named `override` (Django's translation context
+        manager, a local no-op) does not mark an override. A project module that re-exports
+        typing's `override` is followed later, by the rules through the index (see
+        `kvref.audit.rules._override`): this module alone cannot see where it leads.
         """
-        if not dotted or self._resolves_to(dotted, "override"):
-            return bool(dotted)
-        bound = self._lookup(dotted.partition(".")[0]) is not None
-        return bound and self._qualify(dotted).rpartition(".")[2] == "override"
+        return bool(dotted) and self._resolves_to(dotted, "override")
 
     def _type(self, node: ast.expr, depth: int = 0, quoted: bool = False) -> TypeExpr:
         """Normalize an annotation; `quoted` parts come from a string (no usable positions).
@@ -1040,7 +1054,7 @@ def _count_passes(
         and p.kind not in ("vararg", "kwarg")
     }
     return tuple(
-        MultiPass(name, tracked[name], first, second)
+        MultiPass(name, tracked[name], first.line, second.line, second.loop_line)
         for name, (first, second) in count_passes(node.body, set(tracked)).items()
     )
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 import kvref.audit.catalogue
 import kvref.audit.main
+import kvref.audit.newer_syntax
 from kvref.audit.main import main
 from kvref.cli import app
 from tests.audit.fakes import FAKE_RULES, FakeEngine, fake_backend
@@ -84,3 +85,11 @@ def project(
     root = tmp_path / "proj"
     root.mkdir()
     return Project(root, engine, capsys, monkeypatch)
+
+
+@pytest.fixture(autouse=True)
+def no_lingering_parse_helper() -> Iterator[None]:
+    """A test that parsed newer syntax leaves no helper process behind (a later test counts
+    this process's children)."""
+    yield
+    kvref.audit.newer_syntax.close()

@@ -15,7 +15,7 @@ import pytest
 import kvref.audit.engine
 import kvref.audit.resolve
 import kvref.audit.scale
-from kvref.audit.cache import SummaryCache, version_stamp
+from kvref.audit.cache import SummaryCache
 from kvref.audit.main import main
 from kvref.audit.model import DEFAULT_MAX_FILE_BYTES, AnalysisResult
 
@@ -182,8 +182,7 @@ def test_summaries_made_in_a_forked_checker_are_saved_with_the_parents_cache(
     assert (code, found) == (1, ["demo/child.py:5:KVR001", "demo/zz.py:5:KVR001"])
     cache = SummaryCache[object](
         project / ".kvref_cache",
-        version_stamp(kvref.audit.scale._SUMMARY_SCHEMA)  # pyright: ignore[reportPrivateUsage]
-        + f"@{project}@{DEFAULT_MAX_FILE_BYTES}",
+        kvref.audit.scale._summary_stamp(project, DEFAULT_MAX_FILE_BYTES),  # pyright: ignore[reportPrivateUsage]
     )
     cache.load()
     encoder = Path(json.__file__).parent / "encoder.py"

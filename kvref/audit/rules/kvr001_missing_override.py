@@ -10,6 +10,7 @@ from kvref.audit.context import ModuleContext, is_private_name, primary_definiti
 from kvref.audit.model import AnalysisOptions, Applicability, Edit, Finding, Fix
 from kvref.audit.resolve import BUILTINS, MemberHit
 from kvref.audit.rules import Rule
+from kvref.audit.rules._override import marks_override
 from kvref.audit.summary import FunctionSummary, ModuleSummary
 
 __all__ = ["MissingOverride"]
@@ -21,7 +22,9 @@ class MissingOverride(Rule):
     What it does:
         Finds every method whose name is bound by a class later in the MRO (anywhere in the
         project, the standard library or `builtins`) and that carries no `@override`
-        (`typing.override` or `typing_extensions.override`, under any alias).
+        (`typing.override` or `typing_extensions.override`, under any alias, as a module
+        attribute, or re-exported by a project module). Another decorator that happens to be
+        named `override` (Django's translation context manager) is not the marker.
 
     Why is this bad?
         Without the decorator nothing connects the method to the one it replaces: when the
@@ -76,6 +79,11 @@ class MissingOverride(Rule):
                 hit = context.index.find_known_member(info.key, name)
                 if hit is None or not _required(hit, options):
                     continue
+                if any(
+                    marks_override(context.index, info.key.module, d, any_spelling=True)
+                    for d in definitions
+                ):
+                    continue  # a project module's re-export of typing_extensions' override
                 target = primary_definition(definitions)
                 yield self.report(
                     context,

@@ -9,6 +9,7 @@ from typing_extensions import override
 from kvref.audit.context import ModuleContext, is_private_name
 from kvref.audit.model import Finding
 from kvref.audit.rules import Rule
+from kvref.audit.rules._override import marks_override
 
 __all__ = ["StaleOverride"]
 
@@ -17,8 +18,10 @@ class StaleOverride(Rule):
     """Reports `@override` on a method whose name no class in the MRO binds.
 
     What it does:
-        Finds methods decorated `@override` (under any alias) when no base class (in the
-        project, the standard library or `builtins`) binds that name. Classes with a base
+        Finds methods decorated `@override` (typing's or typing_extensions', under any
+        alias or re-exported by a project module under that name; a decorator that is merely
+        named `override` is something else) when no base class (in the project, the
+        standard library or `builtins`) binds that name. Classes with a base
         that cannot be resolved are skipped: the name may well come from there.
 
     Why is this bad?
@@ -51,7 +54,8 @@ class StaleOverride(Rule):
     def check(self, context: ModuleContext) -> Iterator[Finding]:
         for cls in context.classes:
             for name, definitions in cls.info.methods.items():
-                decorated = [d for d in definitions if d.has_override]
+                module = cls.info.key.module
+                decorated = [d for d in definitions if marks_override(context.index, module, d)]
                 if not decorated or is_private_name(name):
                     continue
                 if context.index.find_member(cls.info.key, name) is None:

@@ -9,7 +9,7 @@ from typing_extensions import override
 from kvref.audit.context import ModuleContext, param_symbol
 from kvref.audit.model import Finding
 from kvref.audit.rules import Rule
-from kvref.audit.summary import FunctionSummary
+from kvref.audit.summary import FunctionSummary, MultiPass
 
 __all__ = ["MultiPassIterable"]
 
@@ -22,9 +22,12 @@ class MultiPassIterable(Rule):
         comprehensions, `in` tests, unpacking, `*args` spreading, `yield from`, and calls that
         consume their argument (`len`, `list`, `tuple`, `set`, `sorted`, `sum`, `any`, `all`,
         `min`, `max`, `zip`, `str.join`, `list.extend`, `set.update`...). A pass inside a loop
-        body counts as several; of `if`/`match` arms the worst one counts; rebinding the name
-        starts over; nested functions are not followed. Methods of a class with a base
-        that cannot be resolved are skipped, as by every rule.
+        body counts as several. Only passes on one path through the body add up: the arms
+        of an `if`/`else`, a conditional expression or a `match` exclude each other, a
+        `return`/`raise`/`break`/`continue` ends its path, and an `except` handler starts
+        from the state before its `try`. Rebinding the name stops following it; nested
+        functions are not followed. Methods of a class with a base that cannot be resolved
+        are skipped, as by every rule.
 
     Why is this bad?
         The annotation promises that any iterable will do, but a generator or an iterator is
@@ -48,9 +51,12 @@ class MultiPassIterable(Rule):
     name = "multi-pass-iterable"
     message = (
         'Parameter "{param}" of "{function}" is annotated "{annotation}" but consumed more '
-        "than once (lines {first} and {second}); a generator is empty on the second pass: "
-        "annotate it Collection"
+        "than once ({where}); a generator is empty on the second pass: annotate it Collection"
     )
+    where_lines = "lines {first} and {second}"
+    where_same_line = "twice on line {first}"
+    where_loop = "on line {first}, again on each iteration of the loop on line {loop}"
+    where_loop_here = "on line {first}, once per iteration of the loop there"
 
     @override
     def check(self, context: ModuleContext) -> Iterator[Finding]:
@@ -71,6 +77,17 @@ class MultiPassIterable(Rule):
                     param=param.name,
                     function=function.qualname,
                     annotation=fact.annotation,
-                    first=fact.first_line,
-                    second=fact.second_line,
+                    where=self._where(fact),
                 )
+
+    def _where(self, fact: MultiPass) -> str:
+        """Where the two passes are, without naming one line twice."""
+        if fact.loop_line and fact.loop_line == fact.first_line:
+            template = self.where_loop_here
+        elif fact.loop_line:
+            template = self.where_loop
+        elif fact.first_line == fact.second_line:
+            template = self.where_same_line
+        else:
+            template = self.where_lines
+        return template.format(first=fact.first_line, second=fact.second_line, loop=fact.loop_line)
