@@ -19,6 +19,7 @@ from kvref.base import (
     OffloadingEvent,
     OffloadingManager,
     OffloadingStats,
+    TierStats,
     OffloadKey,
     OffloadPolicy,
     PrepareStoreOutput,
@@ -230,8 +231,9 @@ def test_stats_ratios_and_default() -> None:
     assert (stats.usage, stats.hit_rate) == (0.25, 0.75)
     with pytest.raises(dataclasses.FrozenInstanceError):
         stats.hits = 0  # type: ignore[misc]
-    tiered = OffloadingStats(tiers={"CPU": stats})
-    assert tiered.tiers["CPU"] is stats
+    cpu = TierStats("CPU", lookups=4, hits=3, misses=1, usage=0.25)
+    tiered = OffloadingStats(tiers={"CPU": cpu})
+    assert tiered.tiers["CPU"] is cpu
 
 
 def test_a_manager_without_statistics_says_so() -> None:
