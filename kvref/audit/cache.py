@@ -520,7 +520,6 @@ def _encode_result(result: AnalysisResult) -> tuple[object, ...]:
                     (e.start_line, e.start_col, e.end_line, e.end_col, e.text)
                     for e in f.fix.edits
                 ),
-                f.fix.needs_override_import,
                 f.fix.description,
             ),
         )
@@ -557,15 +556,10 @@ def _decode_result(data: object) -> AnalysisResult:
         )
         fix = None
         if fix_data is not None:
-            applicability, edits, needs_import, description = cast(
-                tuple[str, tuple[tuple[int, int, int, int, str], ...], bool, str], fix_data
+            applicability, edits, description = cast(
+                tuple[str, tuple[tuple[int, int, int, int, str], ...], str], fix_data
             )
-            fix = Fix(
-                Applicability(applicability),
-                tuple(Edit(*edit) for edit in edits),
-                needs_import,
-                description,
-            )
+            fix = Fix(Applicability(applicability), tuple(Edit(*edit) for edit in edits), description)
         findings.append(Finding(path, line, col, end_line, end_col, code, message, symbol, fix))
     return AnalysisResult(
         findings=findings,

@@ -40,6 +40,7 @@ from kvref.audit.config import (
     validate_selector,
 )
 from kvref.audit.discover import Discovery, discover, matches_glob
+from kvref.audit.project import with_project_facts
 from kvref.audit.model import AnalysisOptions, AnalysisResult, FileError, Finding
 from kvref.audit.report import OutputFormat, Report, Summary, render
 from kvref.audit.progress import progress_enabled
@@ -224,6 +225,7 @@ class _Runner:
                 [self.cwd / path for path in request.paths], self.cwd
             )
             config = load_config(pyproject, root)
+        config = with_project_facts(config)
         where = f"{config.source} [tool.kvref]" if config.source else "[tool.kvref]"
         rules = self.backend.rules
         for glob, selectors in config.per_file_ignores:
@@ -317,7 +319,6 @@ class _Runner:
             findings,
             root=config.root,
             unsafe_fixes=self.request.unsafe_fixes,
-            override_import=config.options.override_import,
             apply_fixes=self.backend.apply_fixes,
             fix_error=self.backend.fix_error,
         )

@@ -26,7 +26,7 @@ import re
 import tokenize
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Final, TypeVar
+from typing import Final, TypeVar, cast
 
 from typing_extensions import dataclass_transform
 
@@ -51,6 +51,7 @@ __all__ = [
     "decode_source",
     "detect_newline",
     "import_facts",
+    "ImportStatement",
     "split_lines",
     "summarize",
 ]
@@ -289,20 +290,50 @@ _OTHER_TYPE_ONLY: Final = Binding("other", type_only=True)
 
 
 @_record
+class ImportStatement:
+    """One statement of a module's leading import block, as a fix that adds an import sees it.
+
+    Attributes:
+        line, end_line: the statement's first and last line; end_col: the character column
+            just after its last character (0-based).
+        module: `from` imports: the module with its leading dots; plain imports: the first
+            imported module.
+        is_from: a `from ... import ...` statement.
+        names: `(name, asname, line, col, end_line, end_col)` of each imported name, columns
+            in characters (0-based, end exclusive).
+        has_comment: a `#` appears on one of its lines (it is then never rewritten whole).
+    """
+
+    line: int
+    end_line: int
+    end_col: int
+    module: str
+    is_from: bool
+    names: tuple[tuple[str, str, int, int, int, int], ...]
+    has_comment: bool
+
+
+@_record
 class ImportFacts:
-    """Where the fixer can put the `override` import.
+    """Where the fixer can put an import.
 
     Attributes:
         insert_line: the line a new import statement goes before (after the module
             docstring and `from __future__` imports).
-        merge_points: for `typing` and `typing_extensions`, the end of the last imported
-            name of the first unconditional top-level `from M import ...` (line, col).
+        block: the top-level import statements that follow the docstring, without another
+            statement between them (`from __future__` imports included).
+        next_line: the first line of the first statement after the block (its first
+            decorator's), or the line past the end of the file.
+        next_is_definition: that statement is a `def` or `class` (ruff wants two blank lines
+            before it, one before anything else).
         bound_override: the local name under which `override` is already importable at run
             time ("" if none), e.g. `override`, `ovr`, `te.override`.
     """
 
     insert_line: int
-    merge_points: tuple[tuple[str, int, int], ...]
+    block: tuple[ImportStatement, ...]
+    next_line: int
+    next_is_definition: bool
     bound_override: str
 
 
@@ -440,7 +471,18 @@ def import_facts(tree: ast.Module, lines: Sequence[str]) -> ImportFacts:
         insert_line = min([first.lineno, *(d.lineno for d in decorators)])
     elif index == 0:
         insert_line = len(lines) + 1  # an empty module: append
-    merge: dict[str, tuple[int, int]] = {}
+    block: list[ImportStatement] = []
+    position = 1 if body and _is_docstring(body[0]) else 0
+    while position < len(body) and isinstance(body[position], ast.Import | ast.ImportFrom):
+        block.append(_import_statement(cast("ast.Import | ast.ImportFrom", body[position]), lines))
+        position += 1
+    if position < len(body):
+        following = body[position]
+        decorators = cast("list[ast.expr]", getattr(following, "decorator_list", []))
+        next_line = min([following.lineno, *(d.lineno for d in decorators)])
+        definition = isinstance(following, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+    else:
+        next_line, definition = len(lines) + 1, False
     bound = attribute = ""
     statements = list(body)
     for statement in body:
@@ -448,14 +490,8 @@ def import_facts(tree: ast.Module, lines: Sequence[str]) -> ImportFacts:
             statements.extend(statement.body)
     for statement in statements:
         if isinstance(statement, ast.ImportFrom) and statement.level == 0:
-            module = statement.module or ""
-            if module not in OVERRIDE_MODULES:
+            if (statement.module or "") not in OVERRIDE_MODULES:
                 continue
-            last = statement.names[-1]
-            top_level = statement in body
-            if top_level and module not in merge and all(a.name != "*" for a in statement.names):
-                line = last.end_lineno or statement.lineno
-                merge[module] = (line, _char_col(lines, line, last.end_col_offset or 0))
             for alias in statement.names:
                 if alias.name == "override" and not bound:
                     bound = alias.asname or "override"
@@ -465,9 +501,33 @@ def import_facts(tree: ast.Module, lines: Sequence[str]) -> ImportFacts:
                     attribute = f"{alias.asname or alias.name}.override"
     return ImportFacts(
         insert_line,
-        tuple((module, line, col) for module, (line, col) in sorted(merge.items())),
+        tuple(block),
+        next_line,
+        definition,
         bound or attribute,  # a plain name reads best: prefer it to `te.override`
     )
+
+
+def _import_statement(statement: ast.Import | ast.ImportFrom, lines: Sequence[str]) -> ImportStatement:
+    end_line = statement.end_lineno or statement.lineno
+    names = tuple(
+        (
+            alias.name,
+            alias.asname or "",
+            alias.lineno,
+            _char_col(lines, alias.lineno, alias.col_offset),
+            alias.end_lineno or alias.lineno,
+            _char_col(lines, alias.end_lineno or alias.lineno, alias.end_col_offset or 0),
+        )
+        for alias in statement.names
+    )
+    if isinstance(statement, ast.ImportFrom):
+        module, is_from = "." * statement.level + (statement.module or ""), True
+    else:
+        module, is_from = statement.names[0].name, False
+    has_comment = any("#" in lines[n - 1] for n in range(statement.lineno, end_line + 1) if n <= len(lines))
+    end_col = _char_col(lines, end_line, statement.end_col_offset or 0)
+    return ImportStatement(statement.lineno, end_line, end_col, module, is_from, names, has_comment)
 
 
 def _char_col(lines: Sequence[str], line: int, byte_col: int) -> int:

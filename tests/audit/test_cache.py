@@ -359,7 +359,7 @@ TestCacheNeverStale.settings = settings(max_examples=25, stateful_step_count=12,
 def test_audit_types_survive_the_fast_pickler() -> None:
     finding = Finding(
         "pkg/a.py", 3, 9, 3, 12, "KVR001", "missing @override", "A.f",
-        Fix(Applicability.SAFE, (Edit(3, 4, 3, 4, "@override\n    "),), True, "Add @override"),
+        Fix(Applicability.SAFE, (Edit(3, 4, 3, 4, "@override\n    "),), "Add @override"),
     )
     data = dumps([finding, FileError("b.py", 1, 1, "syntax error")])
     assert loads(data) == [finding, FileError("b.py", 1, 1, "syntax error")]
@@ -373,7 +373,7 @@ def test_loads_refuses_foreign_classes() -> None:
 
 
 def test_a_stored_result_comes_back_whole(tmp_path: Path) -> None:
-    fix = Fix(Applicability.SAFE, (Edit(3, 0, 3, 0, "    @override\n"),), True, "Add @override")
+    fix = Fix(Applicability.SAFE, (Edit(3, 0, 3, 0, "    @override\n"),), "Add @override")
     result = AnalysisResult(
         findings=[Finding("a.py", 3, 9, 3, 12, "KVR001", "m", "A.f", fix)],
         errors=[FileError("b.py", 1, 5, "syntax error: invalid syntax")],

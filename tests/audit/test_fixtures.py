@@ -63,7 +63,7 @@ def audit(path: Path, options: AnalysisOptions) -> list[Finding]:
 
 def fix_all(source: bytes, findings: list[Finding], options: AnalysisOptions) -> bytes:
     fixes = [f.fix for f in findings if f.fix is not None]
-    return apply_fixes(source, fixes, override_import=options.override_import)
+    return apply_fixes(source, fixes)
 
 
 @pytest.mark.parametrize("path", fixture_files(), ids=lambda p: p.stem)

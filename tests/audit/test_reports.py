@@ -20,8 +20,8 @@ from kvref.audit.report.text import render_summary, use_color
 from tests.audit.conftest import Project
 from tests.audit.fakes import FAKE_RULES
 
-SAFE = Fix(Applicability.SAFE, (Edit(3, 4, 3, 4, "@override\n    "),), True, "Add @override")
-UNSAFE = Fix(Applicability.UNSAFE, (Edit(7, 20, 7, 28, "Collection"),), False, "Widen")
+SAFE = Fix(Applicability.SAFE, (Edit(3, 4, 3, 4, "@override\n    "),), "Add @override")
+UNSAFE = Fix(Applicability.UNSAFE, (Edit(7, 20, 7, 28, "Collection"),), "Widen")
 
 
 def _report(summary: Summary | None = None) -> Report:
