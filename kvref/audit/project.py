@@ -225,13 +225,14 @@ def _first_party(root: Path, ruff: Mapping[str, object], isort: Mapping[str, obj
             continue
         for entry in entries:
             name = entry.name
-            if name.startswith("."):
-                continue
-            if entry.is_dir():
-                if name.isidentifier():
-                    names.add(name)
-            elif name.endswith((".py", ".pyi")):
+            if name.endswith((".py", ".pyi")):
                 names.add(name.rpartition(".")[0])
+            elif name.isidentifier():
+                try:
+                    if entry.is_dir():
+                        names.add(name)
+                except OSError:  # a symlink loop, a vanished entry: not a package
+                    continue
     return names
 
 

@@ -85,7 +85,8 @@ def _finding(path: str, node: ast.FunctionDef, symbol: str, lines: list[str]) ->
         text = "BROKEN(\n" if "broken" in name else " " * node.col_offset + "@override\n"
         edits = [Edit(line, 0, line, 0, text)]
         if _OVERRIDE_IMPORT not in lines:  # every fix carries its import, as the real ones do
-            edits.insert(0, Edit(1, 0, 1, 0, _OVERRIDE_IMPORT + "\n"))
+            # After the decorator: applied bottom-up, an insertion listed later lands first.
+            edits.append(Edit(1, 0, 1, 0, _OVERRIDE_IMPORT + "\n"))
         fix = Fix(Applicability.SAFE, tuple(edits), description="Add @override")
         return make("KVR001", f"`{name}` overrides a base method but has no @override", fix)
     if name.startswith("stale_"):
@@ -108,6 +109,7 @@ class FakeEngine:
     """Counts calls so tests can check what was indexed and reported."""
 
     calls: list[tuple[list[str], list[str] | None]] = field(default_factory=lambda: [])
+    options: list[AnalysisOptions] = field(default_factory=lambda: [])
 
     def analyze(
         self,
@@ -122,6 +124,7 @@ class FakeEngine:
 
         reported = None if report_files is None else sorted(rel(p) for p in report_files)
         self.calls.append((sorted(rel(p) for p in project_files), reported))
+        self.options.append(options)
         wanted = set(project_files if report_files is None else report_files)
         result = AnalysisResult(files_analyzed=len(project_files))
         unresolved: dict[str, int] = {}

@@ -222,7 +222,6 @@ _FIXES = st.none() | st.builds(
     Fix,
     st.sampled_from(list(Applicability)),
     st.lists(_EDITS, max_size=3).map(tuple),
-    st.booleans(),
     _TEXT,
 )
 _FINDINGS = st.builds(
