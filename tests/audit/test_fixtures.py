@@ -48,6 +48,9 @@ def fixture_options(source: str) -> AnalysisOptions:
             name, _, raw = item.strip().partition("=")
             if name == "exempt_names":
                 values[name] = frozenset(raw.split("|"))
+            elif name == "python_floor":
+                major, minor = raw.split(".")
+                values[name] = (int(major), int(minor))
             elif raw in ("true", "false"):
                 values[name] = raw == "true"
             else:
