@@ -17,10 +17,13 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kvref.audit import AnalysisOptions, analyze, apply_fixes
 from kvref.audit.config import ConfigError, parse_config_table
@@ -316,3 +319,125 @@ def test_api_defaults_keep_the_typing_extensions_fix(tmp_path: Path) -> None:
     exec(fixed, namespace)
     repr_method = vars(namespace["A"])["__repr__"]
     assert getattr(repr_method, "__override__", False)
+
+
+# --- generated programs ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Program:
+    docstring: bool
+    future: bool
+    import_os: bool
+    import_typing: bool
+    from_abc: bool
+    translation: str  # "", "override" or "override as translated"
+    te_module: bool
+    te_self: bool
+    class_attribute: bool
+    methods: int
+    floor: tuple[int, int] | None
+    te_declared: bool
+
+    def render(self) -> str:
+        """The module, isort-clean and F401-clean (`__all__` names every import)."""
+        sections: list[list[str]] = []
+        if self.future:
+            sections.append(["from __future__ import annotations"])
+        stdlib = [line for flag, line in ((self.import_os, "import os"), (self.import_typing, "import typing")) if flag]
+        if self.from_abc:
+            stdlib.append("from collections.abc import Sequence")
+        third = ["import typing_extensions"] if self.te_module else []
+        if self.translation:
+            third.append(f"from translation import {self.translation}")
+        if self.te_self:
+            third.append("from typing_extensions import Self")
+        sections += [section for section in (stdlib, third) if section]
+        names = [
+            name
+            for flag, name in (
+                (self.import_os, "os"),
+                (self.import_typing, "typing"),
+                (self.from_abc, "Sequence"),
+                (self.te_module, "typing_extensions"),
+                (bool(self.translation), self.translation.rpartition(" ")[2]),
+                (self.te_self, "Self"),
+            )
+            if flag
+        ]
+        parts = ['"""Generated."""'] if self.docstring else []
+        parts += ["\n".join(section) for section in sections]
+        head = "\n\n".join(parts)
+        body = f"__all__ = {sorted(names)!r}\n\n\n" if names else ""
+        body += "class Base:\n" + "".join(f"    def m{i}(self) -> int:\n        return {i}\n\n" for i in range(self.methods))
+        body += "\nclass Child(Base):\n"
+        if self.class_attribute:
+            body += "    override = 'a setting'\n\n"
+        body += "\n".join(f"    def m{i}(self) -> int:\n        return -{i}\n" for i in range(self.methods))
+        if not head:
+            return body
+        return head + ("\n\n" if names else "\n\n\n") + body
+
+
+programs = st.builds(
+    Program,
+    docstring=st.booleans(),
+    future=st.booleans(),
+    import_os=st.booleans(),
+    import_typing=st.booleans(),
+    from_abc=st.booleans(),
+    translation=st.sampled_from(["", "override", "override as translated"]),
+    te_module=st.booleans(),
+    te_self=st.booleans(),
+    class_attribute=st.booleans(),
+    methods=st.integers(1, 3),
+    floor=st.sampled_from([None, (3, 11), (3, 12)]),
+    te_declared=st.booleans(),
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(program=programs)
+def test_generated_programs_fix_to_correct_clean_idempotent_code(program: Program, tmp_path: Path) -> None:
+    import typing_extensions
+
+    source = program.render()
+    directory = tmp_path / f"p{abs(hash(program))}"
+    directory.mkdir()
+    path = directory / "generated.py"
+    path.write_text(source, encoding="utf-8")
+    assert _ruff_clean(path), source
+    options = AnalysisOptions(python_floor=program.floor, typing_extensions_declared=program.te_declared)
+    findings = [f for f in analyze([path], root=directory, options=options).findings if f.code == "KVR001"]
+    assert len(findings) == program.methods and all(f.fix is not None for f in findings)
+    modern = program.floor == (3, 12)
+    imports_te_already = program.te_module or program.te_self
+    unsafe = not modern and not program.te_declared and not imports_te_already
+    assert {f.fix.applicability.value for f in findings if f.fix} == {"unsafe" if unsafe else "safe"}
+    fixed = apply_fixes(path.read_bytes(), [f.fix for f in findings if f.fix is not None])
+    compile(fixed, "generated.py", "exec")
+    path.write_bytes(fixed)
+    assert _ruff_clean(path), fixed.decode()
+    # A second fix changes nothing.
+    again = [f for f in analyze([path], root=directory, options=options).findings if f.fix is not None]
+    assert again == [] and apply_fixes(fixed, []) == fixed
+    text = fixed.decode()
+    if not modern:
+        assert "typing.override" not in text and "from typing import override" not in text
+    if "typing.override" in text or "from typing import override" in text:
+        return  # needs Python 3.12 to run (test_a_py312_fix_imports_on_newer_pythons)
+    namespace: dict[str, object] = {"__name__": "generated"}
+    sys.path.insert(0, str(SUPPORT))
+    try:
+        exec(compile(text, "generated.py", "exec"), namespace)
+    finally:
+        sys.path.remove(str(SUPPORT))
+    child = namespace["Child"]
+    assert isinstance(child, type)
+    for index in range(program.methods):
+        assert getattr(vars(child)[f"m{index}"], "__override__", False) is True
+    decorators = {line.strip()[1:] for line in text.splitlines() if line.strip().startswith("@")}
+    for spelling in decorators:
+        owner, _, attribute = spelling.rpartition(".")
+        bound = getattr(namespace[owner], attribute) if owner else namespace[spelling]
+        assert bound is typing_extensions.override
