@@ -21,14 +21,15 @@ statement: the file was not isort-clean, and the added line is still correct cod
 
 from __future__ import annotations
 
+import ast
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvref.audit.model import Edit, RequiredImport
-from kvref.audit.summary import ImportFacts, ImportStatement
+from kvref.audit.summary import ImportFacts, split_lines
 
-__all__ = ["import_edits", "member_sort_key", "section_of"]
+__all__ = ["ImportStatement", "import_edits", "member_sort_key", "parse_block", "section_of"]
 
 FUTURE, STANDARD_LIBRARY, THIRD_PARTY, FIRST_PARTY, LOCAL = range(5)
 _INDENT = "    "
@@ -59,17 +60,90 @@ def member_sort_key(name: str, alias: str = "") -> tuple[int, str, str, str]:
     return kind, name.lower(), name, alias
 
 
-def _module_key(module: str, is_from: bool) -> tuple[bool, int, str, str]:
+_NO_MEMBER = (-1, "", "", "")
+_ModuleKey = tuple[bool, int, str, str, tuple[int, str, str, str]]
+
+
+def _module_key(module: str, is_from: bool, first: tuple[str, str] | None = None) -> _ModuleKey:
     dots = len(module) - len(module.lstrip("."))
-    # Plain imports before `from` imports; relative ones furthest first (`..` before `.`).
-    return is_from, -dots, module.lstrip(".").lower(), module
+    # Plain imports before `from` imports; relative ones furthest first (`..` before `.`);
+    # `from M import a as b` stays a statement of its own, ordered by its first name.
+    member = member_sort_key(*first) if first else _NO_MEMBER
+    return is_from, -dots, module.lstrip(".").lower(), module, member
+
+
+@dataclass(frozen=True, slots=True)
+class ImportStatement:
+    """One statement of a module's leading import block.
+
+    Attributes:
+        line, end_line: its first and last line; end_col: the character column just after
+            its last character (0-based).
+        module: `from` imports: the module with its leading dots; plain imports: the first
+            imported module.
+        names: `from` imports: each imported name, `name` or `name as alias` (plain: none).
+        comment_positions: only when a `#` appears on one of its lines (it is then never
+            rewritten whole): `(line, col, end_line, end_col)` of each name, in characters.
+    """
+
+    line: int
+    end_line: int
+    end_col: int
+    module: str
+    names: tuple[str, ...]
+    comment_positions: tuple[tuple[int, int, int, int], ...] = ()
+
+    @property
+    def is_from(self) -> bool:
+        """A `from ... import ...` statement."""
+        return bool(self.names)
+
+
+def parse_block(facts: ImportFacts) -> tuple[ImportStatement, ...]:
+    """The statements of the module's leading import block (none when it has none)."""
+    if not facts.block_line:
+        return ()
+    try:
+        tree = ast.parse(facts.block_text)
+    except (SyntaxError, ValueError):
+        return ()
+    lines = split_lines(facts.block_text)
+    offset = facts.block_line - 1
+
+    def column(line: int, byte_col: int) -> int:
+        return len(lines[line - 1].encode("utf-8")[:byte_col].decode("utf-8", "replace"))
+
+    statements: list[ImportStatement] = []
+    for node in tree.body:
+        if not isinstance(node, ast.Import | ast.ImportFrom):
+            break
+        end_line = node.end_lineno or node.lineno
+        end_col = column(end_line, node.end_col_offset or 0)
+        if isinstance(node, ast.Import):
+            statements.append(ImportStatement(node.lineno + offset, end_line + offset, end_col, node.names[0].name, ()))
+            continue
+        module = "." * node.level + (node.module or "")
+        names = tuple(f"{a.name} as {a.asname}" if a.asname else a.name for a in node.names)
+        positions: tuple[tuple[int, int, int, int], ...] = ()
+        if any("#" in lines[n - 1] for n in range(node.lineno, end_line + 1)):
+            positions = tuple(
+                (
+                    a.lineno + offset,
+                    column(a.lineno, a.col_offset),
+                    (a.end_lineno or a.lineno) + offset,
+                    column(a.end_lineno or a.lineno, a.end_col_offset or 0),
+                )
+                for a in node.names
+            )
+        statements.append(ImportStatement(node.lineno + offset, end_line + offset, end_col, module, names, positions))
+    return tuple(statements)
 
 
 @dataclass(frozen=True, slots=True)
 class _Placed:
     line: int
     section: int
-    key: tuple[bool, int, str, str]
+    key: _ModuleKey
     text: str
     blank_before: bool
     blank_after: bool
@@ -97,21 +171,21 @@ def import_edits(
     """
     merges: dict[int, list[RequiredImport]] = {}
     new: list[RequiredImport] = []
+    block = parse_block(facts)
     targets = {
         statement.module: index
-        for index, statement in reversed(list(enumerate(facts.block)))
-        if statement.is_from and all(name[0] != "*" for name in statement.names)
+        for index, statement in reversed(list(enumerate(block)))
+        if statement.is_from and not any(name == "*" or " as " in name for name in statement.names)
     }
     for needed in dict.fromkeys(imports):
-        target = targets.get(needed.module) if needed.name else None
+        # ruff keeps `name as alias` imports in statements of their own (combine-as-imports).
+        target = targets.get(needed.module) if needed.name and not needed.alias else None
         if target is None:
             new.append(needed)
         else:
             merges.setdefault(target, []).append(needed)
-    edits = [
-        _merge(facts.block[index], added, newline, line_length) for index, added in merges.items()
-    ]
-    edits.extend(_insertions(facts, new, newline, first_party))
+    edits = [_merge(block[index], added, newline, line_length) for index, added in merges.items()]
+    edits.extend(_insertions(facts, block, new, newline, first_party))
     return tuple(sorted(edits, key=lambda edit: (edit.start_line, edit.start_col)))
 
 
@@ -123,11 +197,10 @@ def _merge(
     statement: ImportStatement, added: Sequence[RequiredImport], newline: str, line_length: int
 ) -> Edit:
     """Add names to `from M import ...`, in sorted position."""
-    if statement.has_comment:
+    if statement.comment_positions:
         return _insert_beside(statement, added)
     members = sorted(
-        {(name, alias) for name, alias, *_ in statement.names}
-        | {(needed.name, needed.alias) for needed in added},
+        {_split(name) for name in statement.names} | {(needed.name, needed.alias) for needed in added},
         key=lambda member: member_sort_key(*member),
     )
     head = f"from {statement.module} import "
@@ -140,54 +213,66 @@ def _merge(
     return Edit(statement.line, 0, statement.end_line, statement.end_col, text)
 
 
+def _split(member: str) -> tuple[str, str]:
+    name, _, alias = member.partition(" as ")
+    return name, alias
+
+
 def _insert_beside(statement: ImportStatement, added: Sequence[RequiredImport]) -> Edit:
     """Names inserted next to their sorted neighbour, the statement's comments untouched."""
     ordered = sorted(added, key=lambda needed: member_sort_key(needed.name, needed.alias))
-    names = statement.names
     text = ", ".join(_member(needed.name, needed.alias) for needed in ordered)
     first_key = member_sort_key(ordered[0].name, ordered[0].alias)
-    before = [entry for entry in names if member_sort_key(entry[0], entry[1]) < first_key]
+    spans = statement.comment_positions
+    before = [
+        span for name, span in zip(statement.names, spans) if member_sort_key(*_split(name)) < first_key
+    ]
     if before:
-        _, _, _, _, end_line, end_col = before[-1]
+        _, _, end_line, end_col = before[-1]
         return Edit(end_line, end_col, end_line, end_col, ", " + text)
-    _, _, line, col, _, _ = names[0]
+    line, col, _, _ = spans[0]
     return Edit(line, col, line, col, text + ", ")
 
 
 def _insertions(
-    facts: ImportFacts, new: Sequence[RequiredImport], newline: str, first_party: frozenset[str]
+    facts: ImportFacts,
+    block: Sequence[ImportStatement],
+    new: Sequence[RequiredImport],
+    newline: str,
+    first_party: frozenset[str],
 ) -> list[Edit]:
     """New statements, grouped by the point each goes before."""
     if not new:
         return []
     merged: dict[str, list[tuple[str, str]]] = {}  # names of one new `from M` share a line
+    texts: list[tuple[str, _ModuleKey, str]] = []
     for needed in new:
-        if needed.name:
-            merged.setdefault(needed.module, []).append((needed.name, needed.alias))
-    texts: list[tuple[str, bool, str]] = []
+        if needed.name and not needed.alias:
+            merged.setdefault(needed.module, []).append((needed.name, ""))
+        elif needed.name:
+            member = _member(needed.name, needed.alias)
+            key = _module_key(needed.module, True, (needed.name, needed.alias))
+            texts.append((needed.module, key, f"from {needed.module} import {member}"))
+        else:
+            key = _module_key(needed.module, False)
+            texts.append((needed.module, key, f"import {_member(needed.module, needed.alias)}"))
     for module, members in merged.items():
         members.sort(key=lambda member: member_sort_key(*member))
-        texts.append((module, True, f"from {module} import {', '.join(_member(*m) for m in members)}"))
-    texts.extend(
-        (needed.module, False, f"import {_member(needed.module, needed.alias)}")
-        for needed in new
-        if not needed.name
-    )
-    block = facts.block
+        text = f"from {module} import {', '.join(_member(*m) for m in members)}"
+        texts.append((module, _module_key(module, True, members[0]), text))
     if not block:
         return [_new_block(facts, texts, newline, first_party)]
     sections = [section_of(statement.module, first_party) for statement in block]
     in_order = all(a <= b for a, b in zip(sections, sections[1:]))
     placed: list[_Placed] = []
-    for module, is_from, text in texts:
+    for module, key, text in texts:
         section = section_of(module, first_party)
-        key = _module_key(module, is_from)
         if not in_order:
             placed.append(_Placed(block[-1].end_line + 1, section, key, text, False, False))
             continue
         same = [s for s, sec in zip(block, sections) if sec == section]
         if same:
-            later = [s for s in same if _module_key(s.module, s.is_from) > key]
+            later = [s for s in same if _statement_key(s) > key]
             line = later[0].line if later else same[-1].end_line + 1
             placed.append(_Placed(line, section, key, text, False, False))
             continue
@@ -200,6 +285,11 @@ def _insertions(
     for item in placed:
         by_line.setdefault(item.line, []).append(item)
     return [_joined(line, items, newline) for line, items in sorted(by_line.items())]
+
+
+def _statement_key(statement: ImportStatement) -> _ModuleKey:
+    first = _split(statement.names[0]) if statement.names else None
+    return _module_key(statement.module, statement.is_from, first)
 
 
 def _joined(line: int, items: list[_Placed], newline: str) -> Edit:
@@ -217,10 +307,10 @@ def _joined(line: int, items: list[_Placed], newline: str) -> Edit:
 
 
 def _new_block(
-    facts: ImportFacts, texts: Sequence[tuple[str, bool, str]], newline: str, first_party: frozenset[str]
+    facts: ImportFacts, texts: Sequence[tuple[str, _ModuleKey, str]], newline: str, first_party: frozenset[str]
 ) -> Edit:
     """An import block for a module that has none: after the docstring, before the code."""
-    ordered = sorted(texts, key=lambda item: (section_of(item[0], first_party), _module_key(item[0], item[1])))
+    ordered = sorted(texts, key=lambda item: (section_of(item[0], first_party), item[1]))
     parts: list[str] = []
     after_docstring = facts.insert_line < facts.next_line
     if after_docstring:

@@ -51,7 +51,6 @@ __all__ = [
     "decode_source",
     "detect_newline",
     "import_facts",
-    "ImportStatement",
     "split_lines",
     "summarize",
 ]
@@ -290,38 +289,18 @@ _OTHER_TYPE_ONLY: Final = Binding("other", type_only=True)
 
 
 @_record
-class ImportStatement:
-    """One statement of a module's leading import block, as a fix that adds an import sees it.
-
-    Attributes:
-        line, end_line: the statement's first and last line; end_col: the character column
-            just after its last character (0-based).
-        module: `from` imports: the module with its leading dots; plain imports: the first
-            imported module.
-        is_from: a `from ... import ...` statement.
-        names: `(name, asname, line, col, end_line, end_col)` of each imported name, columns
-            in characters (0-based, end exclusive).
-        has_comment: a `#` appears on one of its lines (it is then never rewritten whole).
-    """
-
-    line: int
-    end_line: int
-    end_col: int
-    module: str
-    is_from: bool
-    names: tuple[tuple[str, str, int, int, int, int], ...]
-    has_comment: bool
-
-
-@_record
 class ImportFacts:
     """Where the fixer can put an import.
 
     Attributes:
         insert_line: the line a new import statement goes before (after the module
             docstring and `from __future__` imports).
-        block: the top-level import statements that follow the docstring, without another
-            statement between them (`from __future__` imports included).
+        block_line: the first line of the leading import block: the top-level import
+            statements that follow the docstring with no other statement between them
+            (`from __future__` imports included); 0 when there is none, or when the module
+            has no class (only fixes in classes read it).
+        block_text: the block's lines joined with "\n", comments included (one string:
+            cheap to cache; `kvref.audit.import_edits` parses it when a fix needs it).
         next_line: the first line of the first statement after the block (its first
             decorator's), or the line past the end of the file.
         next_is_definition: that statement is a `def` or `class` (ruff wants two blank lines
@@ -331,7 +310,8 @@ class ImportFacts:
     """
 
     insert_line: int
-    block: tuple[ImportStatement, ...]
+    block_line: int
+    block_text: str
     next_line: int
     next_is_definition: bool
     bound_override: str
@@ -446,12 +426,14 @@ def dotted_name(node: ast.expr) -> str:
             return ""
 
 
-def import_facts(tree: ast.Module, lines: Sequence[str]) -> ImportFacts:
-    """Find the `override` import's place, merge points and existing binding (top level).
+def import_facts(tree: ast.Module, lines: Sequence[str], *, with_block: bool = True) -> ImportFacts:
+    """Find where imports go, the leading import block and any `override` binding (top level).
 
     Args:
         tree: the parsed module.
         lines: its source lines (from `split_lines`), to turn byte columns into characters.
+        with_block: describe the import block (only fixes in classes use it: a module
+            without classes skips the work and the bytes in its cached summary).
     """
     body = tree.body
     insert_line = 1
@@ -471,11 +453,13 @@ def import_facts(tree: ast.Module, lines: Sequence[str]) -> ImportFacts:
         insert_line = min([first.lineno, *(d.lineno for d in decorators)])
     elif index == 0:
         insert_line = len(lines) + 1  # an empty module: append
-    block: list[ImportStatement] = []
-    position = 1 if body and _is_docstring(body[0]) else 0
-    while position < len(body) and isinstance(body[position], ast.Import | ast.ImportFrom):
-        block.append(_import_statement(cast("ast.Import | ast.ImportFrom", body[position]), lines))
+    start = position = 1 if body and _is_docstring(body[0]) else 0
+    while with_block and position < len(body) and isinstance(body[position], ast.Import | ast.ImportFrom):
         position += 1
+    block_line, block_text = 0, ""
+    if position > start:
+        block_line = body[start].lineno
+        block_text = "\n".join(lines[block_line - 1 : body[position - 1].end_lineno or block_line])
     if position < len(body):
         following = body[position]
         decorators = cast("list[ast.expr]", getattr(following, "decorator_list", []))
@@ -501,41 +485,12 @@ def import_facts(tree: ast.Module, lines: Sequence[str]) -> ImportFacts:
                     attribute = f"{alias.asname or alias.name}.override"
     return ImportFacts(
         insert_line,
-        tuple(block),
+        block_line,
+        block_text,
         next_line,
         definition,
         bound or attribute,  # a plain name reads best: prefer it to `te.override`
     )
-
-
-def _import_statement(statement: ast.Import | ast.ImportFrom, lines: Sequence[str]) -> ImportStatement:
-    end_line = statement.end_lineno or statement.lineno
-    names = tuple(
-        (
-            alias.name,
-            alias.asname or "",
-            alias.lineno,
-            _char_col(lines, alias.lineno, alias.col_offset),
-            alias.end_lineno or alias.lineno,
-            _char_col(lines, alias.end_lineno or alias.lineno, alias.end_col_offset or 0),
-        )
-        for alias in statement.names
-    )
-    if isinstance(statement, ast.ImportFrom):
-        module, is_from = "." * statement.level + (statement.module or ""), True
-    else:
-        module, is_from = statement.names[0].name, False
-    has_comment = any("#" in lines[n - 1] for n in range(statement.lineno, end_line + 1) if n <= len(lines))
-    end_col = _char_col(lines, end_line, statement.end_col_offset or 0)
-    return ImportStatement(statement.lineno, end_line, end_col, module, is_from, names, has_comment)
-
-
-def _char_col(lines: Sequence[str], line: int, byte_col: int) -> int:
-    """The character column of a UTF-8 byte column (what `ast` reports)."""
-    text = lines[line - 1] if 0 < line <= len(lines) else ""
-    if text.isascii():
-        return byte_col
-    return len(text.encode("utf-8")[:byte_col].decode("utf-8", "replace"))
 
 
 def _is_docstring(statement: ast.stmt) -> bool:
@@ -573,7 +528,12 @@ def summarize(path: str, source: bytes) -> ModuleSummary:
     walker = _ModuleWalker(lines, path.endswith(".pyi"), text.isascii(), _indented_class_lines(text))
     walker.walk_body(tree.body, "", None)
     return walker.finish(
-        path, encoding, bom, newline, import_facts(tree, lines), candidate_lines(text)
+        path,
+        encoding,
+        bom,
+        newline,
+        import_facts(tree, lines, with_block=bool(walker.classes)),
+        candidate_lines(text),
     )
 
 

@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -396,14 +397,13 @@ programs = st.builds(
 )
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(program=programs)
 def test_generated_programs_fix_to_correct_clean_idempotent_code(program: Program, tmp_path: Path) -> None:
     import typing_extensions
 
     source = program.render()
-    directory = tmp_path / f"p{abs(hash(program))}"
-    directory.mkdir()
+    directory = Path(tempfile.mkdtemp(dir=tmp_path))  # hypothesis may replay one program
     path = directory / "generated.py"
     path.write_text(source, encoding="utf-8")
     assert _ruff_clean(path), source

@@ -9,18 +9,21 @@ import pytest
 
 from kvref.audit import Applicability, Edit, Fix, FixError, RequiredImport, apply_fixes
 from kvref.audit.import_edits import import_edits, member_sort_key
-from kvref.audit.summary import summarize
+from kvref.audit.summary import decode_source, detect_newline, import_facts, split_lines, summarize
 
 OVERRIDE = RequiredImport("typing_extensions", "override")
 COLLECTION = RequiredImport("collections.abc", "Collection")
 
 
 def imports_for(source: bytes, *imports: RequiredImport, line_length: int = 88) -> tuple[Edit, ...]:
-    summary = summarize("m.py", source)
+    # The facts as a module with classes gets them (modules without classes never get fixes,
+    # and their summaries leave the import block out).
+    text = decode_source(source)[0]
+    facts = import_facts(ast.parse(text), split_lines(text))
     return import_edits(
-        summary.import_facts,
+        facts,
         imports,
-        newline=summary.newline,
+        newline=detect_newline(text),
         line_length=line_length,
         first_party=frozenset({"mypkg"}),
     )
