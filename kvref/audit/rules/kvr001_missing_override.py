@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import cast
 
 from typing_extensions import override
 
@@ -104,25 +105,33 @@ def _required(hit: MemberHit, options: AnalysisOptions) -> bool:
     return options.protocol_members or not hit.owner.is_protocol
 
 
+_FIX_CACHE = "kvr001.fixes"
+
+
 def _insert_override(context: ModuleContext, cls: ClassSummary | None, target: FunctionSummary) -> Fix | None:
     if target.indent is None:  # `class A: def f(self): ...` on one line: no room for a line
         return None
     summary = context.summary
-    options = context.options
-    spelling, needed, caveat = override_spelling(summary, cls, options)
-    edits = [Edit(target.def_line, 0, target.def_line, 0, f"{target.indent}@{spelling}{summary.newline}")]
-    if needed is not None:
-        edits.extend(
-            import_edits(
+    # One spelling and one import edit per class (a large project has ten thousand findings).
+    cache = cast(dict[int, tuple[str, tuple[Edit, ...], str]], context.derived.setdefault(_FIX_CACHE, {}))
+    known = cache.get(id(cls))
+    if known is None:
+        options = context.options
+        spelling, needed, caveat = override_spelling(summary, cls, options)
+        imports = ()
+        if needed is not None:
+            imports = import_edits(
                 summary.import_facts,
                 (needed,),
                 newline=summary.newline,
                 line_length=options.import_line_length,
                 first_party=options.first_party,
             )
-        )
+        known = cache[id(cls)] = (spelling, imports, caveat)
+    spelling, imports, caveat = known
+    decorator = Edit(target.def_line, 0, target.def_line, 0, f"{target.indent}@{spelling}{summary.newline}")
     return Fix(
         applicability=Applicability.UNSAFE if caveat else Applicability.SAFE,
-        edits=tuple(sorted(edits, key=lambda edit: (edit.start_line, edit.start_col))),
+        edits=tuple(sorted((decorator, *imports), key=lambda edit: (edit.start_line, edit.start_col))),
         description=f"{MissingOverride.fix_title} ({caveat})" if caveat else MissingOverride.fix_title,
     )
