@@ -69,11 +69,12 @@ def override_spelling(
     if module == "typing_extensions" and not options.typing_extensions_declared and not any(
         _binds_from_typing_extensions(bindings) for bindings in symbols.values()
     ):
+        # Short: a large project repeats it on thousands of findings in a JSON report.
         caveat = (
-            "unsafe: typing_extensions is not a declared dependency of the project; add it to "
-            "the dependencies, or set [tool.kvref] target-version = \"py312\" if the project "
-            "needs Python 3.12+"
+            "unsafe: typing_extensions is undeclared; add it to the dependencies or set "
+            'target-version = "py312"'
         )
+
     needed = RequiredImport(module, "override", "" if alias == "override" else alias)
     return alias, needed, caveat
 

@@ -252,7 +252,7 @@ def test_below_3_12_without_typing_extensions_plain_fix_leaves_kvr001(tmp_path: 
     (finding,) = json.loads(out)["findings"]
     assert finding["fixable"] is False
     assert finding["fix"]["applicability"] == "unsafe"
-    assert "typing_extensions is not a declared dependency" in finding["fix"]["description"]
+    assert "typing_extensions is undeclared; add it to the dependencies" in finding["fix"]["description"]
     assert 'target-version = "py312"' in finding["fix"]["description"]
     before = (tmp_path / "pkg/child.py").read_text()
     assert run("--fix")[0] == EXIT_FINDINGS

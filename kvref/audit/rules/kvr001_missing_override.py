@@ -9,7 +9,7 @@ from typing_extensions import override
 
 from kvref.audit.context import ModuleContext, is_private_name, primary_definition
 from kvref.audit.import_edits import import_edits
-from kvref.audit.model import AnalysisOptions, Applicability, Edit, Finding, Fix
+from kvref.audit.model import AnalysisOptions, Applicability, Edit, Finding, Fix, RequiredImport
 from kvref.audit.override_spelling import override_spelling
 from kvref.audit.resolve import BUILTINS, MemberHit
 from kvref.audit.rules import Rule
@@ -106,6 +106,7 @@ def _required(hit: MemberHit, options: AnalysisOptions) -> bool:
 
 
 _FIX_CACHE = "kvr001.fixes"
+_IMPORT_CACHE = "kvr001.import_edits"
 
 
 def _insert_override(context: ModuleContext, cls: ClassSummary | None, target: FunctionSummary) -> Fix | None:
@@ -120,13 +121,16 @@ def _insert_override(context: ModuleContext, cls: ClassSummary | None, target: F
         spelling, needed, caveat = override_spelling(summary, cls, options)
         imports = ()
         if needed is not None:
-            imports = import_edits(
-                summary.import_facts,
-                (needed,),
-                newline=summary.newline,
-                line_length=options.import_line_length,
-                first_party=options.first_party,
-            )
+            edits = cast(dict[RequiredImport, tuple[Edit, ...]], context.derived.setdefault(_IMPORT_CACHE, {}))
+            if needed not in edits:
+                edits[needed] = import_edits(
+                    summary.import_facts,
+                    (needed,),
+                    newline=summary.newline,
+                    line_length=options.import_line_length,
+                    first_party=options.first_party,
+                )
+            imports = edits[needed]
         known = cache[id(cls)] = (spelling, imports, caveat)
     spelling, imports, caveat = known
     decorator = Edit(target.def_line, 0, target.def_line, 0, f"{target.indent}@{spelling}{summary.newline}")
