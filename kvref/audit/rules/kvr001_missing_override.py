@@ -118,7 +118,7 @@ def _insert_override(context: ModuleContext, cls: ClassSummary | None, target: F
     known = cache.get(id(cls))
     if known is None:
         options = context.options
-        spelling, needed, caveat = override_spelling(summary, cls, options)
+        spelling, needed, caveat = override_spelling(summary, cls, options, context.derived)
         imports = ()
         if needed is not None:
             edits = cast(dict[RequiredImport, tuple[Edit, ...]], context.derived.setdefault(_IMPORT_CACHE, {}))
