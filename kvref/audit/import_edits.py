@@ -21,13 +21,12 @@ statement: the file was not isort-clean, and the added line is still correct cod
 
 from __future__ import annotations
 
-import ast
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvref.audit.model import Edit, RequiredImport
-from kvref.audit.summary import ImportFacts, split_lines
+from kvref.audit.summary import ImportFacts
 
 __all__ = ["ImportStatement", "import_edits", "member_sort_key", "parse_block", "section_of"]
 
@@ -100,42 +99,17 @@ class ImportStatement:
 
 
 def parse_block(facts: ImportFacts) -> tuple[ImportStatement, ...]:
-    """The statements of the module's leading import block (none when it has none)."""
-    if not facts.block_line:
-        return ()
-    try:
-        tree = ast.parse(facts.block_text)
-    except (SyntaxError, ValueError):
-        return ()
-    lines = split_lines(facts.block_text)
-    offset = facts.block_line - 1
-
-    def column(line: int, byte_col: int) -> int:
-        return len(lines[line - 1].encode("utf-8")[:byte_col].decode("utf-8", "replace"))
-
+    """The statements of the module's leading import block (see `ImportFacts.block`)."""
     statements: list[ImportStatement] = []
-    for node in tree.body:
-        if not isinstance(node, ast.Import | ast.ImportFrom):
-            break
-        end_line = node.end_lineno or node.lineno
-        end_col = column(end_line, node.end_col_offset or 0)
-        if isinstance(node, ast.Import):
-            statements.append(ImportStatement(node.lineno + offset, end_line + offset, end_col, node.names[0].name, ()))
-            continue
-        module = "." * node.level + (node.module or "")
-        names = tuple(f"{a.name} as {a.asname}" if a.asname else a.name for a in node.names)
-        positions: tuple[tuple[int, int, int, int], ...] = ()
-        if any("#" in lines[n - 1] for n in range(node.lineno, end_line + 1)):
-            positions = tuple(
-                (
-                    a.lineno + offset,
-                    column(a.lineno, a.col_offset),
-                    (a.end_lineno or a.lineno) + offset,
-                    column(a.end_lineno or a.lineno, a.end_col_offset or 0),
-                )
-                for a in node.names
-            )
-        statements.append(ImportStatement(node.lineno + offset, end_line + offset, end_col, module, names, positions))
+    for row in facts.block.split("\n") if facts.block else ():
+        line, end_line, end_col, module, names, positions = row.split("\t")
+        numbers = [int(value) for value in positions.split(",")] if positions else []
+        spans = tuple(
+            (numbers[i], numbers[i + 1], numbers[i + 2], numbers[i + 3]) for i in range(0, len(numbers), 4)
+        )
+        statements.append(
+            ImportStatement(int(line), int(end_line), int(end_col), module, tuple(names.split(",")) if names else (), spans)
+        )
     return tuple(statements)
 
 

@@ -295,12 +295,15 @@ class ImportFacts:
     Attributes:
         insert_line: the line a new import statement goes before (after the module
             docstring and `from __future__` imports).
-        block_line: the first line of the leading import block: the top-level import
-            statements that follow the docstring with no other statement between them
-            (`from __future__` imports included); 0 when there is none, or when the module
-            has no class (only fixes in classes read it).
-        block_text: the block's lines joined with "\n", comments included (one string:
-            cheap to cache; `kvref.audit.import_edits` parses it when a fix needs it).
+        block: the leading import block: the top-level import statements that follow the
+            docstring with no other statement between them (`from __future__` imports
+            included), one line per statement, fields separated by tabs: first line, last
+            line, end column, module (`from` imports: with its leading dots; plain imports:
+            the first module), the imported names of a `from` import (`a,b as c`), and only
+            when the statement has a comment the (line, col, end line, end col) of each name,
+            comma-separated; columns in characters. "" when there is no block, or when the
+            module has no class (only fixes in classes read it). One string: cheap to cache
+            and to hand across processes (`kvref.audit.import_edits.parse_block` reads it).
         next_line: the first line of the first statement after the block (its first
             decorator's), or the line past the end of the file.
         next_is_definition: that statement is a `def` or `class` (ruff wants two blank lines
@@ -310,8 +313,7 @@ class ImportFacts:
     """
 
     insert_line: int
-    block_line: int
-    block_text: str
+    block: str
     next_line: int
     next_is_definition: bool
     bound_override: str
@@ -456,10 +458,9 @@ def import_facts(tree: ast.Module, lines: Sequence[str], *, with_block: bool = T
     start = position = 1 if body and _is_docstring(body[0]) else 0
     while with_block and position < len(body) and isinstance(body[position], ast.Import | ast.ImportFrom):
         position += 1
-    block_line, block_text = 0, ""
-    if position > start:
-        block_line = body[start].lineno
-        block_text = "\n".join(lines[block_line - 1 : body[position - 1].end_lineno or block_line])
+    block = "\n".join(
+        _encode_import(cast("ast.Import | ast.ImportFrom", statement), lines) for statement in body[start:position]
+    )
     if position < len(body):
         following = body[position]
         decorators = cast("list[ast.expr]", getattr(following, "decorator_list", []))
@@ -485,12 +486,42 @@ def import_facts(tree: ast.Module, lines: Sequence[str], *, with_block: bool = T
                     attribute = f"{alias.asname or alias.name}.override"
     return ImportFacts(
         insert_line,
-        block_line,
-        block_text,
+        block,
         next_line,
         definition,
         bound or attribute,  # a plain name reads best: prefer it to `te.override`
     )
+
+
+def _encode_import(statement: ast.Import | ast.ImportFrom, lines: Sequence[str]) -> str:
+    """One line of `ImportFacts.block`."""
+    end_line = statement.end_lineno or statement.lineno
+    head = f"{statement.lineno}\t{end_line}\t{_char_col(lines, end_line, statement.end_col_offset or 0)}"
+    if isinstance(statement, ast.Import):
+        return f"{head}\t{statement.names[0].name}\t\t"
+    module = "." * statement.level + (statement.module or "")
+    names = ",".join(f"{a.name} as {a.asname}" if a.asname else a.name for a in statement.names)
+    positions = ""
+    if any("#" in lines[n - 1] for n in range(statement.lineno, min(end_line, len(lines)) + 1)):
+        positions = ",".join(
+            str(value)
+            for a in statement.names
+            for value in (
+                a.lineno,
+                _char_col(lines, a.lineno, a.col_offset),
+                a.end_lineno or a.lineno,
+                _char_col(lines, a.end_lineno or a.lineno, a.end_col_offset or 0),
+            )
+        )
+    return f"{head}\t{module}\t{names}\t{positions}"
+
+
+def _char_col(lines: Sequence[str], line: int, byte_col: int) -> int:
+    """The character column of a UTF-8 byte column (what `ast` reports)."""
+    text = lines[line - 1] if 0 < line <= len(lines) else ""
+    if text.isascii():
+        return byte_col
+    return len(text.encode("utf-8")[:byte_col].decode("utf-8", "replace"))
 
 
 def _is_docstring(statement: ast.stmt) -> bool:
