@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, cast
 
 from kvref.audit.annotation_imports import required_imports
 from kvref.audit.context import ModuleContext, is_private_name, param_symbol, primary_definition
+from kvref.audit.import_edits import import_edits
 from kvref.audit.model import Applicability, Edit, Finding, Fix
 from kvref.audit.resolve import ClassInfo, MemberHit
 from kvref.audit.summary import FunctionSummary, Param, TypeExpr
@@ -227,7 +228,15 @@ def annotation_fix(context: ModuleContext, pair: ParamPair, title: str) -> Fix |
     if imports is None:
         return None
     edit = Edit(span.line, span.col, span.end_line, span.end_col, text)
-    return Fix(Applicability.UNSAFE, (edit,), description=title, imports=imports)
+    options = context.options
+    added = import_edits(
+        context.summary.import_facts,
+        imports,
+        newline=context.summary.newline,
+        line_length=options.import_line_length,
+        first_party=options.first_party,
+    )
+    return Fix(Applicability.UNSAFE, (edit, *added), description=title)
 
 
 def report_parameter_pairs(rule: Rule, context: ModuleContext, *relations: Relation) -> Iterator[Finding]:

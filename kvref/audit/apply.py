@@ -16,7 +16,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Protocol
 
 from kvref.audit.atomic import write_atomically
 from kvref.audit.model import Applicability, FileError, Finding, Fix
@@ -34,13 +34,7 @@ __all__ = [
 class ApplyFixesFn(Protocol):
     """The fixer's signature (`kvref.audit.fixer.apply_fixes`)."""
 
-    def __call__(
-        self,
-        source: bytes,
-        fixes: Sequence[Fix],
-        *,
-        override_import: Literal["typing_extensions", "typing"],
-    ) -> bytes: ...
+    def __call__(self, source: bytes, fixes: Sequence[Fix]) -> bytes: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +76,6 @@ def plan_fixes(
     *,
     root: Path,
     unsafe_fixes: bool,
-    override_import: Literal["typing_extensions", "typing"],
     apply_fixes: ApplyFixesFn,
     fix_error: type[Exception],
 ) -> FixPlan:
@@ -107,7 +100,7 @@ def plan_fixes(
             continue
         fixes = [finding.fix for finding in file_findings if finding.fix is not None]
         try:
-            fixed = apply_fixes(original, fixes, override_import=override_import)
+            fixed = apply_fixes(original, fixes)
         except fix_error as exc:
             errors.append(
                 FileError(path, first.line, first.col, f"fixes not applied (the result would not parse): {exc}")

@@ -53,7 +53,6 @@ from kvref.audit.model import (
     FileError,
     Finding,
     Fix,
-    RequiredImport,
 )
 
 __all__ = [
@@ -513,9 +512,7 @@ def _encode_result(result: AnalysisResult) -> tuple[object, ...]:
                     (e.start_line, e.start_col, e.end_line, e.end_col, e.text)
                     for e in f.fix.edits
                 ),
-                f.fix.needs_override_import,
                 f.fix.description,
-                tuple((i.module, i.name, i.alias) for i in f.fix.imports),
             ),
         )
         for f in result.findings
@@ -555,23 +552,10 @@ def _decode_result(data: object) -> AnalysisResult:
         )
         fix = None
         if fix_data is not None:
-            applicability, edits, needs_import, description, imports = cast(
-                tuple[
-                    str,
-                    tuple[tuple[int, int, int, int, str], ...],
-                    bool,
-                    str,
-                    tuple[tuple[str, str, str], ...],
-                ],
-                fix_data,
+            applicability, edits, description = cast(
+                tuple[str, tuple[tuple[int, int, int, int, str], ...], str], fix_data
             )
-            fix = Fix(
-                Applicability(applicability),
-                tuple(Edit(*edit) for edit in edits),
-                needs_import,
-                description,
-                tuple(RequiredImport(*row) for row in imports),
-            )
+            fix = Fix(Applicability(applicability), tuple(Edit(*edit) for edit in edits), description)
         findings.append(Finding(path, line, col, end_line, end_col, code, message, symbol, fix))
     return AnalysisResult(
         findings=findings,

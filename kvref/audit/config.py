@@ -12,7 +12,8 @@ the current directory); without one it is the paths' common parent. Every key is
     per-file-ignores = {"tests/**" = ["KVR001"]}
     respect-gitignore = true
     force-exclude = false              # apply excludes to files named on the command line too
-    override-import = "typing_extensions"   # or "typing" (Python 3.12+)
+    override-import = "typing_extensions"   # or "typing" (needs a 3.12+ floor)
+    target-version = "py312"           # the Python floor fixes write for (else requires-python)
     baseline = ".kvref-baseline.json"  # relative to the directory of pyproject.toml
     object-dunders = true              # require @override on __repr__, __eq__, ...
     abstract-implementations = true    # ... on implementations of abstract methods
@@ -39,6 +40,7 @@ from typing import cast
 from kvref.audit.catalogue import RuleInfo
 from kvref.audit.discover import DEFAULT_EXCLUDES
 from kvref.audit.model import DEFAULT_EXEMPT_NAMES, AnalysisOptions
+from kvref.audit.project import parse_target_version
 from kvref.errors import KVRefError
 
 __all__ = [
@@ -64,6 +66,7 @@ CONFIG_KEYS: tuple[str, ...] = (
     "respect-gitignore",
     "force-exclude",
     "override-import",
+    "target-version",
     "baseline",
     "object-dunders",
     "abstract-implementations",
@@ -99,7 +102,9 @@ class AuditConfig:
         respect_gitignore: skip files that git ignores.
         force_exclude: apply `excludes` to explicitly named files too.
         baseline: the configured baseline file (absolute), if any.
-        options: the analysis policy switches and `override-import`.
+        options: the analysis policy switches and `override-import` (the project facts a
+            fix depends on are added by `kvref.audit.project.with_project_facts`).
+        target_version: `target-version` as (3, minor), None when not set.
     """
 
     root: Path
@@ -111,6 +116,7 @@ class AuditConfig:
     force_exclude: bool = False
     baseline: Path | None = None
     options: AnalysisOptions = field(default_factory=AnalysisOptions)
+    target_version: tuple[int, int] | None = None
 
 
 def find_project_root(paths: Sequence[Path], cwd: Path) -> tuple[Path, Path | None]:
@@ -253,6 +259,12 @@ def parse_config_table(
             f"{where}: override-import must be one of 'typing_extensions', 'typing', "
             f"not {override_import!r}"
         )
+    target_version: tuple[int, int] | None = None
+    if "target-version" in table:
+        try:
+            target_version = parse_target_version(table["target-version"], where=where)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
     baseline_value = table.get("baseline")
     if baseline_value is not None and (not isinstance(baseline_value, str) or not baseline_value):
         raise ConfigError(f"{where}: baseline must be a path string, not {baseline_value!r}")
@@ -286,6 +298,7 @@ def parse_config_table(
         force_exclude=_bool(where, "force-exclude", table.get("force-exclude", False)),
         baseline=((relative_to or root) / baseline_value) if isinstance(baseline_value, str) else None,
         options=options,
+        target_version=target_version,
     )
 
 

@@ -41,6 +41,7 @@ from kvref.audit.config import (
     validate_selector,
 )
 from kvref.audit.discover import Discovery, discover, matches_glob
+from kvref.audit.project import with_project_facts
 from kvref.audit.model import AnalysisOptions, AnalysisResult, FileError, Finding
 from kvref.audit.report import OutputFormat, Report, Summary, render
 from kvref.audit.progress import progress_enabled
@@ -228,6 +229,7 @@ class _Runner:
             config = load_config(config_file, root, relative_to=config_file.parent)
         else:
             config = load_config(pyproject, root)
+        config = with_project_facts(config)
         where = f"{config.source} [tool.kvref]" if config.source else "[tool.kvref]"
         rules = self.backend.rules
         for glob, selectors in config.per_file_ignores:
@@ -329,7 +331,6 @@ class _Runner:
             findings,
             root=config.root,
             unsafe_fixes=self.request.unsafe_fixes,
-            override_import=config.options.override_import,
             apply_fixes=self.backend.apply_fixes,
             fix_error=self.backend.fix_error,
         )

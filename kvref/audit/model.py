@@ -76,20 +76,16 @@ class Fix:
 
     Attributes:
         applicability: safe fixes run with `--fix`; unsafe ones need `--unsafe-fixes` too.
-        edits: non-overlapping edits within the finding's file.
-        needs_override_import: the fixed file must import the `override` decorator (the fixer
-            adds or merges the import, once per file, per the `override-import` setting).
-        description: a short imperative line, e.g. "Add @override".
-        imports: imports the fixed file needs, e.g. the names of an annotation the fix
-            writes (the fixer adds each once per file, merged into an existing
-            `from module import ...` where there is one).
+        edits: every edit of the fix, the imports it needs included, non-overlapping and
+            within the finding's file. Applied alone they give a file that runs; two fixes
+            of one file may carry the very same import edit (applied once).
+        description: a short imperative line, e.g. "Add @override", followed by why the fix
+            is unsafe when that is not the rule's usual reason.
     """
 
     applicability: Applicability
     edits: tuple[Edit, ...]
-    needs_override_import: bool = False
     description: str = ""
-    imports: tuple[RequiredImport, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +143,14 @@ class AnalysisOptions:
         abstract_implementations: require it on implementations of abstract methods.
         protocol_members: require it on members of `Protocol` subclasses that override.
         exempt_names: method names never reported by KVR001.
-        override_import: the module the fixer imports `override` from.
+        override_import: the module the fixer imports `override` from when the project may
+            use either (`typing` needs a `python_floor` of 3.12 or later).
+        python_floor: the lowest Python the project supports (None: unknown, taken as below
+            3.12, so `typing.override` is never written).
+        typing_extensions_declared: the project declares `typing_extensions`; when it does
+            not (and the floor is below 3.12) a fix that would import it is unsafe.
+        import_line_length: ruff's line length, for an import line a fix lengthens.
+        first_party: top-level module names ruff's isort files as first-party.
         max_file_bytes: files larger than this are reported as skipped, not parsed.
         report_dependents: when only some files are reported, also report the classes of
             other files that derive from theirs (set for files named one by one, as
@@ -159,6 +162,10 @@ class AnalysisOptions:
     protocol_members: bool = True
     exempt_names: frozenset[str] = DEFAULT_EXEMPT_NAMES
     override_import: Literal["typing_extensions", "typing"] = "typing_extensions"
+    python_floor: tuple[int, int] | None = None
+    typing_extensions_declared: bool = True
+    import_line_length: int = 88
+    first_party: frozenset[str] = frozenset()
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     report_dependents: bool = False
 

@@ -26,7 +26,7 @@ import re
 import tokenize
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Final, TypeVar
+from typing import Final, TypeVar, cast
 
 from typing_extensions import dataclass_transform
 
@@ -298,19 +298,32 @@ _OTHER_TYPE_ONLY: Final = Binding("other", type_only=True)
 
 @_record
 class ImportFacts:
-    """Where the fixer can put the `override` import.
+    """Where the fixer can put an import.
 
     Attributes:
         insert_line: the line a new import statement goes before (after the module
             docstring and `from __future__` imports).
-        merge_points: for `typing` and `typing_extensions`, the end of the last imported
-            name of the first unconditional top-level `from M import ...` (line, col).
+        block: the leading import block: the top-level import statements that follow the
+            docstring with no other statement between them (`from __future__` imports
+            included), one line per statement, fields separated by tabs: first line, last
+            line, end column, module (`from` imports: with its leading dots; plain imports:
+            the first module), the imported names of a `from` import (`a,b as c`), and only
+            when the statement has a comment the (line, col, end line, end col) of each name,
+            comma-separated; columns in characters. "" when there is no block, or when the
+            module has no class (only fixes in classes read it). One string: cheap to cache
+            and to hand across processes (`kvref.audit.import_edits.parse_block` reads it).
+        next_line: the first line of the first statement after the block (its first
+            decorator's), or the line past the end of the file.
+        next_is_definition: that statement is a `def` or `class` (ruff wants two blank lines
+            before it, one before anything else).
         bound_override: the local name under which `override` is already importable at run
             time ("" if none), e.g. `override`, `ovr`, `te.override`.
     """
 
     insert_line: int
-    merge_points: tuple[tuple[str, int, int], ...]
+    block: str
+    next_line: int
+    next_is_definition: bool
     bound_override: str
 
 
@@ -423,12 +436,14 @@ def dotted_name(node: ast.expr) -> str:
             return ""
 
 
-def import_facts(tree: ast.Module, lines: Sequence[str]) -> ImportFacts:
-    """Find the `override` import's place, merge points and existing binding (top level).
+def import_facts(tree: ast.Module, lines: Sequence[str], *, with_block: bool = True) -> ImportFacts:
+    """Find where imports go, the leading import block and any `override` binding (top level).
 
     Args:
         tree: the parsed module.
         lines: its source lines (from `split_lines`), to turn byte columns into characters.
+        with_block: describe the import block (only fixes in classes use it: a module
+            without classes skips the work and the bytes in its cached summary).
     """
     body = tree.body
     insert_line = 1
@@ -448,7 +463,19 @@ def import_facts(tree: ast.Module, lines: Sequence[str]) -> ImportFacts:
         insert_line = min([first.lineno, *(d.lineno for d in decorators)])
     elif index == 0:
         insert_line = len(lines) + 1  # an empty module: append
-    merge: dict[str, tuple[int, int]] = {}
+    start = position = 1 if body and _is_docstring(body[0]) else 0
+    while with_block and position < len(body) and isinstance(body[position], ast.Import | ast.ImportFrom):
+        position += 1
+    block = "\n".join(
+        _encode_import(cast("ast.Import | ast.ImportFrom", statement), lines) for statement in body[start:position]
+    )
+    if position < len(body):
+        following = body[position]
+        decorators = cast("list[ast.expr]", getattr(following, "decorator_list", []))
+        next_line = min([following.lineno, *(d.lineno for d in decorators)])
+        definition = isinstance(following, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+    else:
+        next_line, definition = len(lines) + 1, False
     bound = attribute = ""
     statements = list(body)
     for statement in body:
@@ -456,14 +483,8 @@ def import_facts(tree: ast.Module, lines: Sequence[str]) -> ImportFacts:
             statements.extend(statement.body)
     for statement in statements:
         if isinstance(statement, ast.ImportFrom) and statement.level == 0:
-            module = statement.module or ""
-            if module not in OVERRIDE_MODULES:
+            if (statement.module or "") not in OVERRIDE_MODULES:
                 continue
-            last = statement.names[-1]
-            top_level = statement in body
-            if top_level and module not in merge and all(a.name != "*" for a in statement.names):
-                line = last.end_lineno or statement.lineno
-                merge[module] = (line, _char_col(lines, line, last.end_col_offset or 0))
             for alias in statement.names:
                 if alias.name == "override" and not bound:
                     bound = alias.asname or "override"
@@ -473,9 +494,34 @@ def import_facts(tree: ast.Module, lines: Sequence[str]) -> ImportFacts:
                     attribute = f"{alias.asname or alias.name}.override"
     return ImportFacts(
         insert_line,
-        tuple((module, line, col) for module, (line, col) in sorted(merge.items())),
+        block,
+        next_line,
+        definition,
         bound or attribute,  # a plain name reads best: prefer it to `te.override`
     )
+
+
+def _encode_import(statement: ast.Import | ast.ImportFrom, lines: Sequence[str]) -> str:
+    """One line of `ImportFacts.block`."""
+    end_line = statement.end_lineno or statement.lineno
+    head = f"{statement.lineno}\t{end_line}\t{_char_col(lines, end_line, statement.end_col_offset or 0)}"
+    if isinstance(statement, ast.Import):
+        return f"{head}\t{statement.names[0].name}\t\t"
+    module = "." * statement.level + (statement.module or "")
+    names = ",".join(f"{a.name} as {a.asname}" if a.asname else a.name for a in statement.names)
+    positions = ""
+    if any("#" in lines[n - 1] for n in range(statement.lineno, min(end_line, len(lines)) + 1)):
+        positions = ",".join(
+            str(value)
+            for a in statement.names
+            for value in (
+                a.lineno,
+                _char_col(lines, a.lineno, a.col_offset),
+                a.end_lineno or a.lineno,
+                _char_col(lines, a.end_lineno or a.lineno, a.end_col_offset or 0),
+            )
+        )
+    return f"{head}\t{module}\t{names}\t{positions}"
 
 
 def _char_col(lines: Sequence[str], line: int, byte_col: int) -> int:
@@ -528,7 +574,12 @@ def summarize(path: str, source: bytes) -> ModuleSummary:
     walker = _ModuleWalker(lines, path.endswith(".pyi"), text.isascii(), _indented_class_lines(text))
     walker.walk_body(tree.body, "", None)
     return walker.finish(
-        path, encoding, bom, newline, import_facts(tree, lines), candidate_lines(text)
+        path,
+        encoding,
+        bom,
+        newline,
+        import_facts(tree, lines, with_block=bool(walker.classes)),
+        candidate_lines(text),
     )
 
 

@@ -15,7 +15,6 @@ import ast
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 from kvref.audit.catalogue import RuleInfo
 from kvref.audit.main import Backend
@@ -84,8 +83,11 @@ def _finding(path: str, node: ast.FunctionDef, symbol: str, lines: list[str]) ->
     decorated = any(isinstance(d, ast.Name) and d.id == "override" for d in node.decorator_list)
     if name.startswith("bad_") and not decorated:
         text = "BROKEN(\n" if "broken" in name else " " * node.col_offset + "@override\n"
-        edit = Edit(line, 0, line, 0, text)
-        fix = Fix(Applicability.SAFE, (edit,), needs_override_import=True, description="Add @override")
+        edits = [Edit(line, 0, line, 0, text)]
+        if _OVERRIDE_IMPORT not in lines:  # every fix carries its import, as the real ones do
+            # After the decorator: applied bottom-up, an insertion listed later lands first.
+            edits.append(Edit(1, 0, 1, 0, _OVERRIDE_IMPORT + "\n"))
+        fix = Fix(Applicability.SAFE, tuple(edits), description="Add @override")
         return make("KVR001", f"`{name}` overrides a base method but has no @override", fix)
     if name.startswith("stale_"):
         fix = Fix(Applicability.SAFE, (Edit(line - 1, 0, line, 0, ""),), description="Remove @override")
@@ -107,6 +109,7 @@ class FakeEngine:
     """Counts calls so tests can check what was indexed and reported."""
 
     calls: list[tuple[list[str], list[str] | None]] = field(default_factory=lambda: [])
+    options: list[AnalysisOptions] = field(default_factory=lambda: [])
 
     def analyze(
         self,
@@ -121,6 +124,7 @@ class FakeEngine:
 
         reported = None if report_files is None else sorted(rel(p) for p in report_files)
         self.calls.append((sorted(rel(p) for p in project_files), reported))
+        self.options.append(options)
         wanted = set(project_files if report_files is None else report_files)
         result = AnalysisResult(files_analyzed=len(project_files))
         unresolved: dict[str, int] = {}
@@ -146,10 +150,11 @@ class FakeEngine:
         return result
 
 
-def fake_apply_fixes(
-    source: bytes, fixes: Sequence[Fix], *, override_import: Literal["typing_extensions", "typing"]
-) -> bytes:
-    """Apply edits bottom-up; add the import after a leading docstring-free top."""
+_OVERRIDE_IMPORT = "from typing_extensions import override"
+
+
+def fake_apply_fixes(source: bytes, fixes: Sequence[Fix]) -> bytes:
+    """Apply edits bottom-up (an edit that several fixes carry once)."""
     text = source.decode("utf-8")
     lines = text.splitlines(keepends=True)
     starts = [0]
@@ -159,13 +164,10 @@ def fake_apply_fixes(
     def offset(line: int, col: int) -> int:
         return starts[line - 1] + col if line - 1 < len(starts) else len(text)
 
-    edits = [edit for fix in fixes for edit in fix.edits]
+    edits = list(dict.fromkeys(edit for fix in fixes for edit in fix.edits))
     for edit in sorted(edits, key=lambda e: (e.start_line, e.start_col), reverse=True):
         start, end = offset(edit.start_line, edit.start_col), offset(edit.end_line, edit.end_col)
         text = text[:start] + edit.text + text[end:]
-    import_line = f"from {override_import} import override\n"
-    if any(fix.needs_override_import for fix in fixes) and import_line not in text:
-        text = import_line + text
     try:
         ast.parse(text)
     except SyntaxError as exc:

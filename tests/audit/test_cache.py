@@ -35,7 +35,6 @@ from kvref.audit.model import (
     FileError,
     Finding,
     Fix,
-    RequiredImport,
 )
 from kvref.audit.parallel import summarize_many
 
@@ -368,7 +367,7 @@ TestCacheNeverStale.settings = settings(max_examples=25, stateful_step_count=12,
 def test_audit_types_survive_the_fast_pickler() -> None:
     finding = Finding(
         "pkg/a.py", 3, 9, 3, 12, "KVR001", "missing @override", "A.f",
-        Fix(Applicability.SAFE, (Edit(3, 4, 3, 4, "@override\n    "),), True, "Add @override"),
+        Fix(Applicability.SAFE, (Edit(3, 4, 3, 4, "@override\n    "),), "Add @override"),
     )
     data = dumps([finding, FileError("b.py", 1, 1, "syntax error")])
     assert loads(data) == [finding, FileError("b.py", 1, 1, "syntax error")]
@@ -383,14 +382,8 @@ def test_loads_refuses_foreign_classes() -> None:
 
 _TEXT = st.text(max_size=8)
 _EDITS = st.builds(Edit, st.integers(1, 9), st.integers(0, 9), st.integers(1, 9), st.integers(0, 9), _TEXT)
-_IMPORTS = st.builds(RequiredImport, _TEXT, _TEXT, _TEXT)
 _FIXES = st.builds(
-    Fix,
-    st.sampled_from(Applicability),
-    st.lists(_EDITS, max_size=3).map(tuple),
-    st.booleans(),
-    _TEXT,
-    st.lists(_IMPORTS, max_size=2).map(tuple),
+    Fix, st.sampled_from(Applicability), st.lists(_EDITS, max_size=3).map(tuple), _TEXT
 )
 _FINDINGS = st.builds(
     Finding,
@@ -412,10 +405,8 @@ _RESULTS = st.builds(
 def test_the_result_strategy_sets_every_field() -> None:
     # A field added to these records must be added to the strategies above (and so be
     # round-tripped by the result cache), or a warm run would drop it: a fix's imports
-    # once were, and --fix then wrote annotations without their import.
-    assert [f.name for f in dataclasses.fields(Fix)] == [
-        "applicability", "edits", "needs_override_import", "description", "imports"
-    ]  # fmt: skip
+    # once were (a separate field then), and --fix wrote annotations without their import.
+    assert [f.name for f in dataclasses.fields(Fix)] == ["applicability", "edits", "description"]
     assert len(dataclasses.fields(Finding)) == 9
     assert [f.name for f in dataclasses.fields(AnalysisResult)] == [
         "findings", "errors", "unresolved_bases", "files_analyzed", "suppression_lines",
@@ -434,7 +425,7 @@ def test_every_field_of_a_result_survives_the_result_cache(
 
 
 def test_a_stored_result_comes_back_whole(tmp_path: Path) -> None:
-    fix = Fix(Applicability.SAFE, (Edit(3, 0, 3, 0, "    @override\n"),), True, "Add @override")
+    fix = Fix(Applicability.SAFE, (Edit(3, 0, 3, 0, "    @override\n"),), "Add @override")
     result = AnalysisResult(
         findings=[Finding("a.py", 3, 9, 3, 12, "KVR001", "m", "A.f", fix)],
         errors=[FileError("b.py", 1, 5, "syntax error: invalid syntax")],

@@ -229,10 +229,28 @@ def test_fix_applies_safe_fixes_and_exits_0_when_nothing_remains(
     assert (project.root / "pkg/child.py").read_text() == fixed
 
 
-def test_fix_uses_the_configured_override_import(project: Project, run: Callable[..., Outcome]) -> None:
-    project.write({"child.py": CHILD}, pyproject='[tool.kvref]\noverride-import = "typing"\n')
-    assert run("--fix").code == EXIT_CLEAN
-    assert (project.root / "child.py").read_text().startswith("from typing import override\n")
+def test_the_engine_gets_the_configured_override_import_and_the_project_facts(
+    project: Project, run: Callable[..., Outcome]
+) -> None:
+    pyproject = (
+        'requires-python = ">=3.11"\ndependencies = ["Typing_Extensions>=4"]\n'
+        '[tool.kvref]\noverride-import = "typing"\ntarget-version = "py312"\n'
+    )
+    project.write({"child.py": CHILD}, pyproject=pyproject)
+    assert run().code == EXIT_FINDINGS
+    options = project.engine.options[-1]
+    assert (options.override_import, options.python_floor) == ("typing", (3, 12))
+    assert options.typing_extensions_declared and "child" in options.first_party
+
+
+def test_override_import_typing_below_a_3_12_floor_is_a_config_error(
+    project: Project, run: Callable[..., Outcome]
+) -> None:
+    pyproject = 'requires-python = ">=3.11"\n[tool.kvref]\noverride-import = "typing"\n'
+    project.write({"child.py": CHILD}, pyproject=pyproject)
+    outcome = run()
+    assert outcome.code == EXIT_ERROR
+    assert "override-import = 'typing' needs Python 3.12+, but the project's floor is 3.11" in outcome.stderr
 
 
 def test_fix_keeps_file_mode_and_leaves_no_temporary_files(

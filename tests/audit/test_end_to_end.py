@@ -67,7 +67,10 @@ class Other(Tier):
 def _project(root: Path, extra: dict[str, str] | None = None, pyproject: str = "") -> Path:
     files = {"pkg/__init__.py": "", "pkg/base.py": BASE, "pkg/child.py": CHILD, "pkg/other.py": OTHER}
     files.update(extra or {})
-    (root / "pyproject.toml").write_text('[project]\nname = "demo"\n' + textwrap.dedent(pyproject))
+    # The project declares typing_extensions: the KVR001 fix may import it (safe).
+    (root / "pyproject.toml").write_text(
+        '[project]\nname = "demo"\ndependencies = ["typing_extensions>=4.12"]\n' + textwrap.dedent(pyproject)
+    )
     for rel, text in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)

@@ -1,4 +1,5 @@
-"""apply_fixes keeps bytes, encodings and line endings, adds imports once, refuses bad output."""
+"""apply_fixes keeps bytes, encodings and line endings, shares import edits, refuses bad output;
+import_edits puts imports where ruff's isort does."""
 
 from __future__ import annotations
 
@@ -7,12 +8,42 @@ import ast
 import pytest
 
 from kvref.audit import Applicability, Edit, Fix, FixError, RequiredImport, apply_fixes
-from kvref.audit.summary import summarize
+from kvref.audit.import_edits import import_edits, member_sort_key
+from kvref.audit.summary import decode_source, detect_newline, import_facts, split_lines, summarize
+
+OVERRIDE = RequiredImport("typing_extensions", "override")
+COLLECTION = RequiredImport("collections.abc", "Collection")
 
 
-def add_override(line: int, indent: str = "    ", newline: str = "\n") -> Fix:
-    text = f"{indent}@override{newline}"
-    return Fix(Applicability.SAFE, (Edit(line, 0, line, 0, text),), needs_override_import=True)
+def imports_for(source: bytes, *imports: RequiredImport, line_length: int = 88) -> tuple[Edit, ...]:
+    # The facts as a module with classes gets them (modules without classes never get fixes,
+    # and their summaries leave the import block out).
+    text = decode_source(source)[0]
+    facts = import_facts(ast.parse(text), split_lines(text))
+    return import_edits(
+        facts,
+        imports,
+        newline=detect_newline(text),
+        line_length=line_length,
+        first_party=frozenset({"mypkg"}),
+    )
+
+
+def add_override(source: bytes, line: int, indent: str = "    ", newline: str = "\n") -> Fix:
+    """A KVR001-like fix: the decorator plus the import edits the summary places."""
+    decorator = Edit(line, 0, line, 0, f"{indent}@override{newline}")
+    return Fix(Applicability.SAFE, (decorator, *imports_for(source, OVERRIDE)))
+
+
+def rewrite(source: bytes, line: int, start: int, end: int, text: str, *imports: RequiredImport) -> Fix:
+    """An annotation rewrite on one line that needs `imports`."""
+    edit = Edit(line, start, line, end, text)
+    return Fix(Applicability.UNSAFE, (edit, *imports_for(source, *imports)))
+
+
+def add(source: bytes, *imports: RequiredImport, line_length: int = 88) -> bytes:
+    fix = Fix(Applicability.SAFE, imports_for(source, *imports, line_length=line_length))
+    return apply_fixes(source, [fix])
 
 
 def test_no_fixes_returns_the_same_bytes() -> None:
@@ -21,42 +52,30 @@ def test_no_fixes_returns_the_same_bytes() -> None:
 
 
 def test_crlf_and_bom_are_kept() -> None:
-    source = b'\xef\xbb\xbf"""Doc."""\r\nclass A(B):\r\n    def f(self): ...\r\n'
-    fixed = apply_fixes(source, [add_override(3, newline="\r\n")])
+    source = b'\xef\xbb\xbf"""Doc."""\r\n\r\n\r\nclass A(B):\r\n    def f(self): ...\r\n'
+    fixed = apply_fixes(source, [add_override(source, 5, newline="\r\n")])
     assert fixed == (
-        b'\xef\xbb\xbf"""Doc."""\r\nfrom typing_extensions import override\r\n'
+        b'\xef\xbb\xbf"""Doc."""\r\n\r\nfrom typing_extensions import override\r\n\r\n\r\n'
         b"class A(B):\r\n    @override\r\n    def f(self): ...\r\n"
     )
 
 
 def test_latin1_cookie_and_non_ascii_text_survive() -> None:
-    source = "# -*- coding: latin-1 -*-\nclass A(B):\n    def f(self): return 'é'\n".encode(
+    source = "# -*- coding: latin-1 -*-\nimport os\n\n\nclass A(B):\n    def f(self): return 'é'\n".encode(
         "latin-1"
     )
-    fixed = apply_fixes(source, [add_override(3)], override_import="typing")
+    fixed = apply_fixes(source, [add_override(source, 6)])
     assert fixed.decode("latin-1") == (
-        "# -*- coding: latin-1 -*-\nfrom typing import override\nclass A(B):\n"
-        "    @override\n    def f(self): return 'é'\n"
+        "# -*- coding: latin-1 -*-\nimport os\n\nfrom typing_extensions import override\n\n\n"
+        "class A(B):\n    @override\n    def f(self): return 'é'\n"
     )
 
 
-def test_import_is_added_once_and_merged_when_a_statement_exists() -> None:
-    source = b"from typing_extensions import Self\nclass A(B):\n    def f(self): ...\n    def g(self): ...\n"
-    fixed = apply_fixes(source, [add_override(3), add_override(4)])
+def test_fixes_sharing_their_import_edit_apply_it_once() -> None:
+    source = b"from typing_extensions import Self\n\n\nclass A(B):\n    def f(self): ...\n    def g(self): ...\n"
+    fixed = apply_fixes(source, [add_override(source, 5), add_override(source, 6)])
     assert fixed.count(b"override") == 3
     assert fixed.startswith(b"from typing_extensions import Self, override\n")
-
-
-def test_existing_override_import_is_not_duplicated() -> None:
-    source = b"from typing_extensions import override\nclass A(B):\n    def f(self): ...\n"
-    fixed = apply_fixes(source, [add_override(3)])
-    assert fixed.count(b"import override") == 1
-
-
-def test_module_without_final_newline_gets_the_import_at_its_end_when_empty_body() -> None:
-    source = b'"""Only a docstring."""'
-    fix = Fix(Applicability.SAFE, (), needs_override_import=True)
-    assert apply_fixes(source, [fix]) == b'"""Only a docstring."""\nfrom typing_extensions import override\n'
 
 
 def test_overlapping_fix_is_skipped_whole() -> None:
@@ -67,11 +86,10 @@ def test_overlapping_fix_is_skipped_whole() -> None:
 
 
 def test_untouched_bytes_are_identical() -> None:
-    source = b"class A(B):\n\tdef f(self): ...  # tab \x0c form feed\n\n\n# trailing   \n"
-    fixed = apply_fixes(source, [add_override(2, indent="\t")])
-    assert fixed.replace(b"from typing_extensions import override\n", b"").replace(
-        b"\t@override\n", b""
-    ) == source
+    source = b"import os\n\n\nclass A(B):\n\tdef f(self): ...  # tab \x0c form feed\n\n\n# trailing   \n"
+    fixed = apply_fixes(source, [add_override(source, 5, indent="\t")])
+    without = fixed.replace(b"\nfrom typing_extensions import override\n", b"").replace(b"\t@override\n", b"")
+    assert without == source
 
 
 def test_a_result_that_does_not_parse_raises_fix_error() -> None:
@@ -88,98 +106,100 @@ def test_edit_outside_the_file_raises_fix_error() -> None:
 
 def test_fixed_source_still_summarizes() -> None:
     source = b"class A(B):\n    def f(self): ...\n"
-    fixed = apply_fixes(source, [add_override(2)])
+    fixed = apply_fixes(source, [add_override(source, 2)])
     ast.parse(fixed)
+    assert fixed.startswith(b"from typing_extensions import override\n\n\nclass A(B):")
     assert summarize("a.py", fixed).classes[0].methods[0].has_override
 
 
-def rewrite(line: int, start: int, end: int, text: str, *imports: RequiredImport) -> Fix:
-    """An annotation rewrite on one line that needs `imports`."""
-    return Fix(Applicability.UNSAFE, (Edit(line, start, line, end, text),), imports=imports)
+# --- where imports go (ruff's isort, default settings) -----------------------------------
 
 
-COLLECTION = RequiredImport("collections.abc", "Collection")
+def test_a_merged_name_is_sorted_constants_classes_then_functions() -> None:
+    source = b"from typing_extensions import TYPE_CHECKING, Self, deprecated\n\nx = deprecated\n"
+    assert add(source, OVERRIDE).startswith(
+        b"from typing_extensions import TYPE_CHECKING, Self, deprecated, override\n"
+    )
+    assert member_sort_key("TYPE_CHECKING") < member_sort_key("Self") < member_sort_key("override")
 
 
-def test_required_import_merges_into_the_existing_from_import_of_its_module() -> None:
-    source = b"from collections.abc import Sequence, Set\n\ndef f(keys: Sequence[int]) -> None: ...\n"
-    fixed = apply_fixes(source, [rewrite(3, 12, 25, "Collection[int]", COLLECTION)])
-    assert fixed == (
-        b"from collections.abc import Sequence, Set, Collection\n\n"
-        b"def f(keys: Collection[int]) -> None: ...\n"
+def test_a_merged_line_longer_than_the_limit_is_wrapped_one_name_per_line() -> None:
+    source = b"from collections.abc import Iterable, Sequence\n"
+    assert add(source, COLLECTION, line_length=40) == (
+        b"from collections.abc import (\n    Collection,\n    Iterable,\n    Sequence,\n)\n"
     )
 
 
-def test_required_import_merges_into_a_parenthesized_import() -> None:
+def test_a_parenthesized_import_keeps_one_name_per_line() -> None:
     source = b"from collections.abc import (\n    Sequence,\n    Set,\n)\nx: Sequence[int]\n"
-    fixed = apply_fixes(source, [rewrite(5, 3, 16, "Collection[int]", COLLECTION)])
-    assert fixed == b"from collections.abc import (\n    Sequence,\n    Set, Collection,\n)\nx: Collection[int]\n"
+    assert add(source, COLLECTION) == (
+        b"from collections.abc import (\n    Collection,\n    Sequence,\n    Set,\n)\nx: Sequence[int]\n"
+    )
 
 
-def test_required_imports_go_after_docstring_and_future_keeping_bom_and_crlf() -> None:
+def test_an_import_with_a_comment_gets_the_name_beside_its_neighbour() -> None:
+    source = b"from collections.abc import Iterable, Sequence  # noqa: F401\n"
+    assert add(source, COLLECTION) == b"from collections.abc import Collection, Iterable, Sequence  # noqa: F401\n"
+
+
+def test_a_third_party_import_joins_its_section_in_module_order() -> None:
+    source = b"import os\n\nimport attr\nimport zlib_ng\nfrom attr import define\n\nfrom mypkg import x\n"
+    assert add(source, OVERRIDE) == (
+        b"import os\n\nimport attr\nimport zlib_ng\nfrom attr import define\n"
+        b"from typing_extensions import override\n\nfrom mypkg import x\n"
+    )
+
+
+def test_a_missing_section_is_added_between_its_neighbours_with_blank_lines() -> None:
+    source = b"from __future__ import annotations\n\nimport os\n\nfrom mypkg import x\n\nx = 1\n"
+    assert add(source, OVERRIDE) == (
+        b"from __future__ import annotations\n\nimport os\n\nfrom typing_extensions import override\n"
+        b"\nfrom mypkg import x\n\nx = 1\n"
+    )
+
+
+def test_a_section_before_all_others_goes_first() -> None:
+    source = b"from mypkg import x\nfrom .sibling import y\n"
+    assert add(source, OVERRIDE) == (
+        b"from typing_extensions import override\n\nfrom mypkg import x\nfrom .sibling import y\n"
+    )
+
+
+def test_a_standard_library_import_and_a_third_party_one_keep_their_sections() -> None:
+    source = b'"""Doc."""\n\nfrom mypkg import x\n'
+    assert add(source, OVERRIDE, COLLECTION) == (
+        b'"""Doc."""\n\nfrom collections.abc import Collection\n\n'
+        b"from typing_extensions import override\n\nfrom mypkg import x\n"
+    )
+
+
+def test_an_unsorted_block_gets_the_import_after_its_last_statement() -> None:
+    source = b"from mypkg import x\nimport os\n\ny = 1\n"
+    assert add(source, OVERRIDE) == b"from mypkg import x\nimport os\nfrom typing_extensions import override\n\ny = 1\n"
+
+
+# --- imports a fix leaves unused ------------------------------------------------------------
+
+
+def test_an_import_the_rewrite_leaves_unused_is_removed() -> None:
+    source = b"from collections.abc import Sequence, Set\n\n\ndef f(keys: Sequence[int], s: Set[int]) -> None: ...\n"
+    fixed = apply_fixes(source, [rewrite(source, 4, 12, 25, "Collection[int]", COLLECTION)])
+    assert fixed == (
+        b"from collections.abc import Collection, Set\n\n\n"
+        b"def f(keys: Collection[int], s: Set[int]) -> None: ...\n"
+    )
+
+
+def test_a_whole_statement_left_unused_is_removed_and_other_unused_imports_stay() -> None:
     source = (
-        b'\xef\xbb\xbf"""Doc."""\r\nfrom __future__ import annotations\r\n\r\nimport os\r\n'
-        b"class A(B):\r\n    def f(self, x: list[int]): ...\r\n"
+        b"import json\nfrom typing import List\n\nfrom mypkg import x\n\n\n"
+        b"def f(keys: List[int]) -> None: ...\n"
     )
-    imports = (RequiredImport("typing", "", "t"), RequiredImport("..keys", "Key"))
-    fix = rewrite(6, 19, 28, "t.Collection[Key]", *imports)
-    fixed = apply_fixes(source, [fix, add_override(6, newline="\r\n")])
-    assert fixed == (
-        b'\xef\xbb\xbf"""Doc."""\r\nfrom __future__ import annotations\r\n'
-        b"import typing as t\r\nfrom typing_extensions import override\r\nfrom ..keys import Key\r\n"
-        b"\r\nimport os\r\nclass A(B):\r\n    @override\r\n"
-        b"    def f(self, x: t.Collection[Key]): ...\r\n"
-    )
+    fixed = apply_fixes(source, [rewrite(source, 7, 12, 21, "list[int]")])
+    assert fixed == b"import json\n\nfrom mypkg import x\n\n\ndef f(keys: list[int]) -> None: ...\n"
 
 
-def test_the_override_import_and_a_required_import_share_one_statement() -> None:
-    source = b"class A(B):\n    def f(self, x: list[int]): ...\n"
-    fix = rewrite(2, 19, 28, "Sequence[int]", RequiredImport("typing", "Sequence"))
-    fixed = apply_fixes(source, [fix, add_override(2)], override_import="typing")
-    assert fixed == (
-        b"from typing import override, Sequence\n"
-        b"class A(B):\n    @override\n    def f(self, x: Sequence[int]): ...\n"
-    )
-
-
-def test_a_required_import_is_added_once_and_never_when_present() -> None:
-    source = b"x: list[int] = []\ny: list[int] = []\n"
-    fixes = [rewrite(1, 3, 12, "Collection[int]", COLLECTION), rewrite(2, 3, 12, "Collection[int]", COLLECTION)]
-    fixed = apply_fixes(source, fixes)
-    assert fixed == (
-        b"from collections.abc import Collection\nx: Collection[int] = []\ny: Collection[int] = []\n"
-    )
-    # Fixing again with the same fixes' imports adds nothing more (the file binds them now).
-    assert apply_fixes(fixed, [rewrite(2, 3, 18, "Collection[int]", COLLECTION)]) == fixed
-
-
-def test_plain_module_imports_count_a_submodule_import_as_binding_the_package() -> None:
-    source = b"import collections.abc\nimport typing as t\nx: list[int] = []\n"
-    fix = rewrite(
-        3, 3, 12, "collections.abc.Set[t.Any]",
-        RequiredImport("collections"), RequiredImport("collections.abc"), RequiredImport("typing", "", "t"),
-    )
-    assert apply_fixes(source, [fix]) == source.replace(b"list[int]", b"collections.abc.Set[t.Any]")
-
-
-def test_a_fix_whose_import_binds_a_name_differently_from_an_accepted_one_is_skipped() -> None:
-    source = b"x: list[int] = []\ny: list[int] = []\n"
-    first = rewrite(1, 3, 12, "Collection[Key]", COLLECTION, RequiredImport("a", "Key"))
-    second = rewrite(2, 3, 12, "Collection[Key]", COLLECTION, RequiredImport("b", "Key"))
-    fixed = apply_fixes(source, [first, second])
-    assert fixed == (
-        b"from a import Key\nfrom collections.abc import Collection\n"
-        b"x: Collection[Key] = []\ny: list[int] = []\n"
-    )
-
-
-def test_relative_imports_merge_by_their_spelling() -> None:
-    source = b"from .base import Base\nfrom base import Other\nx: list[int] = []\n"
-    fixed = apply_fixes(source, [rewrite(3, 3, 12, "Keys", RequiredImport(".base", "Keys"))])
-    assert fixed.startswith(b"from .base import Base, Keys\nfrom base import Other\n")
-
-
-def test_an_import_inside_a_conditional_is_not_a_merge_point() -> None:
-    source = b"if True:\n    from collections.abc import Set\nx: list[int] = []\n"
-    fixed = apply_fixes(source, [rewrite(3, 3, 12, "Collection[int]", COLLECTION)])
-    assert fixed == b"from collections.abc import Collection\n" + source.replace(b"list", b"Collection")
+def test_a_name_still_used_elsewhere_is_kept() -> None:
+    source = b"from collections.abc import Sequence\n\nS = Sequence\n\n\ndef f(keys: Sequence[int]) -> None: ...\n"
+    fixed = apply_fixes(source, [rewrite(source, 6, 12, 25, "Collection[int]", COLLECTION)])
+    assert b"import Collection, Sequence\n" in fixed

@@ -48,6 +48,9 @@ def fixture_options(source: str) -> AnalysisOptions:
             name, _, raw = item.strip().partition("=")
             if name == "exempt_names":
                 values[name] = frozenset(raw.split("|"))
+            elif name == "python_floor":
+                major, minor = raw.split(".")
+                values[name] = (int(major), int(minor))
             elif raw in ("true", "false"):
                 values[name] = raw == "true"
             else:
@@ -63,7 +66,7 @@ def audit(path: Path, options: AnalysisOptions) -> list[Finding]:
 
 def fix_all(source: bytes, findings: list[Finding], options: AnalysisOptions) -> bytes:
     fixes = [f.fix for f in findings if f.fix is not None]
-    return apply_fixes(source, fixes, override_import=options.override_import)
+    return apply_fixes(source, fixes)
 
 
 @pytest.mark.parametrize("path", fixture_files(), ids=lambda p: p.stem)

@@ -73,7 +73,8 @@ def _repo(tmp_path: Path, config: str | None) -> Path:
     repo = tmp_path / "repo"
     repo.mkdir()
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
-    (repo / "pyproject.toml").write_text('[project]\nname = "demo"\n')
+    # It declares typing_extensions, so the KVR001 fix that imports it is safe.
+    (repo / "pyproject.toml").write_text('[project]\nname = "demo"\ndependencies = ["typing_extensions"]\n')
     (repo / "base.py").write_text(BASE)
     (repo / "child.py").write_text(CHILD)
     if config is not None:

@@ -20,8 +20,8 @@ from kvref.audit.report.text import render_summary, use_color
 from tests.audit.conftest import Project
 from tests.audit.fakes import FAKE_RULES
 
-SAFE = Fix(Applicability.SAFE, (Edit(3, 4, 3, 4, "@override\n    "),), True, "Add @override")
-UNSAFE = Fix(Applicability.UNSAFE, (Edit(7, 20, 7, 28, "Collection"),), False, "Widen")
+SAFE = Fix(Applicability.SAFE, (Edit(3, 4, 3, 4, "@override\n    "),), "Add @override")
+UNSAFE = Fix(Applicability.UNSAFE, (Edit(7, 20, 7, 28, "Collection"),), "Widen")
 
 
 def _report(summary: Summary | None = None) -> Report:
@@ -222,7 +222,6 @@ _FIXES = st.none() | st.builds(
     Fix,
     st.sampled_from(list(Applicability)),
     st.lists(_EDITS, max_size=3).map(tuple),
-    st.booleans(),
     _TEXT,
 )
 _FINDINGS = st.builds(

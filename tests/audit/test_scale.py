@@ -143,6 +143,10 @@ def test_every_analysis_option_is_part_of_the_result_cache_key() -> None:
         "protocol_members": False,
         "exempt_names": frozenset({"__init__"}),
         "override_import": "typing",
+        "python_floor": (3, 12),
+        "typing_extensions_declared": False,
+        "import_line_length": 100,
+        "first_party": frozenset({"pkg"}),
         "max_file_bytes": 1024,
         "report_dependents": True,
     }

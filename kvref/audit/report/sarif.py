@@ -5,7 +5,10 @@ Carries every property GitHub requires (`$schema`, `version`, `runs[].tool.drive
 `message.text`, a physical location with a repository-relative `artifactLocation.uri` and a
 `region`, and `partialFingerprints.primaryLocationLineHash`). The fingerprint hashes
 (path, code, symbol) plus an occurrence number, so an alert survives code moving within its
-file. File errors become `invocations[].toolExecutionNotifications`. Typed with hand-written
+file. File errors become `invocations[].toolExecutionNotifications`. A finding with a fix
+carries it as `fixes[0]`: every edit of the fix (the imports it adds included) as a
+replacement of a region (an insertion is an empty region), 1-based columns, end exclusive,
+like the JSON output; an unsafe fix says so in its description. Typed with hand-written
 TypedDicts for the subset used (no SARIF dependency).
 """
 
@@ -18,6 +21,7 @@ from typing import Literal, NotRequired, TypedDict
 from urllib.parse import quote
 
 from kvref.audit.catalogue import RuleInfo, doc_section
+from kvref.audit.model import Applicability, Fix
 from kvref.audit.report import Report
 
 __all__ = ["SARIF_SCHEMA", "SarifLog", "build_sarif", "render_sarif", "fingerprint"]
@@ -84,6 +88,21 @@ class Location(TypedDict):
     physicalLocation: PhysicalLocation
 
 
+class Replacement(TypedDict):
+    deletedRegion: Region
+    insertedContent: Message
+
+
+class ArtifactChange(TypedDict):
+    artifactLocation: ArtifactLocation
+    replacements: list[Replacement]
+
+
+class SarifFix(TypedDict):
+    description: Message
+    artifactChanges: list[ArtifactChange]
+
+
 class Result(TypedDict):
     ruleId: str
     ruleIndex: int
@@ -91,6 +110,7 @@ class Result(TypedDict):
     message: Message
     locations: list[Location]
     partialFingerprints: dict[str, str]
+    fixes: NotRequired[list[SarifFix]]
 
 
 class Notification(TypedDict):
@@ -147,6 +167,33 @@ def _location(uri: str, line: int, col: int, end_line: int | None, end_col: int 
     }
 
 
+def _fix(uri: str, fix: Fix) -> SarifFix:
+    description = fix.description or "Fix"
+    if fix.applicability is Applicability.UNSAFE and "unsafe" not in description:
+        description += " (unsafe: applied with --unsafe-fixes)"
+    replacements: list[Replacement] = [
+        {
+            "deletedRegion": {
+                "startLine": edit.start_line,
+                "startColumn": edit.start_col + 1,
+                "endLine": edit.end_line,
+                "endColumn": edit.end_col + 1,
+            },
+            "insertedContent": {"text": edit.text},
+        }
+        for edit in fix.edits
+    ]
+    return {
+        "description": {"text": description},
+        "artifactChanges": [
+            {
+                "artifactLocation": {"uri": quote(uri, safe="/"), "uriBaseId": "%SRCROOT%"},
+                "replacements": replacements,
+            }
+        ],
+    }
+
+
 def build_sarif(report: Report) -> SarifLog:
     """The SARIF log for `report`."""
     rules = list(report.rules)
@@ -160,26 +207,27 @@ def build_sarif(report: Report) -> SarifLog:
     for finding in report.findings:
         key = (finding.path, finding.code, finding.symbol)
         occurrences[key] += 1
-        results.append(
-            {
-                "ruleId": finding.code,
-                "ruleIndex": index[finding.code],
-                "level": "error",
-                "message": {"text": finding.message or finding.code},
-                "locations": [
-                    _location(
-                        report.uri_prefix + finding.path,
-                        finding.line,
-                        finding.col,
-                        finding.end_line,
-                        finding.end_col,
-                    )
-                ],
-                "partialFingerprints": {
-                    "primaryLocationLineHash": fingerprint(*key, occurrences[key])
-                },
-            }
-        )
+        result: Result = {
+            "ruleId": finding.code,
+            "ruleIndex": index[finding.code],
+            "level": "error",
+            "message": {"text": finding.message or finding.code},
+            "locations": [
+                _location(
+                    report.uri_prefix + finding.path,
+                    finding.line,
+                    finding.col,
+                    finding.end_line,
+                    finding.end_col,
+                )
+            ],
+            "partialFingerprints": {
+                "primaryLocationLineHash": fingerprint(*key, occurrences[key])
+            },
+        }
+        if finding.fix is not None and finding.fix.edits:
+            result["fixes"] = [_fix(report.uri_prefix + finding.path, finding.fix)]
+        results.append(result)
     notifications: list[Notification] = [
         {
             "level": "error",

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import cast
 
 from typing_extensions import override
 
 from kvref.audit.context import ModuleContext, is_private_name, primary_definition
-from kvref.audit.model import AnalysisOptions, Applicability, Edit, Finding, Fix
+from kvref.audit.import_edits import import_edits
+from kvref.audit.model import AnalysisOptions, Applicability, Edit, Finding, Fix, RequiredImport
+from kvref.audit.override_spelling import override_spelling
 from kvref.audit.resolve import BUILTINS, MemberHit
 from kvref.audit.rules import Rule
 from kvref.audit.rules._override import marks_override
-from kvref.audit.summary import FunctionSummary, ModuleSummary
+from kvref.audit.summary import ClassSummary, FunctionSummary
 
 __all__ = ["MissingOverride"]
 
@@ -52,7 +55,14 @@ class MissingOverride(Rule):
 
     Fix safety:
         Safe: `@override` is inserted as the innermost decorator with the def's indentation
-        (it only sets `__override__` on the function) and the import is added or merged.
+        (it only sets `__override__` on the function) and the import is added or merged
+        where ruff's isort puts it. The decorator always means `typing_extensions.override`
+        (or `typing.override` where the project's Python floor, from `target-version` or
+        `requires-python`, is 3.12+): a name the module or class already binds to something
+        else is never reused; the import then gets an alias (`override as
+        typing_override`). Unsafe where it would import `typing_extensions` and the project
+        does not declare it (the fixed module would not import where it is not installed):
+        `--unsafe-fixes` applies it anyway, and the fix's description says what to add.
     """
 
     code = "KVR001"
@@ -89,7 +99,7 @@ class MissingOverride(Rule):
                     context,
                     target.name_span,
                     target.qualname,
-                    _insert_override(context.summary, target),
+                    _insert_override(context, info.summary, target),
                     method=target.qualname,
                     base=hit.dotted(name),
                 )
@@ -103,14 +113,37 @@ def _required(hit: MemberHit, options: AnalysisOptions) -> bool:
     return options.protocol_members or not hit.owner.is_protocol
 
 
-def _insert_override(summary: ModuleSummary, target: FunctionSummary) -> Fix | None:
+_FIX_CACHE = "kvr001.fixes"
+_IMPORT_CACHE = "kvr001.import_edits"
+
+
+def _insert_override(context: ModuleContext, cls: ClassSummary | None, target: FunctionSummary) -> Fix | None:
     if target.indent is None:  # `class A: def f(self): ...` on one line: no room for a line
         return None
-    spelling = summary.import_facts.bound_override
-    text = f"{target.indent}@{spelling or 'override'}{summary.newline}"
+    summary = context.summary
+    # One spelling and one import edit per class (a large project has ten thousand findings).
+    cache = cast(dict[int, tuple[str, tuple[Edit, ...], str]], context.derived.setdefault(_FIX_CACHE, {}))
+    known = cache.get(id(cls))
+    if known is None:
+        options = context.options
+        spelling, needed, caveat = override_spelling(summary, cls, options, context.derived)
+        imports = ()
+        if needed is not None:
+            edits = cast(dict[RequiredImport, tuple[Edit, ...]], context.derived.setdefault(_IMPORT_CACHE, {}))
+            if needed not in edits:
+                edits[needed] = import_edits(
+                    summary.import_facts,
+                    (needed,),
+                    newline=summary.newline,
+                    line_length=options.import_line_length,
+                    first_party=options.first_party,
+                )
+            imports = edits[needed]
+        known = cache[id(cls)] = (spelling, imports, caveat)
+    spelling, imports, caveat = known
+    decorator = Edit(target.def_line, 0, target.def_line, 0, f"{target.indent}@{spelling}{summary.newline}")
     return Fix(
-        applicability=Applicability.SAFE,
-        edits=(Edit(target.def_line, 0, target.def_line, 0, text),),
-        needs_override_import=not spelling,
-        description=MissingOverride.fix_title,
+        applicability=Applicability.UNSAFE if caveat else Applicability.SAFE,
+        edits=tuple(sorted((decorator, *imports), key=lambda edit: (edit.start_line, edit.start_col))),
+        description=f"{MissingOverride.fix_title} ({caveat})" if caveat else MissingOverride.fix_title,
     )

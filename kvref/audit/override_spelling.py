@@ -1,0 +1,132 @@
+"""How a fix spells the `override` decorator in a module, and the import that makes it so.
+
+The decorator must mean `typing_extensions.override` (or `typing.override`) wherever the fix
+puts it: a module that binds `override` to something else (a translation context manager, a
+local function, a star import) or a class body that does keeps that binding, and the fix
+imports the decorator under a free alias instead. `typing.override` is written only where the
+project's Python floor is 3.12+; `typing_extensions` only counts as safe to import where the
+project declares it (or the module imports it already).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvref.audit.model import AnalysisOptions, RequiredImport
+from kvref.audit.summary import OVERRIDE_MODULES, Binding, ClassSummary, ModuleSummary
+
+__all__ = ["override_spelling"]
+
+
+@dataclass(frozen=True, slots=True)
+class _ModuleFacts:
+    """What a module binds, as far as spelling `override` goes (computed once per module)."""
+
+    candidates: tuple[tuple[str, str], ...]  # (bound name, spelling), in order of preference
+    names: frozenset[str]
+    imports_typing_extensions: bool
+
+
+def _module_facts(summary: ModuleSummary, modern: bool) -> _ModuleFacts:
+    plain: list[tuple[str, str]] = []
+    qualified: list[tuple[str, str]] = []
+    imports_te = False
+    for name, bindings in summary.symbols:
+        runtime = True
+        all_override = all_module = True
+        for binding in bindings:
+            runtime = runtime and not binding.type_only
+            kind = binding.kind
+            all_override = all_override and _is_override_import(binding)
+            all_module = all_module and kind == "module" and (
+                binding.target == "typing_extensions" or (modern and binding.target == "typing")
+            )
+            if not binding.type_only and (
+                (kind == "import" and binding.level == 0 and binding.module == "typing_extensions")
+                or (kind == "module" and binding.target == "typing_extensions")
+            ):
+                imports_te = True  # so it is installed wherever the module runs
+        if not runtime:
+            continue
+        if all_override:
+            plain.append((name, name))
+        elif all_module:
+            qualified.append((name, f"{name}.override"))
+    plain.sort(key=lambda item: (item[0] != "override", item[0]))
+    qualified.sort()
+    names = frozenset(name for name, _ in summary.symbols)
+    return _ModuleFacts((*plain, *qualified), names, imports_te)
+
+
+def override_spelling(
+    summary: ModuleSummary,
+    cls: ClassSummary | None,
+    options: AnalysisOptions,
+    cache: dict[str, object] | None = None,
+) -> tuple[str, RequiredImport | None, str]:
+    """How the decorator is spelled in a class of `summary`, and the import that makes it so.
+
+    A name the module already binds to `typing.override` / `typing_extensions.override` (or a
+    module `typing_extensions`, or `typing` on a 3.12+ floor, for `te.override`) is reused.
+    Otherwise the decorator is imported from `typing` where the project's floor is 3.12+ and
+    it prefers `typing` or does not declare `typing_extensions`, else from
+    `typing_extensions`; as `override` when nothing else binds that name in the module or the
+    class body (a star import may bind any public name), else under a free alias.
+
+    Args:
+        summary: the module; cls: the class the decorator goes in (None: module level).
+        options: the project's floor, declarations and `override-import`.
+        cache: a per-module dict to keep the module's part of the answer in.
+
+    Returns:
+        (spelling, import to add or None, caveat): the caveat says why the fix is unsafe
+        ("" when it is safe): it would import `typing_extensions`, which the project does
+        not declare.
+    """
+    modern = options.python_floor is not None and options.python_floor >= _TYPING_OVERRIDE_SINCE
+    facts = cache.get(_CACHE_KEY) if cache is not None else None
+    if not isinstance(facts, _ModuleFacts):
+        facts = _module_facts(summary, modern)
+        if cache is not None:
+            cache[_CACHE_KEY] = facts
+    in_class: set[str] = set()
+    if cls is not None:
+        in_class = set(cls.attributes) | {method.name for method in cls.methods}
+    for name, spelling in facts.candidates:
+        if name not in in_class:
+            return spelling, None, ""
+    module = (
+        "typing"
+        if modern and (options.override_import == "typing" or not options.typing_extensions_declared)
+        else "typing_extensions"
+    )
+
+    def free(name: str) -> bool:
+        public = not name.startswith("_")
+        return name not in facts.names and name not in in_class and not (public and summary.star_imports)
+
+    alias = next(name for name in _ALIASES if free(name))
+    caveat = ""
+    if module == "typing_extensions" and not options.typing_extensions_declared and not facts.imports_typing_extensions:
+        # Short: a large project repeats it on thousands of findings in a JSON report.
+        caveat = (
+            "unsafe: typing_extensions is undeclared; add it to the dependencies or set "
+            'target-version = "py312"'
+        )
+    needed = RequiredImport(module, "override", "" if alias == "override" else alias)
+    return alias, needed, caveat
+
+
+_CACHE_KEY = "override_spelling.module"
+_TYPING_OVERRIDE_SINCE = (3, 12)
+# The names the decorator is imported under, in order of preference (the first that is free).
+_ALIASES = ("override", "typing_override", "_typing_override", *(f"_typing_override{n}" for n in range(2, 100)))
+
+
+def _is_override_import(binding: Binding) -> bool:
+    return (
+        binding.kind == "import"
+        and binding.level == 0
+        and binding.module in OVERRIDE_MODULES
+        and binding.target == "override"
+    )

@@ -1,0 +1,443 @@
+"""Fixes are correct code for the project they are applied to.
+
+The decorator always means `typing.override` / `typing_extensions.override` (never a name the
+module or class binds to something else); `typing.override` only on a 3.12+ floor (and such a
+fixed file imports on 3.12 and 3.13); a project below 3.12 that does not declare
+typing_extensions gets no KVR001 fix from plain `--fix`; imports go where ruff's isort puts
+them; JSON and SARIF fixes carry the import edit; every fixed file runs; a second fix is a
+no-op.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvref.audit import AnalysisOptions, analyze, apply_fixes
+from kvref.audit.config import ConfigError, parse_config_table
+from kvref.audit.main import EXIT_CLEAN, EXIT_FINDINGS, main
+from kvref.audit.project import load_project_facts, parse_target_version, requires_python_floor
+from tests.audit.test_fixtures import FIXTURES, SUPPORT, fixture_files
+
+IN_CI = os.environ.get("CI") == "true"
+
+
+def _ruff() -> list[str]:
+    """The ruff command, or a skip (a failure in CI, where the dev extra installs it)."""
+    found = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
+    if found is None:
+        if IN_CI:
+            pytest.fail("ruff is not installed: `pip install -e .[dev]` installs it")
+        pytest.skip("ruff is not installed (pip install -e .[dev])")
+    return [found, "check", "--isolated", "--select", "I,F401", "--quiet", "--no-cache"]
+
+
+def _ruff_clean(*paths: Path) -> bool:
+    return subprocess.run([*_ruff(), *map(str, paths)], capture_output=True).returncode == 0
+
+
+def _interpreter(version: str) -> str:
+    """A CPython `version` (e.g. "3.12") from pyenv or PATH, or a skip (a failure in CI)."""
+    candidates: list[Path] = []
+    try:
+        root = subprocess.run(["pyenv", "root"], capture_output=True, text=True, check=True).stdout.strip()
+        candidates.extend(sorted(Path(root, "versions").glob(f"{version}.*/bin/python")))
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    on_path = shutil.which(f"python{version}")
+    if on_path:
+        candidates.append(Path(on_path))
+    for candidate in candidates:  # a pyenv shim on PATH may name a version it cannot run
+        probe = subprocess.run([str(candidate), "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True)
+        if probe.returncode == 0 and probe.stdout.strip() == str(tuple(map(int, version.split(".")))):
+            return str(candidate)
+    if IN_CI:
+        pytest.fail(f"no Python {version} found (pyenv root, or python{version} on PATH)")
+    pytest.skip(f"no Python {version} found (pyenv root, or python{version} on PATH)")
+
+
+# --- fixture twins ----------------------------------------------------------------------------
+
+
+TWINS = [p for p in fixture_files() if p.with_name(p.stem + ".fixed.py").exists()]
+
+
+@pytest.mark.parametrize("path", TWINS, ids=lambda p: p.stem)
+def test_a_twin_of_a_ruff_clean_fixture_is_ruff_clean(path: Path) -> None:
+    twin = path.with_name(path.stem + ".fixed.py")
+    if not _ruff_clean(path):
+        assert path.stem == "KVR001_merge", "every other fixture is isort-clean; keep it so"
+        return
+    result = subprocess.run([*_ruff(), str(twin)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+
+
+RUNNABLE = ["KVR001_shadowed", "KVR001_class_binding", "KVR001_typing_module", "KVR001_new_section"]
+
+
+@pytest.mark.parametrize("name", RUNNABLE)
+def test_the_fixed_decorator_is_typing_extensions_override(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import typing_extensions
+
+    monkeypatch.setattr(sys, "path", [str(SUPPORT), *sys.path])
+    source = (FIXTURES / f"{name}.fixed.py").read_text(encoding="utf-8")
+    if "from .sibling" in source:  # a relative import the fixture only names
+        source = source.replace("from .sibling import helper", "helper = None")
+    namespace: dict[str, object] = {"__name__": f"{name}_fixed"}
+    exec(compile(source, name, "exec"), namespace)
+    child = namespace["Child"]
+    assert isinstance(child, type)
+    methods = [value for key, value in vars(child).items() if callable(value) and not key.startswith("__")]
+    assert methods and all(getattr(method, "__override__", False) for method in methods)
+    # The decorator name the fix used is bound to the real thing, not the module's `override`.
+    spelled = [line.strip()[1:] for line in source.splitlines() if line.strip().startswith("@")]
+    assert all(namespace[spelling] is typing_extensions.override for spelling in spelled)
+    for method in methods:
+        method(child())  # the translation context manager would raise TypeError here
+
+
+def test_the_shadowed_module_keeps_its_own_override() -> None:
+    fixed = (FIXTURES / "KVR001_shadowed.fixed.py").read_text(encoding="utf-8")
+    assert "from translation import override\n" in fixed
+    assert "from typing_extensions import override as typing_override\n" in fixed
+    assert "    @typing_override\n    def greet" in fixed
+
+
+@pytest.mark.parametrize("version", ["3.12", "3.13"])
+@pytest.mark.parametrize("name", ["KVR001_typing_py312", "KVR001_py312_sections"])
+def test_a_py312_fix_imports_on_newer_pythons(name: str, version: str, tmp_path: Path) -> None:
+    python = _interpreter(version)
+    shutil.copy(FIXTURES / f"{name}.fixed.py", tmp_path / "fixed_module.py")
+    check = (
+        "import fixed_module as m; "
+        "assert all(getattr(v, '__override__', False) for k, v in vars(m.Child).items() "
+        "if callable(v) and not k.startswith('__')); print('ok')"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(SUPPORT)])}
+    result = subprocess.run([python, "-c", check], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert result.stdout.strip() == "ok", result.stderr
+
+
+# --- project facts -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("specifiers", "floor"),
+    [
+        (">=3.11", (3, 11)),
+        (">=3.8,<4", (3, 8)),
+        ("~=3.10", (3, 10)),
+        (">3.11", (3, 11)),  # 3.11.1 is greater than 3.11
+        ("==3.12.*", (3, 12)),
+        ("^3.10", (3, 10)),
+        ("<4", None),
+        ("!=3.9.*, >= 3.12", (3, 12)),
+        ("", None),
+    ],
+)
+def test_requires_python_floor(specifiers: str, floor: tuple[int, int] | None) -> None:
+    assert requires_python_floor(specifiers) == floor
+
+
+def test_target_version_is_validated_naming_the_field(tmp_path: Path) -> None:
+    assert parse_target_version("py312", where="x") == (3, 12)
+    for bad in ("3.12", "py2", 312):
+        with pytest.raises(ValueError, match="target-version must be a string like 'py311'"):
+            parse_target_version(bad, where="x")
+    with pytest.raises(ConfigError, match=r"\[tool.kvref\]: target-version"):
+        parse_config_table({"target-version": "python3.12"}, root=tmp_path)
+    assert parse_config_table({"target-version": "py313"}, root=tmp_path).target_version == (3, 13)
+
+
+def _write(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return root
+
+
+@pytest.mark.parametrize(
+    ("files", "declared"),
+    [
+        ({"pyproject.toml": '[project]\nname = "p"\ndependencies = ["typing-extensions>=4"]\n'}, True),
+        ({"pyproject.toml": '[project]\nname = "p"\n[project.optional-dependencies]\nx = ["Typing_Extensions"]\n'}, True),
+        ({"pyproject.toml": '[tool.poetry.dependencies]\npython = "^3.10"\ntyping-extensions = "*"\n'}, True),
+        ({"pyproject.toml": '[tool.poetry.group.dev.dependencies]\ntyping_extensions = "*"\n'}, True),
+        ({"pyproject.toml": '[dependency-groups]\ndev = ["typing_extensions"]\n'}, True),
+        ({"requirements.txt": "# pinned\nattrs==23.1\ntyping_extensions==4.12.2 ; python_version < '3.12'\n"}, True),
+        ({"requirements/base.txt": "typing-extensions\n"}, True),
+        ({"setup.cfg": "[options]\ninstall_requires =\n    typing_extensions>=4\n"}, True),
+        ({"pyproject.toml": '[project]\nname = "p"\ndependencies = ["typing-inspect"]\n'}, False),
+        ({"requirements.txt": "-r other.txt\n# typing_extensions\n"}, False),
+        ({"script.py": "print()\n"}, False),  # a loose directory declares nothing
+    ],
+)
+def test_typing_extensions_declarations(files: dict[str, str], declared: bool, tmp_path: Path) -> None:
+    assert load_project_facts(_write(tmp_path, files)).typing_extensions_declared is declared
+
+
+def test_facts_read_floor_line_length_and_first_party(tmp_path: Path) -> None:
+    pyproject = (
+        '[project]\nname = "p"\nrequires-python = ">=3.10"\n'
+        "[tool.ruff]\nline-length = 100\n[tool.ruff.lint.isort]\nknown-first-party = ['shared']\n"
+    )
+    root = _write(tmp_path, {"pyproject.toml": pyproject, "pkg/__init__.py": "", "src/lib/__init__.py": "", "tool.py": ""})
+    facts = load_project_facts(root)
+    assert facts.python_floor == (3, 10) and facts.line_length == 100
+    assert {"pkg", "lib", "tool", "shared"} <= facts.first_party
+    assert load_project_facts(root, target_version=(3, 12)).python_floor == (3, 12)
+
+
+# --- the command line on real projects ----------------------------------------------------------
+
+BASE = """\
+class Base:
+    def run(self) -> int:
+        return 1
+"""
+
+CHILD = """\
+import typing
+
+from pkg.base import Base
+
+
+class Child(Base):
+    def run(self) -> int:
+        return typing.cast(int, 2)
+"""
+
+
+def _project(root: Path, pyproject: str, extra: dict[str, str] | None = None) -> Path:
+    files = {"pyproject.toml": pyproject, "pkg/__init__.py": "", "pkg/base.py": BASE, "pkg/child.py": CHILD}
+    return _write(root, {**files, **(extra or {})})
+
+
+Run = Callable[..., tuple[int, str]]
+
+
+@pytest.fixture
+def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Run:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("KVREF_CACHE_DIR", str(tmp_path / ".cache"))
+
+    def invoke(*argv: str) -> tuple[int, str]:
+        capsys.readouterr()
+        code = main(["pkg", *argv])
+        return code, capsys.readouterr().out
+
+    return invoke
+
+
+def test_below_3_12_without_typing_extensions_plain_fix_leaves_kvr001(tmp_path: Path, run: Run) -> None:
+    _project(tmp_path, '[project]\nname = "p"\nrequires-python = ">=3.11"\n')
+    code, out = run("--output-format", "json")
+    assert code == EXIT_FINDINGS
+    (finding,) = json.loads(out)["findings"]
+    assert finding["fixable"] is False
+    assert finding["fix"]["applicability"] == "unsafe"
+    assert "typing_extensions is undeclared; add it to the dependencies" in finding["fix"]["description"]
+    assert 'target-version = "py312"' in finding["fix"]["description"]
+    before = (tmp_path / "pkg/child.py").read_text()
+    assert run("--fix")[0] == EXIT_FINDINGS
+    assert (tmp_path / "pkg/child.py").read_text() == before
+    # Opting in applies it, and writes `typing_extensions`, never `typing.override`.
+    assert run("--fix", "--unsafe-fixes")[0] == EXIT_CLEAN
+    fixed = (tmp_path / "pkg/child.py").read_text()
+    assert "import typing\n\nfrom typing_extensions import override\n\nfrom pkg.base import Base\n" in fixed
+    assert "    @override\n    def run" in fixed
+
+
+def test_a_3_12_floor_without_typing_extensions_uses_typing_override(tmp_path: Path, run: Run) -> None:
+    _project(tmp_path, '[project]\nname = "p"\nrequires-python = ">=3.12"\n')
+    assert run("--fix")[0] == EXIT_CLEAN
+    fixed = (tmp_path / "pkg/child.py").read_text()
+    assert "    @typing.override\n    def run" in fixed  # the module's own `import typing`
+    assert "typing_extensions" not in fixed
+
+
+def test_target_version_overrides_requires_python(tmp_path: Path, run: Run) -> None:
+    pyproject = '[project]\nname = "p"\nrequires-python = ">=3.12"\n[tool.kvref]\ntarget-version = "py311"\n'
+    _project(tmp_path, pyproject, {"requirements.txt": "typing_extensions\n"})
+    assert run("--fix")[0] == EXIT_CLEAN
+    fixed = (tmp_path / "pkg/child.py").read_text()
+    assert "from typing_extensions import override\n" in fixed and "@override\n" in fixed
+
+
+def test_json_and_sarif_fixes_carry_the_import_edit_and_match_fix(tmp_path: Path, run: Run) -> None:
+    _project(tmp_path, '[project]\nname = "p"\ndependencies = ["typing_extensions"]\n')
+    code, out = run("--output-format", "json")
+    assert code == EXIT_FINDINGS
+    (finding,) = json.loads(out)["findings"]
+    edits: list[dict[str, Any]] = finding["fix"]["edits"]
+    assert any("from typing_extensions import override" in edit["content"] for edit in edits)
+    _, sarif_out = run("--output-format", "sarif")
+    (result,) = json.loads(sarif_out)["runs"][0]["results"]
+    replacements = result["fixes"][0]["artifactChanges"][0]["replacements"]
+    assert [r["insertedContent"]["text"] for r in replacements] == [e["content"] for e in edits]
+    # An editor applying the JSON edits alone gets what --fix writes.
+    lines = (tmp_path / "pkg/child.py").read_text().splitlines(keepends=True)
+    for edit in sorted(edits, key=lambda e: (e["line"], e["col"]), reverse=True):
+        line, col, end_line, end_col = (int(edit[k]) for k in ("line", "col", "end_line", "end_col"))
+        assert line == end_line  # insertions and one-line rewrites
+        text = lines[line - 1]
+        lines[line - 1] = text[: col - 1] + str(edit["content"]) + text[end_col - 1 :]
+    by_editor = "".join(lines)
+    assert run("--fix")[0] == EXIT_CLEAN
+    assert (tmp_path / "pkg/child.py").read_text() == by_editor
+    assert _ruff_clean(tmp_path / "pkg/child.py")
+
+
+def test_kvref_itself_keeps_its_safe_fix(tmp_path: Path) -> None:
+    repository = Path(__file__).resolve().parents[2]
+    facts = load_project_facts(repository)
+    assert facts.typing_extensions_declared and "kvref" in facts.first_party
+
+
+def test_api_defaults_keep_the_typing_extensions_fix(tmp_path: Path) -> None:
+    path = _write(tmp_path, {"m.py": "class A:\n    def __repr__(self) -> str:\n        return ''\n"}) / "m.py"
+    (finding,) = analyze([path], root=tmp_path, options=AnalysisOptions()).findings
+    assert finding.fix is not None and finding.fix.applicability.value == "safe"
+    fixed = apply_fixes(path.read_bytes(), [finding.fix]).decode()
+    assert fixed.startswith("from typing_extensions import override\n\n\nclass A:")
+    namespace: dict[str, object] = {}
+    exec(fixed, namespace)
+    repr_method = vars(namespace["A"])["__repr__"]
+    assert getattr(repr_method, "__override__", False)
+
+
+# --- generated programs ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Program:
+    docstring: bool
+    future: bool
+    import_os: bool
+    import_typing: bool
+    from_abc: bool
+    translation: str  # "", "override" or "override as translated"
+    te_module: bool
+    te_self: bool
+    class_attribute: bool
+    methods: int
+    floor: tuple[int, int] | None
+    te_declared: bool
+
+    def render(self) -> str:
+        """The module, isort-clean and F401-clean (`__all__` names every import)."""
+        sections: list[list[str]] = []
+        if self.future:
+            sections.append(["from __future__ import annotations"])
+        stdlib = [line for flag, line in ((self.import_os, "import os"), (self.import_typing, "import typing")) if flag]
+        if self.from_abc:
+            stdlib.append("from collections.abc import Sequence")
+        third = ["import typing_extensions"] if self.te_module else []
+        if self.translation:
+            third.append(f"from translation import {self.translation}")
+        if self.te_self:
+            third.append("from typing_extensions import Self")
+        sections += [section for section in (stdlib, third) if section]
+        names = [
+            name
+            for flag, name in (
+                (self.import_os, "os"),
+                (self.import_typing, "typing"),
+                (self.from_abc, "Sequence"),
+                (self.te_module, "typing_extensions"),
+                (bool(self.translation), self.translation.rpartition(" ")[2]),
+                (self.te_self, "Self"),
+            )
+            if flag
+        ]
+        parts = ['"""Generated."""'] if self.docstring else []
+        parts += ["\n".join(section) for section in sections]
+        head = "\n\n".join(parts)
+        body = f"__all__ = {sorted(names)!r}\n\n\n" if names else ""
+        body += "class Base:\n" + "".join(f"    def m{i}(self) -> int:\n        return {i}\n\n" for i in range(self.methods))
+        body += "\nclass Child(Base):\n"
+        if self.class_attribute:
+            body += "    override = 'a setting'\n\n"
+        body += "\n".join(f"    def m{i}(self) -> int:\n        return -{i}\n" for i in range(self.methods))
+        if not head:
+            return body
+        return head + ("\n\n" if names else "\n\n\n") + body
+
+
+programs = st.builds(
+    Program,
+    docstring=st.booleans(),
+    future=st.booleans(),
+    import_os=st.booleans(),
+    import_typing=st.booleans(),
+    from_abc=st.booleans(),
+    translation=st.sampled_from(["", "override", "override as translated"]),
+    te_module=st.booleans(),
+    te_self=st.booleans(),
+    class_attribute=st.booleans(),
+    methods=st.integers(1, 3),
+    floor=st.sampled_from([None, (3, 11), (3, 12)]),
+    te_declared=st.booleans(),
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(program=programs)
+def test_generated_programs_fix_to_correct_clean_idempotent_code(program: Program, tmp_path: Path) -> None:
+    import typing_extensions
+
+    source = program.render()
+    directory = Path(tempfile.mkdtemp(dir=tmp_path))  # hypothesis may replay one program
+    path = directory / "generated.py"
+    path.write_text(source, encoding="utf-8")
+    assert _ruff_clean(path), source
+    options = AnalysisOptions(python_floor=program.floor, typing_extensions_declared=program.te_declared)
+    findings = [f for f in analyze([path], root=directory, options=options).findings if f.code == "KVR001"]
+    assert len(findings) == program.methods and all(f.fix is not None for f in findings)
+    modern = program.floor == (3, 12)
+    imports_te_already = program.te_module or program.te_self
+    unsafe = not modern and not program.te_declared and not imports_te_already
+    assert {f.fix.applicability.value for f in findings if f.fix} == {"unsafe" if unsafe else "safe"}
+    fixed = apply_fixes(path.read_bytes(), [f.fix for f in findings if f.fix is not None])
+    compile(fixed, "generated.py", "exec")
+    path.write_bytes(fixed)
+    assert _ruff_clean(path), fixed.decode()
+    # A second fix changes nothing.
+    again = [f for f in analyze([path], root=directory, options=options).findings if f.fix is not None]
+    assert again == [] and apply_fixes(fixed, []) == fixed
+    text = fixed.decode()
+    if not modern:
+        assert "typing.override" not in text and "from typing import override" not in text
+    if "typing.override" in text or "from typing import override" in text:
+        return  # needs Python 3.12 to run (test_a_py312_fix_imports_on_newer_pythons)
+    namespace: dict[str, object] = {"__name__": "generated"}
+    sys.path.insert(0, str(SUPPORT))
+    try:
+        exec(compile(text, "generated.py", "exec"), namespace)
+    finally:
+        sys.path.remove(str(SUPPORT))
+    child = namespace["Child"]
+    assert isinstance(child, type)
+    for index in range(program.methods):
+        assert getattr(vars(child)[f"m{index}"], "__override__", False) is True
+    decorators = {line.strip()[1:] for line in text.splitlines() if line.strip().startswith("@")}
+    for spelling in decorators:
+        owner, _, attribute = spelling.rpartition(".")
+        bound = getattr(namespace[owner], attribute) if owner else namespace[spelling]
+        assert bound is typing_extensions.override
