@@ -154,6 +154,11 @@ def _descriptor(rule: RuleInfo, selected: frozenset[str]) -> ReportingDescriptor
     }
 
 
+def _quoted(path: str) -> str:
+    """A relative path as a URI reference; a name that is not UTF-8 keeps its own bytes."""
+    return quote(path.encode("utf-8", "surrogateescape"), safe="/")
+
+
 def _location(uri: str, line: int, col: int, end_line: int | None, end_col: int | None) -> Location:
     region: Region = {"startLine": max(line, 1), "startColumn": max(col, 1)}
     if end_line is not None and end_col is not None and end_line >= 1 and end_col >= 1:
@@ -161,7 +166,7 @@ def _location(uri: str, line: int, col: int, end_line: int | None, end_col: int 
         region["endColumn"] = end_col
     return {
         "physicalLocation": {
-            "artifactLocation": {"uri": quote(uri.encode("utf-8", "surrogateescape"), safe="/"), "uriBaseId": "%SRCROOT%"},
+            "artifactLocation": {"uri": _quoted(uri), "uriBaseId": "%SRCROOT%"},
             "region": region,
         }
     }
@@ -187,7 +192,7 @@ def _fix(uri: str, fix: Fix) -> SarifFix:
         "description": {"text": description},
         "artifactChanges": [
             {
-                "artifactLocation": {"uri": quote(uri, safe="/"), "uriBaseId": "%SRCROOT%"},
+                "artifactLocation": {"uri": _quoted(uri), "uriBaseId": "%SRCROOT%"},
                 "replacements": replacements,
             }
         ],
