@@ -29,33 +29,17 @@ from typing import Any, Protocol, cast
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kvref.base import OffloadKey, ReqContext, make_offload_key
+from kvref.base import ReqContext
 from kvref.tiering.base import JobMetadata
 from kvref.tiering.redis import RedisSecondaryTier
 from kvref.tiering.redis.local import LocalRedisServer, redis_server_path
 
+# Sizes and keys are spelled as in the tiering benchmark, which runs this one with --redis.
+from bench_tiering import human, key_of, parse_size  # noqa: E402  (tools/ is on sys.path)
+
 __all__ = ["main", "bench_block_size"]
 
 CTX = ReqContext(req_id="bench")
-_SIZES = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-def parse_size(text: str) -> int:
-    text = text.strip().upper().removesuffix("IB").removesuffix("B")
-    if text and text[-1] in _SIZES:
-        return int(float(text[:-1]) * _SIZES[text[-1]])
-    return int(text)
-
-
-def human(size: int) -> str:
-    for unit, factor in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if size >= factor and size % factor == 0:
-            return f"{size // factor} {unit}"
-    return f"{size} B"
-
-
-def key_of(i: int) -> OffloadKey:
-    return make_offload_key(i.to_bytes(32, "big"), 0)
 
 
 class _Pipeline(Protocol):
