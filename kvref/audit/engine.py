@@ -361,8 +361,8 @@ def _missing_modules(unresolved: Mapping[str, int], index: ProjectIndex) -> dict
     known: dict[str, bool] = {}
     for name, count in unresolved.items():
         top = name.partition(".")[0]
-        if not top.isidentifier():
-            continue  # `<expression>`, a call: nothing to install
+        if not top.isidentifier() or "(" in name:
+            continue  # `<expression>`, a call (`Manager.from_queryset(QS)`): nothing to install
         if top not in known:
             known[top] = index.module_exists(top)
         if not known[top]:

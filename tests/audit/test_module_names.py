@@ -162,3 +162,18 @@ def test_findings_do_not_depend_on_which_directories_have_init_files(
         findings.append([(f.path, f.line, f.message) for f in result.findings])
     assert findings[0] == findings[1]
     assert len(findings[0]) == 2 * len(_DIRECTORIES)
+
+
+def test_only_importable_names_count_as_missing_modules(tmp_path: Path) -> None:
+    paths = write(
+        tmp_path,
+        {
+            "models.py": "import torch\n\n\nclass Manager:\n    pass\n\n\n"
+            "class Net(torch.nn.Module):\n    def forward(self) -> None: ...\n\n\n"
+            "class Custom(Manager.from_queryset(object)):\n    def get(self) -> None: ...\n",
+        },
+    )
+    result = analyze(paths, root=tmp_path)
+    assert set(result.unresolved_bases) == {"torch.nn.Module", "Manager.from_queryset(object)"}
+    # A call is not a module to install; `torch` is.
+    assert dict(result.missing_modules) == {"torch": 1}
