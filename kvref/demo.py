@@ -286,6 +286,8 @@ class _ServingLoop:
         self.free_gpu_blocks = free
         self.next_job_id = 0
         self.stores: dict[int, _StoreJob] = {}
+        # Jobs the worker refused at submission (reported only by transfer_async's False).
+        self.rejected: list[TransferResult] = []
         # Key -> the GPU blocks it was last stored from, so reloads can target others.
         self.stored_from: dict[OffloadKey, list[int]] = {}
         self.hash_of: dict[OffloadKey, list[bytes]] = {}
@@ -325,13 +327,17 @@ class _ServingLoop:
     def submit(self, spec: TransferSpec) -> int:
         """Hand a job to the worker (its result, success or not, comes from `poll`)."""
         self.next_job_id += 1
-        self.worker.transfer_async(self.next_job_id, spec)
+        if not self.worker.transfer_async(self.next_job_id, spec):
+            media = (spec[0].medium(), spec[1].medium())
+            failure = TransferResult(self.next_job_id, False, None, None, media, "submission failed")
+            self.rejected.append(failure)
         return self.next_job_id
 
     def poll(self) -> list[TransferResult]:
         """Process finished jobs: complete stores, release their GPU blocks. Returns loads."""
         loads: list[TransferResult] = []
-        for result in self.worker.get_finished():
+        results, self.rejected = [*self.rejected, *self.worker.get_finished()], []
+        for result in results:
             if not result.success:
                 self.report.failed_jobs.append(f"job {result.job_id}: {result.error}")
             store = self.stores.pop(result.job_id, None)

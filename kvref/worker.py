@@ -11,9 +11,10 @@ moves blocks between one pair of media (GPU->CPU, CPU->GPU, ...). Its primitives
 * `shutdown` — finish or drop in-flight work and release resources.
 
 `OffloadingWorker` holds one handler per `(src medium, dst medium)` pair and adds one guarantee
-on top of its handlers: every job id it accepted yields exactly one `TransferResult` from
-`get_finished`. A handler that raises (or declines) does not crash the engine: the job is
-reported as a failed result, so the scheduler can release what it reserved for it.
+on top of its handlers: every job is reported exactly once. A job its handler accepted yields
+exactly one `TransferResult` from `get_finished`; a job whose handler raised (or declined it)
+makes `transfer_async` return False and is never reported again, so the scheduler releases what
+it reserved for it once, on that False (as vLLM's worker does).
 
 This module does not import torch.
 """
@@ -132,18 +133,16 @@ class OffloadingHandler(ABC):
 class OffloadingWorker:
     """Routes each job to the handler registered for its (source, destination) media.
 
-    Every job accepted by `transfer_async` yields exactly one `TransferResult` from
-    `get_finished`, successful or not: a handler exception or a declined job becomes a failed
-    result (logged), reported by the next `get_finished`, so one bad job never brings the
-    engine down and the scheduler always learns which reservations to release.
+    Every job is reported exactly once: `transfer_async` returns False for a job its handler
+    raised on or declined (logged; nothing else is ever reported for it, so one bad job never
+    brings the engine down and is never released twice), and every job it returned True for
+    yields exactly one `TransferResult` from `get_finished`.
     """
 
     def __init__(self) -> None:
         self._handlers: dict[TransferType, OffloadingHandler] = {}
         # job id -> its handler, for jobs submitted and not yet reported (routes `wait`).
         self._in_flight: dict[int, OffloadingHandler] = {}
-        # Results of jobs that failed at submission, reported by the next get_finished.
-        self._failed: list[TransferResult] = []
 
     def register_handler(
         self,
@@ -182,8 +181,9 @@ class OffloadingWorker:
             spec: (source spec, destination spec).
 
         Returns:
-            True if the job is running; False if it already failed (its handler raised or
-            declined it). Either way exactly one result for it will come from `get_finished`.
+            True if the job is running: exactly one result for it will come from
+            `get_finished`. False if it failed at submission (its handler raised or declined
+            it): that is its only report, `get_finished` never mentions it.
 
         Raises:
             ValueError: no handler is registered for the spec pair's media (nothing changed).
@@ -198,7 +198,7 @@ class OffloadingWorker:
                 f"no handler registered for {transfer_type[0]}->{transfer_type[1]} "
                 f"(registered: {registered})"
             )
-        if job_id in self._in_flight or any(r.job_id == job_id for r in self._failed):
+        if job_id in self._in_flight:
             raise TransferProtocolError(
                 f"transfer_async: job {job_id} is still in flight; job ids must be unique "
                 "until their result is reported"
@@ -207,27 +207,21 @@ class OffloadingWorker:
             submitted = handler.transfer_async(job_id, spec)
         except Exception as exc:  # a handler bug must fail the job, not the engine
             logger.warning("transfer job %d (%s->%s) failed: %r", job_id, *transfer_type, exc)
-            self._failed.append(
-                TransferResult(job_id, False, None, None, transfer_type, error=repr(exc))
-            )
             return False
         if not submitted:
-            self._failed.append(
-                TransferResult(
-                    job_id, False, None, None, transfer_type, error="declined by the handler"
-                )
-            )
+            logger.warning("transfer job %d (%s->%s) declined by its handler", job_id, *transfer_type)
             return False
         self._in_flight[job_id] = handler
         return True
 
     def get_finished(self) -> list[TransferResult]:
-        """Collect the results of every handler since the last call, plus submission failures.
+        """Collect the results of every handler since the last call.
 
         Returns:
-            Submission failures first, then each handler's results in its reporting order.
+            Each handler's results in its reporting order (never a job whose `transfer_async`
+            returned False).
         """
-        results, self._failed = self._failed, []
+        results: list[TransferResult] = []
         for handler in self._distinct_handlers():
             for result in handler.get_finished():
                 self._in_flight.pop(result.job_id, None)

@@ -3,7 +3,10 @@
 Part 1, throughput: for each block size, store N blocks from a shared-memory primary into a
 `FileSystemSecondaryTier` and load them back, next to a plain sequential write/read of the
 same bytes to one file in the same directory (one `os.write`/`os.preadv` per block), measured
-in the same run. The ratio tier/plain is the figure of merit (target >= 0.8 at 1 MiB).
+in the same run. The ratio tier/plain is the figure of merit (target >= 0.8 at 256 KiB and
+1 MiB): the verdict uses the median over repeats of the ratio of each back-to-back pair (plain,
+then tier), which a host whose load drifts between repeats skews less than best-of-N. The tier checksums every record (XXH3-64) on store and verifies it on load; the run
+first prints the checksum's speed next to zlib's CRC-32 (format 2's), on one core.
 
 Page cache: by default both sides write into the page cache (no fsync) and read back what is
 probably still cached, i.e. memory-speed figures. `--fsync` fsyncs every tier block and the
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import zlib
 import shutil
 import statistics
 import sys
@@ -34,6 +38,8 @@ from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import xxhash
 
 from kvref.base import OffloadingManager, OffloadKey, ReqContext, make_offload_key
 from kvref.cpu.manager import CPUOffloadingManager
@@ -145,8 +151,9 @@ def bench_throughput(args: argparse.Namespace, work_dir: Path) -> list[tuple[int
         f"fsync={'yes' if args.fsync else 'no'}, reads={'cold' if args.cold else 'page cache'} =="
     )
     print(
-        f"{'block':>8} | {'plain write':>11} {'tier store':>10} {'ratio':>6} | "
-        f"{'plain read':>10} {'tier load':>9} {'ratio':>6}   (GB/s)"
+        f"{'block':>8} | {'plain write':>11} {'tier store':>10} {'best':>6} {'pairs':>6} | "
+        f"{'plain read':>10} {'tier load':>9} {'best':>6} {'pairs':>6}   (GB/s, best of "
+        f"{args.repeats}; ratios: best/best, median of the paired repeats)"
     )
     ratios: list[tuple[int, float, float]] = []
     for block_bytes in args.block_sizes:
@@ -169,6 +176,9 @@ def bench_throughput(args: argparse.Namespace, work_dir: Path) -> list[tuple[int
                 fsync=args.fsync,
             )
             best = {"pw": 0.0, "ts": 0.0, "pr": 0.0, "tl": 0.0}
+            # Each repeat measures plain then tier back to back: the ratio of that pair is
+            # robust to the host's load drifting between repeats, which best-of-N is not.
+            pair_ratios: dict[str, list[float]] = {"store": [], "load": []}
             for repeat in range(args.repeats):
                 # Fresh files each repeat: the tier skips blocks it already holds.
                 if repeat:
@@ -181,15 +191,18 @@ def bench_throughput(args: argparse.Namespace, work_dir: Path) -> list[tuple[int
                         n_write_threads=args.write_threads,
                         fsync=args.fsync,
                     )
-                best["pw"] = max(best["pw"], total / plain_write(plain, rows, block_bytes, args.fsync))
+                plain_speed = total / plain_write(plain, rows, block_bytes, args.fsync)
+                best["pw"] = max(best["pw"], plain_speed)
                 settle([str(plain)])
                 elapsed, ok = run_jobs(tier, num_blocks, args.job_blocks, False, 0)
                 assert ok, "tier store failed"
                 best["ts"] = max(best["ts"], total / elapsed)
+                pair_ratios["store"].append(total / elapsed / plain_speed)
                 settle(block_files(root))
                 if args.cold:
                     drop_from_page_cache([str(plain), *block_files(root)])
-                best["pr"] = max(best["pr"], total / plain_read(plain, rows, block_bytes))
+                plain_speed = total / plain_read(plain, rows, block_bytes)
+                best["pr"] = max(best["pr"], plain_speed)
                 if args.cold:
                     drop_from_page_cache([str(plain), *block_files(root)])
                 rows[: len(expected_head)] = bytes(len(expected_head))
@@ -197,18 +210,35 @@ def bench_throughput(args: argparse.Namespace, work_dir: Path) -> list[tuple[int
                 assert ok, "tier load failed"
                 assert bytes(rows[:4096]) == expected_head, "tier load returned other bytes"
                 best["tl"] = max(best["tl"], total / elapsed)
+                pair_ratios["load"].append(total / elapsed / plain_speed)
             tier.shutdown()
             rows.release()
         shutil.rmtree(root, ignore_errors=True)
         plain.unlink(missing_ok=True)
-        write_ratio = best["ts"] / best["pw"]
-        read_ratio = best["tl"] / best["pr"]
+        write_ratio = statistics.median(pair_ratios["store"])
+        read_ratio = statistics.median(pair_ratios["load"])
         ratios.append((block_bytes, write_ratio, read_ratio))
         print(
             f"{human(block_bytes):>8} | {best['pw'] / 1e9:11.2f} {best['ts'] / 1e9:10.2f} "
-            f"{write_ratio:6.2f} | {best['pr'] / 1e9:10.2f} {best['tl'] / 1e9:9.2f} {read_ratio:6.2f}"
+            f"{best['ts'] / best['pw']:6.2f} {write_ratio:6.2f} | {best['pr'] / 1e9:10.2f} "
+            f"{best['tl'] / 1e9:9.2f} {best['tl'] / best['pr']:6.2f} {read_ratio:6.2f}"
         )
     return ratios
+
+
+def bench_checksums() -> None:
+    data = os.urandom(1 << 20) * 64
+    speeds: list[str] = []
+    for name, checksum in (("XXH3-64", xxhash.xxh3_64_intdigest), ("CRC-32 (zlib)", zlib.crc32)):
+        best = min(_time_once(lambda: checksum(data)) for _ in range(3))
+        speeds.append(f"{name} {len(data) / best / 1e9:.1f} GB/s")
+    print(f"checksum speed, one core, 64 MiB: {', '.join(speeds)}")
+
+
+def _time_once(call: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
 
 
 def timed(samples: dict[str, list[float]], name: str, call: Callable[[], object]) -> object:
@@ -325,12 +355,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, files under {work_dir}")
     try:
         if not args.skip_throughput:
+            bench_checksums()
             ratios = bench_throughput(args, work_dir)
-            at_1m = [r for r in ratios if r[0] == 1 << 20]
-            if at_1m:
-                _, write_ratio, read_ratio = at_1m[0]
+            for block_bytes, write_ratio, read_ratio in ratios:
+                if block_bytes not in (256 << 10, 1 << 20):
+                    continue
                 verdict = "met" if min(write_ratio, read_ratio) >= 0.8 else "NOT met"
-                print(f"target >= 0.8x of plain I/O at 1 MiB: {verdict} (store {write_ratio:.2f}x, load {read_ratio:.2f}x)")
+                print(
+                    f"target >= 0.8x of plain I/O at {human(block_bytes)}: {verdict} "
+                    f"(median paired ratio: store {write_ratio:.2f}x, load {read_ratio:.2f}x)"
+                )
         if not args.skip_scheduler:
             bench_scheduler(args, work_dir)
         if args.redis:

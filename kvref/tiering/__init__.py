@@ -6,14 +6,21 @@ See `kvref.tiering.base` for the design principles and the secondary-tier contra
 
 from __future__ import annotations
 
-from kvref.tiering.base import JobId, JobMetadata, JobResult, PrimaryBlocks, SecondaryTierManager
+from kvref.tiering.base import (
+    JobId,
+    JobMetadata,
+    JobResult,
+    PrimaryBlocks,
+    SecondaryTierManager,
+    TierStats,
+)
 from kvref.tiering.factory import (
     TierFactory,
     create_secondary_tier,
     register_tier,
     registered_tier_types,
 )
-from kvref.tiering.fs import FileSystemSecondaryTier
+from kvref.tiering.fs import FileSystemSecondaryTier, TierRootError
 from kvref.tiering.manager import (
     CPUPrimaryTierOffloadingManager,
     TieringOffloadingManager,
@@ -28,9 +35,11 @@ __all__ = [
     "JobResult",
     "PrimaryBlocks",
     "SecondaryTierManager",
+    "TierStats",
     "InMemorySecondaryTier",
     "FileSystemSecondaryTier",
     "RedisSecondaryTier",
+    "TierRootError",
     "TierFactory",
     "register_tier",
     "registered_tier_types",

@@ -20,21 +20,31 @@ seen from the primary and move blocks between it and a secondary tier. A cascade
 secondary's `submit_store` (it reads the primary); a promotion is its `submit_load` (it writes
 the primary).
 
-A secondary tier addresses the primary through a zero-copy 2-D memoryview of shape
-`(num_blocks, block_bytes)`; `PrimaryBlocks` wraps it and hands out one row per block id.
+A secondary tier addresses the primary through a zero-copy, C-contiguous 2-D memoryview of
+shape `(num_blocks, row_items)` of any format (bytes, or e.g. a float16/uint16 view exported by
+torch or numpy); `PrimaryBlocks` wraps it and hands out one row of bytes per block id.
 """
 
 from __future__ import annotations
 
+import pickle
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from typing_extensions import override
 
 from kvref.base import OffloadingEvent, OffloadKey, ReqContext
 
-__all__ = ["JobId", "JobMetadata", "JobResult", "PrimaryBlocks", "SecondaryTierManager"]
+__all__ = [
+    "JobId",
+    "JobMetadata",
+    "JobResult",
+    "PrimaryBlocks",
+    "SecondaryTierManager",
+    "TierStats",
+]
 
 JobId = int
 
@@ -66,6 +76,37 @@ class JobMetadata:
             )
 
 
+@dataclass
+class TierStats:
+    """Cumulative counters of one tier, as the tiering manager saw them (and the tier reports).
+
+    Attributes:
+        name: the tier's medium name ("CPU" for the primary).
+        lookups: blocks asked for in this tier by `lookup`.
+        hits: lookups it held the block for (the primary: loadable; a secondary tier: it could
+            be promoted, which `lookup` then stages).
+        misses: lookups it did not hold (a block still being written counts neither way).
+        blocks_stored: blocks written into the tier (GPU stores for the primary, blocks of
+            successful cascades for a secondary tier, including ones it already held).
+        blocks_loaded: blocks read out of the tier (GPU loads for the primary, promoted blocks
+            for a secondary tier).
+        blocks_evicted: blocks the tier evicted to make room.
+        failed_jobs: jobs that failed (stores and promotions; the primary: failed GPU stores).
+        usage: the fraction of the tier's capacity in use, or None when it has no bound or
+            does not say.
+    """
+
+    name: str
+    lookups: int = 0
+    hits: int = 0
+    misses: int = 0
+    blocks_stored: int = 0
+    blocks_loaded: int = 0
+    blocks_evicted: int = 0
+    failed_jobs: int = 0
+    usage: float | None = None
+
+
 @dataclass(frozen=True)
 class JobResult:
     """The outcome of one job: `success` is False if any of its blocks failed."""
@@ -78,28 +119,25 @@ class PrimaryBlocks:
     """Rows of the primary tier's memory, as seen by a secondary tier.
 
     Args:
-        primary_kv_view: a C-contiguous 2-D memoryview `(num_blocks, block_bytes)` (any
-            one-byte format), e.g. `SharedOffloadRegion.create_kv_memoryview()`.
+        primary_kv_view: a C-contiguous 2-D memoryview `(num_blocks, row_items)` of any item
+            format, e.g. `SharedOffloadRegion.create_kv_memoryview()` (bytes) or a float16 view
+            of the same memory. A row is `row_items * itemsize` bytes.
 
     Raises:
-        ValueError: the view is not 2-D, not C-contiguous, or not made of bytes.
+        ValueError: the view is not 2-D or not C-contiguous.
     """
 
-    def __init__(self, primary_kv_view: memoryview) -> None:
+    def __init__(self, primary_kv_view: memoryview[Any]) -> None:
         if primary_kv_view.ndim != 2 or not primary_kv_view.c_contiguous:
             raise ValueError(
-                f"primary_kv_view must be a C-contiguous 2-D memoryview (num_blocks, block_bytes),"
+                f"primary_kv_view must be a C-contiguous 2-D memoryview (num_blocks, row_items),"
                 f" got ndim={primary_kv_view.ndim}, c_contiguous={primary_kv_view.c_contiguous}"
-            )
-        if primary_kv_view.itemsize != 1:
-            raise ValueError(
-                f"primary_kv_view must have a one-byte format, got {primary_kv_view.format!r}"
             )
         shape = primary_kv_view.shape
         assert shape is not None
         self.num_blocks: int = shape[0]
-        self.block_bytes: int = shape[1]
-        self._flat: memoryview = primary_kv_view.cast("B")
+        self.block_bytes: int = shape[1] * primary_kv_view.itemsize
+        self._flat: memoryview = _flat_bytes(primary_kv_view)
 
     def row(self, block_id: int) -> memoryview:
         """Return the bytes of primary block `block_id` (zero-copy, writable when the view is).
@@ -119,6 +157,17 @@ class PrimaryBlocks:
     @override
     def __repr__(self) -> str:
         return f"PrimaryBlocks(num_blocks={self.num_blocks}, block_bytes={self.block_bytes})"
+
+
+def _flat_bytes(view: memoryview[Any]) -> memoryview:
+    """A flat, zero-copy byte view of a C-contiguous view of any format."""
+    try:
+        # Shares the view's buffer without exporting it, so the owner can release it later.
+        return view.cast("B")
+    except (TypeError, ValueError):
+        # cast refuses formats it does not know (numpy's float16 "e" on Python 3.11);
+        # PickleBuffer.raw() takes any contiguous buffer, holding an export until released.
+        return pickle.PickleBuffer(view).raw()
 
 
 class SecondaryTierManager(ABC):
@@ -179,6 +228,32 @@ class SecondaryTierManager(ABC):
         Returns:
             One result per finished job.
         """
+
+    def has_pending_work(self) -> bool:
+        """Whether the tier has work of its own in flight (beyond the jobs the manager tracks).
+
+        While True the engine keeps stepping, so `get_finished_jobs` keeps being called.
+
+        Returns:
+            False by default: a tier whose only work is its submitted jobs needs nothing more.
+        """
+        return False
+
+    def num_evicted_blocks(self) -> int:
+        """Return how many blocks the tier evicted since it started (for `TierStats`).
+
+        Returns:
+            0 by default (a tier that never evicts, or does not count).
+        """
+        return 0
+
+    def usage(self) -> float | None:
+        """Return the fraction of the tier's capacity in use (for `TierStats`).
+
+        Returns:
+            None by default (unbounded, or unknown).
+        """
+        return None
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         """Mark blocks recently used (the tiering manager forwards every `touch`).

@@ -52,7 +52,7 @@ def registered_tier_types() -> list[str]:
 
 
 def create_secondary_tier(
-    config: Mapping[str, Any], primary_kv_view: memoryview, **overrides: Any
+    config: Mapping[str, Any], primary_kv_view: memoryview[Any], **overrides: Any
 ) -> SecondaryTierManager:
     """Build the secondary tier `config` describes.
 

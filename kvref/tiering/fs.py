@@ -3,8 +3,12 @@
 Layout under `root_dir`:
 
     kvref_fs_tier.json                  the block size and format the files were written with
-    <ff>/<ff>/<generation>.kvs          a segment: the blocks of one store job, back to back
-    record = header (magic, format, key length, CRC-32, payload length) | key | payload
+    kvref_fs_tier.lock                  held (flock) by the one process using the root
+    <ff>/<ff>/<generation>.kvs          a segment: the blocks of one store job, back to back,
+                                        as records (see `kvref.tiering.fs_format`)
+
+This module holds the tier and its in-memory index; the record format is in
+`kvref.tiering.fs_format`, the I/O thread pool in `kvref.tiering.fs_pool`.
 
 A store job's new blocks are written as one segment file (split at `max_segment_bytes`), so a
 file is created per job rather than per block: creating files is the slow part of small writes
@@ -12,22 +16,30 @@ on most filesystems. The two fan-out directory levels come from a hash of the se
 generation (a strictly increasing nanosecond clock), which also makes every segment name new,
 so deleting an evicted segment can never remove newer data.
 
-Crash safety: a segment is written to `<name>.tmp` (optionally `fsync`ed) and renamed into
-place with `os.replace`, so a final name always holds whole records. Each record carries its
-key and a CRC-32 of its payload; a load verifies the record's header, key and checksum after
-reading straight into the primary slot, and any mismatch fails the job and drops the block from
-the index (its record is marked dead on disk, or its segment deleted once empty), so it is a
-miss afterwards, restarts included, and wrong bytes are never reported as loaded. At start-up
-the tier re-indexes the segments already there (blocks survive a restart), deletes stale `.tmp`
-files left by a crash, and skips records that are truncated or of another block size.
+Integrity: a segment is written to `<name>.tmp` (optionally `fsync`ed) and renamed into place
+with `os.replace`, so a final name always holds whole records. Each record's XXH3-64 checksum
+covers its header and key as well as its payload (a damaged key never passes for another
+block's), and a header checksum lets start-up re-indexing check headers and keys without
+reading payloads. A load reads a run of adjacent records with one `preadv` straight into
+the primary slots and verifies each record's header, key and checksum; any mismatch fails the
+job and drops the block from the index (its record is marked dead on disk, or its segment deleted
+once empty), so it is a miss afterwards, restarts included, and wrong bytes are never reported
+as loaded. Records of another format version (format 2 used CRC-32 of the payload only) are
+never read: a root written with another format is refused at start-up. At start-up the tier
+re-indexes the segments already there (blocks survive a restart), deletes stale `.tmp` files
+left by a crash, and skips records that are damaged, truncated or of another block size.
+
+One process per root: the tier holds an exclusive `flock` on `kvref_fs_tier.lock` while it runs;
+a second tier on the same root, in this process or another, is refused with an `OSError` naming
+the holder's pid. (flock is advisory and local: a root on a network filesystem shared between
+hosts is not protected.) Start-up writes nothing it does not need, so a tier restarted on a full
+disk starts and serves the blocks it holds; its stores fail until space is freed.
 
 Threads: the scheduler thread only updates an in-memory index (so `lookup` never touches the
-disk) and queues tasks (one per segment to write, one per block to read); a pool of I/O threads
-runs them. The pool has two queues: read threads serve loads first and write threads serve
-stores and deletions first, and each kind takes from the other queue when its own is empty, so
-a burst of stores never starves promotions and no thread idles while work is queued. Failures
-(disk full, permission denied, I/O errors) become failed jobs; nothing raises on the scheduler
-thread.
+disk) and queues tasks (one per segment to write, one per up to 8 MiB of a segment's records to
+read, each run of adjacent records of up to 1 MiB with one `preadv`) on a pool of I/O threads
+whose read threads serve loads first. Failures (disk full, permission denied, I/O errors) become
+failed jobs; nothing raises on the scheduler thread.
 
 Capacity: with `capacity_bytes`, storing evicts whole segments, least recently used first (a
 block's `touch`, store or promotion makes its segment recent), skipping segments being written
@@ -40,69 +52,75 @@ they are reported finished.
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import json
 import logging
 import os
-import queue
-import struct
-import threading
 import time
-import zlib
 from collections import OrderedDict, deque
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from typing_extensions import override
 
 from kvref.base import OffloadingEvent, OffloadKey, ReqContext
+from kvref.errors import KVRefError
+from kvref.tiering._options import check_bool, check_int, check_optional_int, check_path, check_str
 from kvref.tiering.base import JobMetadata, JobResult, PrimaryBlocks, SecondaryTierManager
+from kvref.tiering.fs_format import (
+    DEAD_MAGIC,
+    FORMAT_VERSION,
+    MAX_KEY_BYTES,
+    RECORD_HEADER_BYTES,
+    expected_fields,
+    pack_header,
+    read_into,
+    scan_segment,
+    verify_record,
+    write_all,
+)
+from kvref.tiering.fs_pool import DualQueuePool, IOTask
 
-__all__ = ["FileSystemSecondaryTier", "CONFIG_FILE_NAME", "RECORD_HEADER_BYTES"]
+__all__ = [
+    "FileSystemSecondaryTier",
+    "TierRootError",
+    "CONFIG_FILE_NAME",
+    "LOCK_FILE_NAME",
+    "FORMAT_VERSION",
+    "RECORD_HEADER_BYTES",
+]
 
 logger = logging.getLogger(__name__)
 
 CONFIG_FILE_NAME = "kvref_fs_tier.json"
+LOCK_FILE_NAME = "kvref_fs_tier.lock"
 
-_FORMAT_VERSION = 2
-_MAGIC = b"KVREFBLK"
-# A record dropped (damaged) while the rest of its segment lives on: skipped at re-indexing.
-_DEAD_MAGIC = b"KVREFDED"
-# magic, format version, key length, CRC-32 of the payload, payload length
-_HEADER = struct.Struct("<8sHHIQ")
-RECORD_HEADER_BYTES = _HEADER.size
-"""Bytes of a record's fixed header; a record is this header, then its key, then its payload."""
-_MAX_KEY_BYTES = 0xFFFF
+# A load reads each run of adjacent records of one segment with one preadv. A run holds at most
+# this many bytes (always at least one record), so its checksums are computed while the bytes
+# just read are still in the CPU cache (about one core's L2) rather than re-read from memory.
+_MAX_READ_RUN_BYTES = 1 << 20
+# One read task (one open of the segment) covers runs of up to this many bytes, so a large job
+# still spreads over several I/O threads.
+_MAX_READ_TASK_BYTES = 8 << 20
 _SEGMENT_SUFFIX = ".kvs"
 _TMP_SUFFIX = ".tmp"
 _WARN_INTERVAL_S = 10.0
 
 
-def _write_all(fd: int, parts: Sequence[memoryview]) -> None:
-    pending = list(parts)
-    while pending:
-        written = os.writev(fd, pending[:1024])  # IOV_MAX
-        while pending and written >= len(pending[0]):
-            written -= len(pending[0])
-            pending.pop(0)
-        if pending and written:
-            pending[0] = pending[0][written:]
+class TierRootError(KVRefError, OSError):
+    """The tier's `root_dir` cannot be used (missing and not creatable, not a directory, not
+    writable, written with another block size or format, or in use by another process)."""
 
 
-def _read_exact_into(fd: int, buffers: Sequence[memoryview], offset: int) -> bool:
-    """Fill `buffers` in order from `offset`; False if the file ends first."""
-    pending = list(buffers)
-    while pending:
-        count = os.preadv(fd, pending, offset)
-        if count == 0:
-            return False
-        offset += count
-        while pending and count >= len(pending[0]):
-            count -= len(pending[0])
-            pending.pop(0)
-        if pending and count:
-            pending[0] = pending[0][count:]
-    return True
+def _root_error(root: Path, reason: str, err: int | None = None) -> TierRootError:
+    text = f"root_dir {str(root)!r} is not usable: {reason}"
+    return TierRootError(err, text) if err is not None else TierRootError(text)
+
+
+_Run = tuple[int, list[tuple[OffloadKey, int]]]
+"""Adjacent records of one segment: (offset of the first, [(key, primary block id)])."""
 
 
 class _Segment:
@@ -147,93 +165,14 @@ class _Job:
         self.failed_keys: list[OffloadKey | str] = []
 
 
-class _Task:
-    """One unit of I/O for the pool; `run` and `cancel` never raise."""
-
-    __slots__ = ("run", "cancel")
-
-    def __init__(self, run: Callable[[], None], cancel: Callable[[], None]) -> None:
-        self.run = run
-        self.cancel = cancel
-
-
-class _DualQueuePool:
-    """I/O threads over a read queue and a write queue; each thread prefers one queue.
-
-    Submitting never waits on a lock an I/O thread may hold: a task is appended to its deque
-    and a token to a `SimpleQueue`; a thread takes one token, then one task from its own queue
-    or, if that is empty, from the other (there is always one: tasks go in before tokens).
-    """
-
-    def __init__(self, n_read_threads: int, n_write_threads: int, name: str) -> None:
-        self._reads: deque[_Task] = deque()
-        self._writes: deque[_Task] = deque()
-        self._tokens: queue.SimpleQueue[bool] = queue.SimpleQueue()
-        self._closed = False
-        self._submitted = 0  # written by the submitting thread only
-        self._finished = 0  # under _idle
-        self._idle = threading.Condition()
-        self._threads = [
-            threading.Thread(
-                target=self._work, args=(prefer_reads,), name=f"{name}-{kind}{i}", daemon=True
-            )
-            for prefer_reads, kind, count in (
-                (True, "r", n_read_threads),
-                (False, "w", n_write_threads),
-            )
-            for i in range(count)
-        ]
-        for thread in self._threads:
-            thread.start()
-
-    def submit(self, task: _Task, *, read: bool) -> None:
-        if self._closed:
-            task.cancel()
-            return
-        (self._reads if read else self._writes).append(task)
-        self._submitted += 1
-        self._tokens.put(True)
-
-    def _work(self, prefer_reads: bool) -> None:
-        own, other = (self._reads, self._writes) if prefer_reads else (self._writes, self._reads)
-        while self._tokens.get():
-            try:
-                task = own.popleft()
-            except IndexError:
-                task = other.popleft()
-            try:
-                if self._closed:
-                    task.cancel()
-                else:
-                    task.run()
-            finally:
-                with self._idle:
-                    self._finished += 1
-                    self._idle.notify_all()
-
-    def drain(self) -> None:
-        with self._idle:
-            while self._finished < self._submitted:
-                self._idle.wait()
-
-    def shutdown(self) -> None:
-        """Let running tasks finish, cancel queued ones, and join the threads."""
-        if self._closed:
-            return
-        self._closed = True
-        for _ in self._threads:
-            self._tokens.put(False)  # after every queued task's token: those get cancelled
-        for thread in self._threads:
-            thread.join()
-
-
 class FileSystemSecondaryTier(SecondaryTierManager):
     """Secondary tier storing checksummed block records in segment files under `root_dir`.
 
     Args:
-        primary_kv_view: the primary's `(num_blocks, block_bytes)` memoryview.
-        root_dir: the directory holding the blocks; created if missing. Sharing it between
-            processes needs keys hashed with the same seed.
+        primary_kv_view: the primary's `(num_blocks, row_items)` memoryview (any item format).
+        root_dir: the directory holding the blocks; created (with its parents) if missing.
+            Used by one tier at a time (see the module docstring); sharing its blocks between
+            processes over time needs keys hashed with the same seed.
         capacity_bytes: evict least recently used segments to keep segment files under this
             many bytes; None for no limit.
         max_segment_bytes: split a store job's blocks into segment files of at most this many
@@ -245,13 +184,15 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         enable_events: buffer stored/removed events for `take_events`.
 
     Raises:
-        ValueError: `root_dir` is unusable (not a directory, not writable, holds blocks of
-            another size or format), or another argument is out of range.
+        ValueError: an argument has the wrong type or is out of range (the message names it).
+        TierRootError: (an `OSError`) `root_dir` is unusable: it cannot be created, is not a
+            directory, cannot be written while empty, holds blocks of another size or format,
+            or another tier holds it; the message names the path.
     """
 
     def __init__(
         self,
-        primary_kv_view: memoryview,
+        primary_kv_view: memoryview[Any],
         root_dir: str | os.PathLike[str],
         *,
         capacity_bytes: int | None = None,
@@ -262,81 +203,146 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         name: str = "fs",
         enable_events: bool = False,
     ) -> None:
-        if n_read_threads < 1 or n_write_threads < 1:
-            raise ValueError(
-                f"n_read_threads and n_write_threads must be >= 1, got {n_read_threads} and "
-                f"{n_write_threads}"
-            )
+        self.root_dir = check_path("root_dir", root_dir)
+        capacity = check_optional_int("capacity_bytes", capacity_bytes, minimum=1)
+        self._max_segment_bytes = check_int("max_segment_bytes", max_segment_bytes, minimum=1)
+        n_read = check_int("n_read_threads", n_read_threads, minimum=1)
+        n_write = check_int("n_write_threads", n_write_threads, minimum=1)
+        self.fsync = check_bool("fsync", fsync)
+        self.medium = check_str("name", name)
+        events = check_bool("enable_events", enable_events)
         self._primary = PrimaryBlocks(primary_kv_view)
-        self.medium = name
-        self.root_dir = Path(root_dir)
         self.block_bytes = self._primary.block_bytes
-        self.fsync = fsync
-        if capacity_bytes is not None and capacity_bytes < self.block_bytes:
+        if capacity is not None and capacity < self.block_bytes:
             raise ValueError(
                 f"capacity_bytes must be None or at least one block ({self.block_bytes} bytes), "
                 f"got {capacity_bytes}"
             )
-        if max_segment_bytes < 1:
-            raise ValueError(f"max_segment_bytes must be >= 1, got {max_segment_bytes}")
-        self._capacity = capacity_bytes
-        self._max_segment_bytes = max_segment_bytes
+        self._capacity = capacity
         self._used_bytes = 0
+        self._evicted_blocks = 0
         self._index: dict[OffloadKey, _Entry] = {}
         # Segments in least-recently-used order.
         self._segments: OrderedDict[_Segment, None] = OrderedDict()
-        self._events: list[OffloadingEvent] | None = [] if enable_events else None
+        self._events: list[OffloadingEvent] | None = [] if events else None
         self._last_generation = 0
         self._made_dirs: set[str] = set()
         # Jobs finished without I/O, and per-task completions posted by the I/O threads
         # (deque appends and pops are atomic: the scheduler thread never waits on a lock that
         # an I/O thread could hold).
         self._done: list[_Job] = []
-        self._completions: deque[tuple[_Job, OffloadKey | str | None]] = deque()
+        self._completions: deque[tuple[_Job, Sequence[OffloadKey | str]]] = deque()
         self._closed = False
         self._last_warning = 0.0
+        self._lock_fd: int | None = None
+        # Key length -> the header fields a record of this tier has (checked on every load; I/O
+        # threads fill it, and two racing to fill an entry store the same bytes).
+        self._expected_fields: dict[int, bytes] = {}
 
-        self._check_root()
-        self._reindex()
-        self._pool = _DualQueuePool(n_read_threads, n_write_threads, f"kvref-{name}")
+        try:
+            self._open_root()
+        except BaseException:
+            self._primary.release()
+            raise
+        try:
+            self._reindex()
+        except BaseException:
+            self._release_root()
+            self._primary.release()
+            raise
+        self._pool = DualQueuePool(n_read, n_write, f"kvref-{self.medium}")
 
     # --- start-up ---
 
-    def _unusable(self, reason: str) -> ValueError:
-        return ValueError(f"root_dir {str(self.root_dir)!r} is not usable: {reason}")
+    def _open_root(self) -> None:
+        root = self.root_dir
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:
+            pass  # something that is not a directory: said below
+        except OSError as exc:
+            raise _root_error(root, exc.strerror or str(exc), exc.errno) from exc
+        if not root.is_dir():
+            raise _root_error(root, "it is not a directory", errno.ENOTDIR)
+        self._lock_root()
+        try:
+            self._check_config()
+        except BaseException:
+            self._release_root()
+            raise
 
-    def _check_root(self) -> None:
+    def _lock_root(self) -> None:
+        root = self.root_dir
+        lock_path = root / LOCK_FILE_NAME
         try:
-            self.root_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as exc:
-            raise self._unusable(exc.strerror or str(exc)) from exc
-        if not self.root_dir.is_dir():
-            raise self._unusable("it is not a directory")
-        config_path = self.root_dir / CONFIG_FILE_NAME
-        config: dict[str, int] = {"format": _FORMAT_VERSION, "block_bytes": self.block_bytes}
-        found: object = None
+            if exc.errno not in (errno.EACCES, errno.EROFS, errno.EPERM):
+                raise _root_error(root, exc.strerror or str(exc), exc.errno) from exc
+            try:
+                # A read-only root can still be read from: lock it through a read-only fd.
+                fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                # No lock file to fall back on: the root is simply not writable.
+                raise _root_error(root, exc.strerror or str(exc), exc.errno) from exc
         try:
-            if config_path.exists():
-                found = json.loads(config_path.read_text())
-            # Rewriting the config is also the write-permission probe.
-            tmp_path = config_path.with_suffix(_TMP_SUFFIX)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            os.close(fd)
+            raise _root_error(
+                root,
+                f"another fs tier holds it (pid {holder}, lock {LOCK_FILE_NAME}); one process "
+                "per root_dir",
+                exc.errno,
+            ) from exc
+        try:
+            # Who holds it, for the message above; on a full or read-only disk it stays unknown.
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError:
+            pass
+        self._lock_fd = fd
+
+    def _release_root(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
+
+    def _check_config(self) -> None:
+        root = self.root_dir
+        config_path = root / CONFIG_FILE_NAME
+        config: dict[str, int] = {"format": FORMAT_VERSION, "block_bytes": self.block_bytes}
+        try:
+            text = config_path.read_text()
+        except FileNotFoundError:
+            text = None
+        except OSError as exc:
+            raise _root_error(root, exc.strerror or str(exc), exc.errno) from exc
+        if text is not None:
+            try:
+                found: object = json.loads(text)
+            except ValueError as exc:
+                raise _root_error(root, f"{CONFIG_FILE_NAME} is not valid JSON ({exc})") from exc
+            if found != config:
+                raise _root_error(
+                    root,
+                    f"it holds blocks written as {found}, this tier needs {config}; use another "
+                    "root_dir or empty this one",
+                )
+            # Already written: start-up writes nothing more (a full disk must not stop it).
+            return
+        # A new root: writing its config also proves it writable.
+        tmp_path = root / f"{CONFIG_FILE_NAME}.{os.getpid()}{_TMP_SUFFIX}"
+        try:
             tmp_path.write_text(json.dumps(config))
-            if found is None or found == config:
-                os.replace(tmp_path, config_path)
-            else:
-                tmp_path.unlink()
+            os.replace(tmp_path, config_path)
         except OSError as exc:
-            raise self._unusable(exc.strerror or str(exc)) from exc
-        except ValueError as exc:
-            raise self._unusable(f"{CONFIG_FILE_NAME} is not valid JSON ({exc})") from exc
-        if found is not None and found != config:
-            raise self._unusable(
-                f"it holds blocks written as {found}, this tier needs {config}; use another "
-                f"root_dir or empty this one"
-            )
+            _unlink_quietly(str(tmp_path))
+            raise _root_error(root, exc.strerror or str(exc), exc.errno) from exc
 
     def _record_bytes(self, key: bytes) -> int:
-        return _HEADER.size + len(key) + self.block_bytes
+        return RECORD_HEADER_BYTES + len(key) + self.block_bytes
 
     def _reindex(self) -> None:
         found: list[tuple[int, float, str, int]] = []  # generation, mtime, path, size
@@ -345,6 +351,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             for filename in filenames:
                 path = os.path.join(dirpath, filename)
                 if filename.endswith(_TMP_SUFFIX):
+                    # Left by a crash: this tier holds the root's lock, so no live writer owns it.
                     stale_tmp += 1
                     _unlink_quietly(path)
                 elif filename.endswith(_SEGMENT_SUFFIX):
@@ -393,30 +400,15 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             )
 
     def _scan_segment(self, path: str, size: int) -> tuple[list[tuple[OffloadKey, int]], int]:
-        """Read a segment's record headers: (key, offset) of each whole record, and the number
-        of records skipped because they are damaged or of another block size."""
-        records: list[tuple[OffloadKey, int]] = []
+        """(key, offset) of each sound record of a segment, and how many were skipped."""
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
-            return records, 1
+            return [], 1
         try:
-            offset = 0
-            while offset + _HEADER.size <= size:
-                header = os.pread(fd, _HEADER.size, offset)
-                if len(header) < _HEADER.size:
-                    return records, 1
-                magic, version, key_len, _crc, payload_len = _HEADER.unpack(header)
-                end = offset + _HEADER.size + key_len + payload_len
-                if magic not in (_MAGIC, _DEAD_MAGIC) or version != _FORMAT_VERSION or end > size:
-                    return records, 1  # what follows cannot be located
-                if magic == _MAGIC and payload_len == self.block_bytes:
-                    key = os.pread(fd, key_len, offset + _HEADER.size)
-                    records.append((OffloadKey(key), offset))
-                offset = end
-            return records, 1 if offset != size else 0
+            return scan_segment(fd, size, self.block_bytes)
         except OSError:
-            return records, 1
+            return [], 1
         finally:
             os.close(fd)
 
@@ -443,6 +435,14 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         return entry.segment.path, entry.offset, self._record_bytes(key)
 
     @override
+    def num_evicted_blocks(self) -> int:
+        return self._evicted_blocks
+
+    @override
+    def usage(self) -> float | None:
+        return None if self._capacity is None else self._used_bytes / self._capacity
+
+    @override
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
         entry = self._index.get(key)
         if entry is None:
@@ -456,7 +456,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         for key, block_id in zip(job.keys, job.block_ids):
             if key in self._index or key in new:
                 continue  # already stored or being written: nothing to do
-            if len(key) > _MAX_KEY_BYTES:
+            if len(key) > MAX_KEY_BYTES:
                 state.failed = True
                 continue
             new[key] = block_id
@@ -518,21 +518,60 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             state.reads.clear()
             self._finish(state)
             return
-        state.remaining = len(state.reads)
-        for (key, entry), block_id in zip(state.reads, job.block_ids):
+        tasks = self._plan_read_tasks(state.reads, job.block_ids)
+        state.remaining = len(tasks)
+        for key, entry in state.reads:
             entry.segment.readers += 1
             self._segments.move_to_end(entry.segment)
-            self._pool.submit(self._read_task(state, key, entry, block_id), read=True)
+        for path, runs in tasks:
+            self._pool.submit(self._read_task(state, path, runs), read=True)
+
+    def _plan_read_tasks(
+        self, reads: list[tuple[OffloadKey, _Entry]], block_ids: Sequence[int]
+    ) -> list[tuple[str, list[_Run]]]:
+        """Group a load's records into runs of adjacent records, and runs into read tasks.
+
+        Returns:
+            (segment path, its runs) per task; a run is (offset of its first record,
+            [(key, primary block id)]).
+        """
+        by_segment: dict[_Segment, list[tuple[int, OffloadKey, int]]] = {}
+        for (key, entry), block_id in zip(reads, block_ids):
+            by_segment.setdefault(entry.segment, []).append((entry.offset, key, block_id))
+        tasks: list[tuple[str, list[_Run]]] = []
+        for segment, records in by_segment.items():
+            records.sort(key=lambda record: record[0])
+            runs: list[_Run] = []
+            run: list[tuple[OffloadKey, int]] = []
+            run_start = run_end = task_bytes = 0
+            for offset, key, block_id in records:
+                record_bytes = self._record_bytes(key)
+                if run and (
+                    offset != run_end or run_end - run_start + record_bytes > _MAX_READ_RUN_BYTES
+                ):
+                    runs.append((run_start, run))
+                    run = []
+                if task_bytes and task_bytes + record_bytes > _MAX_READ_TASK_BYTES and not run:
+                    tasks.append((segment.path, runs))
+                    runs, task_bytes = [], 0
+                if not run:
+                    run_start = offset
+                run.append((key, block_id))
+                run_end = offset + record_bytes
+                task_bytes += record_bytes
+            runs.append((run_start, run))
+            tasks.append((segment.path, runs))
+        return tasks
 
     @override
     def get_finished_jobs(self) -> Iterable[JobResult]:
         done, self._done = self._done, []
         completions = self._completions
         while completions:
-            state, failure = completions.popleft()
-            if failure is not None:
+            state, failures = completions.popleft()
+            if failures:
                 state.failed = True
-                state.failed_keys.append(failure)
+                state.failed_keys.extend(failures)
             state.remaining -= 1
             if state.remaining == 0:
                 done.append(state)
@@ -587,6 +626,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
 
     def _evict(self, segment: _Segment, *, announce: bool) -> None:
         keys = list(segment.keys)
+        self._evicted_blocks += len(keys)
         self._forget(segment)
         if announce:
             self._announce_removed(keys)
@@ -654,47 +694,45 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         self._closed = True
         self._pool.shutdown()
         self._primary.release()
+        self._release_root()
 
     # --- I/O threads ---
 
-    def _task_done(self, state: _Job, failure: OffloadKey | str | None) -> None:
-        """Post one task's outcome (failure: the block or segment that failed, or None)."""
-        self._completions.append((state, failure))
+    def _task_done(self, state: _Job, failures: Sequence[OffloadKey | str]) -> None:
+        """Post one task's outcome (the blocks or the segment that failed; empty: success)."""
+        self._completions.append((state, failures))
 
     def _write_task(
         self, state: _Job, segment: _Segment, records: list[tuple[OffloadKey, int]]
-    ) -> _Task:
+    ) -> IOTask:
         def run() -> None:
             ok = self._write_segment(segment.path, records)
-            self._task_done(state, None if ok else segment.path)
+            self._task_done(state, () if ok else (segment.path,))
 
-        return _Task(run, lambda: self._task_done(state, segment.path))
+        return IOTask(run, lambda: self._task_done(state, (segment.path,)))
 
-    def _read_task(self, state: _Job, key: OffloadKey, entry: _Entry, block_id: int) -> _Task:
-        path, offset = entry.segment.path, entry.offset
-
+    def _read_task(self, state: _Job, path: str, runs: list[_Run]) -> IOTask:
         def run() -> None:
-            ok = self._read_record(key, path, offset, block_id)
-            self._task_done(state, None if ok else key)
+            self._task_done(state, self._read_runs(path, runs))
 
-        return _Task(run, lambda: self._task_done(state, key))
+        return IOTask(run, lambda: self._task_done(state, [key for _, run in runs for key, _ in run]))
 
-    def _delete_task(self, path: str) -> _Task:
+    def _delete_task(self, path: str) -> IOTask:
         # Run even when cancelled by shutdown: a restart must not find the data again.
-        return _Task(lambda: _unlink_quietly(path), lambda: _unlink_quietly(path))
+        return IOTask(lambda: _unlink_quietly(path), lambda: _unlink_quietly(path))
 
-    def _mark_dead_task(self, path: str, offset: int) -> _Task:
+    def _mark_dead_task(self, path: str, offset: int) -> IOTask:
         def run() -> None:
             try:
                 fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
                 try:
-                    os.pwrite(fd, _DEAD_MAGIC, offset)
+                    os.pwrite(fd, DEAD_MAGIC, offset)
                 finally:
                     os.close(fd)
             except OSError as exc:
                 logger.debug("could not mark the record at %s:%d dead: %s", path, offset, exc)
 
-        return _Task(run, run)
+        return IOTask(run, run)
 
     def _write_segment(self, path: str, records: list[tuple[OffloadKey, int]]) -> bool:
         tmp_path = path + _TMP_SUFFIX
@@ -709,10 +747,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
                 # payload is still in cache for the copy, and no call grows past one block.
                 for key, block_id in records:
                     payload = self._primary.row(block_id)
-                    header = _HEADER.pack(
-                        _MAGIC, _FORMAT_VERSION, len(key), zlib.crc32(payload), len(payload)
-                    )
-                    _write_all(fd, [memoryview(header + key), payload])
+                    write_all(fd, [pack_header(key, payload), payload])
                 if self.fsync:
                     os.fsync(fd)
             finally:
@@ -724,32 +759,55 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             _unlink_quietly(tmp_path)
             return False
 
-    def _read_record(self, key: bytes, path: str, offset: int, block_id: int) -> bool:
+    def _read_runs(self, path: str, runs: list[_Run]) -> list[OffloadKey]:
+        """Read runs of adjacent records of one segment, one `preadv` per run, straight into
+        their primary slots, verifying each run right after reading it.
+
+        Returns:
+            The keys whose record could not be read or failed verification.
+        """
+        failed: list[OffloadKey] = []
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                header = bytearray(_HEADER.size + len(key))
-                dest = self._primary.row(block_id)
-                # One system call for header, key and payload, straight into the primary slot.
-                if not _read_exact_into(fd, [memoryview(header), dest], offset):
-                    raise _CorruptBlock("truncated record")
-                magic, version, key_len, crc, payload_len = _HEADER.unpack_from(header)
-                if (
-                    magic != _MAGIC
-                    or version != _FORMAT_VERSION
-                    or key_len != len(key)
-                    or payload_len != self.block_bytes
-                    or bytes(header[_HEADER.size :]) != key
-                ):
-                    raise _CorruptBlock("header")
-                if zlib.crc32(dest) != crc:
-                    raise _CorruptBlock("checksum mismatch")
-            finally:
-                os.close(fd)
-            return True
+        except OSError as exc:
+            self._warn("read", path, exc)
+            return [key for _, run in runs for key, _ in run]
+        try:
+            for offset, run in runs:
+                failed.extend(self._read_run(fd, path, offset, run))
+        finally:
+            os.close(fd)
+        return failed
+
+    def _read_run(
+        self, fd: int, path: str, offset: int, records: list[tuple[OffloadKey, int]]
+    ) -> list[OffloadKey]:
+        headers = [bytearray(RECORD_HEADER_BYTES + len(key)) for key, _ in records]
+        buffers: list[memoryview] = []
+        try:
+            for header, (_key, block_id) in zip(headers, records):
+                buffers.append(memoryview(header))
+                buffers.append(self._primary.row(block_id))
+            available = read_into(fd, buffers, offset)
         except Exception as exc:
             self._warn("read", path, exc)
-            return False
+            return [key for key, _ in records]
+        failed: list[OffloadKey] = []
+        end = 0
+        for header, dest, (key, _block_id) in zip(headers, buffers[1::2], records):
+            end += len(header) + len(dest)
+            problem = "truncated record" if end > available else self._verify(header, key, dest)
+            if problem is not None:
+                self._warn("read", path, _CorruptBlock(f"{problem} (key {key.hex()})"))
+                failed.append(key)
+        return failed
+
+    def _verify(self, header: bytearray, key: bytes, payload: memoryview) -> str | None:
+        """Check one record read back; return what is wrong with it, or None."""
+        fields = self._expected_fields.get(len(key))
+        if fields is None:
+            fields = self._expected_fields[len(key)] = expected_fields(len(key), self.block_bytes)
+        return verify_record(header, fields, key, payload)
 
     def _warn(self, operation: str, path: str, exc: Exception) -> None:
         # Disk-full or permission errors hit every block: warn at most every few seconds.

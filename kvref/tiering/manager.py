@@ -15,16 +15,21 @@ exchanges blocks with the primary (`CPUPrimaryTierOffloadingManager`, over a
              again (until it stores it anew), so lookups miss instead of retrying forever.
 
 End of step: the connector signals it by calling `end_step()` once per scheduler step, after the
-step's lookups and prepare calls. `take_events()` calls `end_step()` first, so a connector of the
-vLLM era, which calls `take_events()` once per step, needs nothing else. `end_step()` submits the
-promotions staged during the step and re-opens the poll of finished jobs: finished jobs are
-collected at most once per step, by the step's first `lookup`, `prepare_load` or
-`prepare_store`, so that cascades that finished release their references before any eviction
-decision of that step.
+step's lookups and prepare calls (vLLM: `on_schedule_end`). `take_events()` calls `end_step()`
+first, so a connector of the vLLM era, which calls `take_events()` once per step, needs nothing
+else. Finished jobs are collected at most once per step: by the step's first `lookup`,
+`prepare_load` or `prepare_store` (so that cascades that finished release their references
+before any eviction decision of that step), or else by `end_step()` itself, so an idle engine
+that only keeps stepping still sees its cascades release their blocks and its promotions
+complete, and `has_pending_work()` turns False. Then `end_step()` submits the promotions staged
+during the step and re-opens the poll for the next step.
+
+Statistics: `tier_stats()` returns cumulative `TierStats` per tier name, primary first.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -32,7 +37,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from typing_extensions import override
 
@@ -45,11 +50,12 @@ from kvref.base import (
     RequestOffloadingContext,
 )
 from kvref.cpu.common import CPULoadStoreSpec
-from kvref.cpu.manager import CPUOffloadingManager
+from kvref.cpu.manager import CPUOffloadingManager, describe_block
 from kvref.cpu.policies.factory import CachePolicyName
 from kvref.cpu.shared_region import SharedOffloadRegion
-from kvref.errors import KVRefError
-from kvref.tiering.base import JobId, JobMetadata, SecondaryTierManager
+from kvref.errors import KVRefError, OffloadProtocolError
+from kvref.tiering._options import check_bool
+from kvref.tiering.base import JobId, JobMetadata, SecondaryTierManager, TierStats
 from kvref.tiering.factory import create_secondary_tier
 
 __all__ = [
@@ -176,8 +182,13 @@ class TieringOffloadingManager(OffloadingManager):
         self._pending_stores_per_request: dict[str, int] = {}
         # Requests finished while they still had pending stores or staged promotions.
         self._deferred_finishes: dict[str, ReqContext] = {}
+        # GPU loads prepared through this manager and not completed: key -> count. The primary's
+        # reference counts also include the cascades' reads, which must not absorb a caller's
+        # stray complete_load.
+        self._gpu_loads: dict[OffloadKey, int] = {}
         self._polled_this_step = False
         self._closed = False
+        self._stats = [TierStats(primary.medium)] + [TierStats(tier.medium) for tier in self._tiers]
 
     # --- introspection ---
 
@@ -197,8 +208,38 @@ class TieringOffloadingManager(OffloadingManager):
         return len(self._jobs)
 
     def has_pending_work(self) -> bool:
-        """True while jobs are in flight or promotions are staged (keep stepping the engine)."""
-        return bool(self._jobs) or any(self._staged)
+        """True while jobs are in flight, promotions are staged, or a tier has work of its own.
+
+        While True the engine should keep stepping (and calling `end_step`) even with no
+        request scheduled: each step end collects what finished.
+        """
+        return (
+            bool(self._jobs)
+            or any(self._staged)
+            or any(tier.has_pending_work() for tier in self._tiers)
+        )
+
+    def tier_stats(self) -> dict[str, TierStats]:
+        """Return a snapshot of each tier's cumulative counters, primary first.
+
+        Returns:
+            Tier name -> its `TierStats` (a copy). The primary is named by its medium ("CPU");
+            a secondary tier by its medium, suffixed with "#<index>" if two tiers share a name.
+        """
+        primary = self._primary
+        snapshot: dict[str, TierStats] = {}
+        for index, stats in enumerate(self._stats):
+            copy = dataclasses.replace(stats)
+            if index == 0:
+                used = primary.num_blocks - primary.num_free_blocks
+                copy.usage = used / primary.num_blocks if primary.num_blocks else None
+            else:
+                tier = self._tiers[index - 1]
+                copy.blocks_evicted = tier.num_evicted_blocks()
+                copy.usage = tier.usage()
+            name = copy.name if copy.name not in snapshot else f"{copy.name}#{index}"
+            snapshot[name] = copy
+        return snapshot
 
     @override
     def __repr__(self) -> str:
@@ -212,9 +253,12 @@ class TieringOffloadingManager(OffloadingManager):
     def end_step(self) -> None:
         """Signal the end of a scheduler step (also done by `take_events`).
 
-        Submits the promotions staged during the step, one `submit_load` per (tier, request),
-        and lets the next step's first call collect finished jobs again.
+        Collects finished jobs unless a call of this step already did (an idle step makes
+        progress too), submits the promotions staged during the step, one `submit_load` per
+        (tier, request), and re-opens the poll for the next step.
         """
+        self._poll_finished_jobs_once()
+        self._polled_this_step = False
         for tier_index, staged in enumerate(self._staged):
             if not staged:
                 continue
@@ -230,7 +274,6 @@ class TieringOffloadingManager(OffloadingManager):
                 self._submit(tier_index, job)
             for req_id in staged:
                 self._maybe_finish_request(req_id)
-        self._polled_this_step = False
 
     def _submit(self, tier_index: int, job: JobMetadata) -> None:
         self._jobs[job.job_id] = (tier_index, job)
@@ -273,6 +316,13 @@ class TieringOffloadingManager(OffloadingManager):
 
     def _settle(self, tier_index: int, job: JobMetadata, success: bool) -> None:
         failed = self._failed_promotions[tier_index]
+        stats = self._stats[tier_index + 1]
+        if not success:
+            stats.failed_jobs += 1
+        elif job.is_promotion:
+            stats.blocks_loaded += len(job.keys)
+        else:
+            stats.blocks_stored += len(job.keys)
         if job.is_promotion:
             self._primary.complete_write(job.keys, job.req_context, success)
             if not success and self._failed_promotion_memory:
@@ -293,16 +343,27 @@ class TieringOffloadingManager(OffloadingManager):
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
         self._poll_finished_jobs_once()
         found = self._primary.lookup(key, req_context)
+        stats = self._stats
+        stats[0].lookups += 1
         if found is not False:
+            if found:
+                stats[0].hits += 1
             return found
+        stats[0].misses += 1
         busy = False
         for tier_index, tier in enumerate(self._tiers):
             if key in self._failed_promotions[tier_index]:
                 continue
             found = tier.lookup(key, req_context)
+            tier_stats = stats[tier_index + 1]
+            tier_stats.lookups += 1
             if found:
+                tier_stats.hits += 1
                 return self._stage_promotion(tier_index, key, req_context)
-            busy = busy or found is None
+            if found is None:
+                busy = True
+            else:
+                tier_stats.misses += 1
         return None if busy else False
 
     def _stage_promotion(
@@ -324,11 +385,42 @@ class TieringOffloadingManager(OffloadingManager):
     @override
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> CPULoadStoreSpec:
         self._poll_finished_jobs_once()
-        return self._primary.prepare_load(keys, req_context)
+        spec = self._primary.prepare_load(keys, req_context)
+        loads = self._gpu_loads
+        for key in keys:
+            loads[key] = loads.get(key, 0) + 1
+        self._stats[0].blocks_loaded += len(keys)
+        return spec
 
     @override
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        """Release GPU loads prepared by `prepare_load`.
+
+        Raises:
+            OffloadProtocolError: a key (counted with repetition) has no GPU load prepared
+                through this manager in progress; nothing was changed. A cascade's read of the
+                same block does not count: it belongs to the tier copying it.
+        """
+        loads = self._gpu_loads
+        releases: dict[OffloadKey, int] = {}
+        for key in keys:
+            releases[key] = releases.get(key, 0) + 1
+        for key, count in releases.items():
+            in_progress = loads.get(key, 0)
+            if in_progress < count:
+                state = describe_block(self._primary.policy.get(key))
+                detail = (
+                    f"{in_progress} GPU loads of it in progress, {count} released; "
+                    "only loads prepared by prepare_load can be completed"
+                )
+                raise OffloadProtocolError("complete_load", key, state, detail)
         self._primary.complete_load(keys, req_context)
+        for key, count in releases.items():
+            remaining = loads[key] - count
+            if remaining:
+                loads[key] = remaining
+            else:
+                del loads[key]
 
     @override
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
@@ -343,6 +435,8 @@ class TieringOffloadingManager(OffloadingManager):
         # Cascades that finished release their primary references before eviction is decided.
         self._poll_finished_jobs_once()
         output = self._primary.prepare_store(keys, req_context)
+        if output is not None:
+            self._stats[0].blocks_evicted += len(output.evicted_keys)
         if output is not None and output.keys_to_store:
             req_id = req_context.req_id
             for key in output.keys_to_store:
@@ -369,6 +463,10 @@ class TieringOffloadingManager(OffloadingManager):
         if not completed:
             return
         self._primary.complete_store(completed, req_context, success)
+        if success:
+            self._stats[0].blocks_stored += len(completed)
+        else:
+            self._stats[0].failed_jobs += 1
         if success:
             keys_tuple = tuple(completed)
             for tier_index in range(len(self._tiers)):
@@ -424,6 +522,7 @@ class TieringOffloadingManager(OffloadingManager):
         self._drain()
         self._pending_stores.clear()
         self._pending_stores_per_request.clear()
+        self._gpu_loads.clear()
         for req_id in list(self._deferred_finishes):
             self._maybe_finish_request(req_id)
         self._primary.reset_cache()
@@ -483,14 +582,18 @@ def create_tiering_manager(
         The manager.
 
     Raises:
-        ValueError: a config is invalid; everything built so far was shut down and the region
-            cleaned up.
+        ValueError: an argument or a tier config is invalid (the message names the field);
+            everything built so far was shut down and the region cleaned up.
+        OSError: a tier's storage is unusable (e.g. `TierRootError` for an fs root); cleaned
+            up the same way.
     """
-    primary = CPUPrimaryTierOffloadingManager(region, cache_policy, enable_events)
+    configs = _check_tier_configs(secondary_tiers)
+    events = check_bool("enable_events", enable_events)
+    primary = CPUPrimaryTierOffloadingManager(region, cache_policy, events)
     tiers: list[SecondaryTierManager] = []
-    overrides: dict[str, Any] = {"enable_events": True} if enable_events else {}
+    overrides: dict[str, Any] = {"enable_events": True} if events else {}
     try:
-        for config in secondary_tiers:
+        for config in configs:
             tiers.append(create_secondary_tier(config, primary.get_kv_memoryview(), **overrides))
     except BaseException:
         for tier in tiers:
@@ -498,3 +601,23 @@ def create_tiering_manager(
         primary.shutdown()
         raise
     return TieringOffloadingManager(primary, tiers)
+
+
+def _check_tier_configs(secondary_tiers: object) -> list[Mapping[str, Any]]:
+    # A single mapping (or a string) where a list of them is expected is a common slip: iterating
+    # it would yield its keys.
+    kind = type(secondary_tiers).__name__
+    if isinstance(secondary_tiers, (Mapping, str, bytes)) or not isinstance(
+        secondary_tiers, Iterable
+    ):
+        raise ValueError(
+            f"secondary_tiers must be a list of tier configs (mappings), got {kind}"
+        )
+    configs: list[Mapping[str, Any]] = []
+    for index, config in enumerate(cast(Iterable[object], secondary_tiers)):
+        if not isinstance(config, Mapping):
+            raise ValueError(
+                f"secondary_tiers[{index}] must be a mapping with a 'type', got {config!r}"
+            )
+        configs.append(cast(Mapping[str, Any], config))
+    return configs

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict, deque
 from collections.abc import Collection, Iterable
+from typing import Any
 
 from typing_extensions import override
 
 from kvref.base import OffloadingEvent, OffloadKey, ReqContext
+from kvref.tiering._options import check_bool, check_optional_int, check_str
 from kvref.tiering.base import JobMetadata, JobResult, PrimaryBlocks, SecondaryTierManager
 
 __all__ = ["InMemorySecondaryTier"]
@@ -31,26 +33,27 @@ class InMemorySecondaryTier(SecondaryTierManager):
         enable_events: buffer stored/removed events for `take_events`.
 
     Raises:
-        ValueError: `capacity_blocks` < 1, or an unusable `primary_kv_view`.
+        ValueError: an option has the wrong type or is out of range (the message names it), or
+            `primary_kv_view` is unusable.
     """
 
     def __init__(
         self,
-        primary_kv_view: memoryview,
+        primary_kv_view: memoryview[Any],
         *,
         capacity_blocks: int | None = None,
         name: str = "memory",
         enable_events: bool = False,
     ) -> None:
-        if capacity_blocks is not None and capacity_blocks < 1:
-            raise ValueError(f"capacity_blocks must be None or >= 1, got {capacity_blocks}")
-        self.medium = name
+        self._capacity = check_optional_int("capacity_blocks", capacity_blocks, minimum=1)
+        self.medium = check_str("name", name)
+        events = check_bool("enable_events", enable_events)
         self._primary = PrimaryBlocks(primary_kv_view)
-        self._capacity = capacity_blocks
+        self._evicted_blocks = 0
         self._blocks: OrderedDict[OffloadKey, bytes] = OrderedDict()
         self._pending_stores: Counter[OffloadKey] = Counter()
         self._queue: deque[JobMetadata] = deque()
-        self._events: list[OffloadingEvent] | None = [] if enable_events else None
+        self._events: list[OffloadingEvent] | None = [] if events else None
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -103,6 +106,7 @@ class InMemorySecondaryTier(SecondaryTierManager):
         while len(self._blocks) > self._capacity:
             key, _ = self._blocks.popitem(last=False)
             evicted.append(key)
+        self._evicted_blocks += len(evicted)
         if self._events is not None:
             self._events.append(OffloadingEvent(evicted, self.medium, removed=True))
 
@@ -112,6 +116,14 @@ class InMemorySecondaryTier(SecondaryTierManager):
         for key, block_id in zip(job.keys, job.block_ids):
             self._primary.row(block_id)[:] = self._blocks[key]
         return True
+
+    @override
+    def num_evicted_blocks(self) -> int:
+        return self._evicted_blocks
+
+    @override
+    def usage(self) -> float | None:
+        return None if self._capacity is None else len(self._blocks) / self._capacity
 
     @override
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:

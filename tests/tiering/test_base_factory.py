@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 from typing import Any
 
@@ -39,12 +40,36 @@ def test_primary_blocks_rows() -> None:
     [
         (memoryview(bytearray(8)), "C-contiguous 2-D memoryview"),
         (memoryview(bytearray(16)).cast("B", (4, 4))[::2], "C-contiguous 2-D memoryview"),
-        (memoryview(bytearray(16)).cast("i", (2, 2)), "one-byte format"),
+        (memoryview(bytearray(16)).cast("i"), "C-contiguous 2-D memoryview"),
     ],
 )
 def test_primary_blocks_rejects_unusable_views(view: memoryview, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         PrimaryBlocks(view)
+
+
+def uint16_view(num_blocks: int, items: int) -> memoryview[Any]:
+    """A (num_blocks, items) view of uint16 with a non-native format ("<H"), as ctypes exports."""
+    return memoryview((ctypes.c_uint16 * items * num_blocks)())
+
+
+def float32_view(num_blocks: int, items: int) -> memoryview[Any]:
+    return memoryview(bytearray(num_blocks * items * 4)).cast("f", (num_blocks, items))
+
+
+@pytest.mark.parametrize("make", [uint16_view, float32_view])
+def test_primary_blocks_accept_views_of_any_item_format(make: Any) -> None:
+    view = make(3, 4)
+    blocks = PrimaryBlocks(view)
+    item = view.itemsize
+    assert (blocks.num_blocks, blocks.block_bytes) == (3, 4 * item)
+    row = blocks.row(1)
+    assert (row.format, row.nbytes) == ("B", 4 * item)
+    row[:] = bytes(range(4 * item))
+    # Zero-copy: the bytes land in row 1 of the typed view itself.
+    assert bytes(view[1:2]) == bytes(range(4 * item))
+    assert bytes(view[0:1]) == bytes(view[2:3]) == bytes(4 * item)
+    blocks.release()
 
 
 def test_builtin_tier_types(tmp_path: Path) -> None:

@@ -8,18 +8,32 @@ raise, and a load either reports success with the exact bytes or reports failure
 from __future__ import annotations
 
 import errno
+import json
+import multiprocessing
 import os
+import re
+import shutil
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from kvref.base import OffloadingEvent, OffloadKey, ReqContext
-from kvref.tiering import fs as fs_module
+from kvref.base import OffloadingEvent, OffloadKey, ReqContext, make_offload_key
+from kvref.tiering.fs_pool import DualQueuePool, IOTask
 from kvref.tiering.base import JobMetadata, JobResult
-from kvref.tiering.fs import CONFIG_FILE_NAME, RECORD_HEADER_BYTES, FileSystemSecondaryTier
+from kvref.errors import KVRefError
+from kvref.tiering.fs import (
+    CONFIG_FILE_NAME,
+    LOCK_FILE_NAME,
+    RECORD_HEADER_BYTES,
+    FileSystemSecondaryTier,
+    TierRootError,
+)
 from tests.tiering.helpers import BLOCK_BYTES, content, make_view, to_key, to_keys
 
 CTX = ReqContext(req_id="r1")
@@ -203,14 +217,14 @@ def test_capacity_never_evicts_blocks_being_read(tmp_path: Path, monkeypatch: py
 
 
 def test_reads_are_not_starved_by_writes() -> None:
-    pool = fs_module._DualQueuePool(1, 1, "test")  # pyright: ignore[reportPrivateUsage]
+    pool = DualQueuePool(1, 1, "test")
     # One gate per write, so the test decides when each write may finish (no timing races).
     gates = [threading.Event() for _ in range(10)]
     started = threading.Semaphore(0)
     done: list[str] = []
     lock = threading.Lock()
 
-    def task(name: str, gate: threading.Event | None) -> Any:
+    def task(name: str, gate: threading.Event | None) -> IOTask:
         def run() -> None:
             started.release()
             if gate is not None:
@@ -218,7 +232,7 @@ def test_reads_are_not_starved_by_writes() -> None:
             with lock:
                 done.append(name)
 
-        return fs_module._Task(run, lambda: None)  # pyright: ignore[reportPrivateUsage]
+        return IOTask(run, lambda: None)
 
     for i in range(10):
         pool.submit(task(f"w{i}", gates[i]), read=False)
@@ -323,8 +337,31 @@ def test_restart_drops_segments_of_another_block_size(tmp_path: Path) -> None:
 
 def test_restart_with_another_block_size_is_refused(tmp_path: Path) -> None:
     Harness(tmp_path / "fs").close()
-    with pytest.raises(ValueError, match=r"root_dir .* is not usable: it holds blocks written as"):
+    with pytest.raises(TierRootError, match=r"root_dir '.*fs' is not usable: it holds blocks written as"):
         FileSystemSecondaryTier(make_view(2, 128), tmp_path / "fs")
+
+
+def test_root_of_the_previous_format_is_refused_not_misread(tmp_path: Path) -> None:
+    # Format 2 checksummed payloads only (CRC-32): its records are never read as format 3.
+    root = tmp_path / "fs"
+    root.mkdir()
+    (root / CONFIG_FILE_NAME).write_text(json.dumps({"format": 2, "block_bytes": BLOCK_BYTES}))
+    with pytest.raises(OSError, match=r"written as \{'format': 2.*needs \{'format': 3"):
+        FileSystemSecondaryTier(make_view(2), root)
+
+
+def test_records_of_the_previous_format_are_skipped(tmp_path: Path) -> None:
+    k1 = to_key(1)
+    first = Harness(tmp_path / "fs")
+    assert first.store([k1])
+    path = file_of(first, k1)
+    first.close()
+    data = bytearray(path.read_bytes())
+    data[8:10] = (2).to_bytes(2, "little")  # the format field, where format 2 had it too
+    path.write_bytes(bytes(data))
+    second = Harness(tmp_path / "fs")
+    assert second.tier.lookup(k1, CTX) is False
+    second.close()
 
 
 def test_restart_over_capacity_evicts_the_oldest(tmp_path: Path) -> None:
@@ -344,39 +381,90 @@ def test_restart_over_capacity_evicts_the_oldest(tmp_path: Path) -> None:
 
 def test_root_that_is_a_file_is_refused(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
-    with pytest.raises(ValueError, match=r"root_dir '.*file' is not usable"):
+    with pytest.raises(TierRootError, match=r"root_dir '.*file' is not usable: it is not a directory"):
         FileSystemSecondaryTier(make_view(2), tmp_path / "file")
-    with pytest.raises(ValueError, match=r"root_dir '.*sub' is not usable"):
-        FileSystemSecondaryTier(make_view(2), tmp_path / "file" / "sub")
 
 
-def test_unwritable_root_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def deny(self: Path, data: str) -> int:
-        raise PermissionError(errno.EACCES, "Permission denied")
+def test_root_under_a_file_cannot_be_created(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(OSError, match=r"root_dir '.*file/sub/fs' is not usable: Not a directory") as info:
+        FileSystemSecondaryTier(make_view(2), tmp_path / "file" / "sub" / "fs")
+    assert info.value.errno == errno.ENOTDIR
+    assert isinstance(info.value, KVRefError)
 
-    monkeypatch.setattr(Path, "write_text", deny)
-    with pytest.raises(ValueError, match=r"root_dir .* is not usable: Permission denied"):
-        FileSystemSecondaryTier(make_view(2), tmp_path / "fs")
+
+def _open_tier_as_nobody(root: str, result: Any) -> None:
+    # Runs in a forked child: drop root, so the directory's permissions apply for real.
+    try:
+        if os.geteuid() == 0:
+            os.setgid(65534)
+            os.setuid(65534)
+        FileSystemSecondaryTier(make_view(2), root).shutdown()
+        result.put("opened")
+    except OSError as exc:
+        result.put(f"{type(exc).__name__}: {exc}")
+
+
+def test_root_without_write_permission_is_refused() -> None:
+    # Outside pytest's tmp_path, whose parents only root may enter: the child, not root, must
+    # reach the directory and be refused by its own permissions.
+    base = Path(tempfile.mkdtemp(prefix="kvref-perm-"))
+    try:
+        os.chmod(base, 0o755)
+        parent = base / "locked"
+        (parent / "fs").mkdir(parents=True)
+        # Readable and searchable by everyone; writable by its owner only (not even by the
+        # owner when the test does not run as root).
+        mode = 0o755 if os.geteuid() == 0 else 0o555
+        os.chmod(parent / "fs", mode)
+        os.chmod(parent, mode)
+        context = multiprocessing.get_context("fork")
+        result = context.SimpleQueue()
+        # An existing root the process cannot write to, and a missing one it cannot create.
+        for root in (parent / "fs", parent / "new" / "fs"):
+            child = context.Process(target=_open_tier_as_nobody, args=(str(root), result))
+            child.start()
+            child.join(30)
+            outcome = result.get()
+            assert outcome.startswith("TierRootError:"), outcome
+            assert f"root_dir '{root}' is not usable: Permission denied" in outcome, outcome
+    finally:
+        os.chmod(base / "locked", 0o755)
+        shutil.rmtree(base)
 
 
 def test_corrupt_config_is_refused(tmp_path: Path) -> None:
     (tmp_path / "fs").mkdir()
     (tmp_path / "fs" / CONFIG_FILE_NAME).write_text("{not json")
-    with pytest.raises(ValueError, match="is not valid JSON"):
+    with pytest.raises(TierRootError, match="is not valid JSON"):
         FileSystemSecondaryTier(make_view(2), tmp_path / "fs")
 
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"n_read_threads": 0}, "n_read_threads and n_write_threads must be >= 1"),
+        ({"n_read_threads": 0}, "n_read_threads must be an integer >= 1, got 0"),
+        ({"n_write_threads": 2.5}, "n_write_threads must be an integer >= 1, got 2.5"),
         ({"capacity_bytes": 10}, "capacity_bytes must be None or at least one block"),
-        ({"max_segment_bytes": 0}, "max_segment_bytes must be >= 1"),
+        ({"capacity_bytes": "1G"}, "capacity_bytes must be None or an integer >= 1, got '1G'"),
+        ({"max_segment_bytes": 0}, "max_segment_bytes must be an integer >= 1, got 0"),
+        ({"max_segment_bytes": True}, "max_segment_bytes must be an integer >= 1, got True"),
+        ({"fsync": "no"}, "fsync must be true or false, got 'no'"),
+        ({"enable_events": 1}, "enable_events must be true or false, got 1"),
+        ({"name": ""}, "name must be a non-empty string, got ''"),
+        ({"name": 7}, "name must be a non-empty string, got 7"),
     ],
 )
 def test_invalid_arguments(tmp_path: Path, kwargs: dict[str, Any], message: str) -> None:
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=re.escape(message)):
         FileSystemSecondaryTier(make_view(2), tmp_path / "fs", **kwargs)
+    assert not (tmp_path / "fs").exists()  # refused before touching the disk
+
+
+@pytest.mark.parametrize("root_dir", ["", 42, None])
+def test_invalid_root_dir(tmp_path: Path, root_dir: Any) -> None:
+    with pytest.raises(ValueError, match="root_dir must be a non-empty path"):
+        FileSystemSecondaryTier(make_view(2), root_dir)
 
 
 # --- fault injection: the scheduler side never raises and never gets wrong bytes ---
@@ -515,3 +603,130 @@ def test_dropped_blocks_stay_dropped_after_a_restart(tmp_path: Path) -> None:
     assert [second.tier.lookup(k, CTX) for k in (k1, k2, k3)] == [True, False, False]
     assert second.tier.num_segments == 1
     second.close()
+
+
+# --- damage anywhere in a record never yields wrong bytes (issue 13, point 8) ---
+
+GROUP_0 = make_offload_key(b"prefix01", 0)
+GROUP_1 = make_offload_key(b"prefix01", 1)
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    record=st.integers(0, 1),
+    position=st.integers(0, RECORD - 1),
+    bit=st.integers(0, 7),
+    restart=st.booleans(),
+)
+def test_a_flipped_bit_anywhere_never_serves_wrong_bytes(
+    record: int, position: int, bit: int, restart: bool
+) -> None:
+    # Two blocks whose keys differ in one bit of the group index, in two segments, the damaged
+    # one newest: a flipped key bit could turn group 0's record into group 1's.
+    with tempfile.TemporaryDirectory(prefix="kvref-flip-") as tmp:
+        h = Harness(Path(tmp) / "fs")
+        try:
+            damaged, other = (GROUP_0, GROUP_1) if record == 0 else (GROUP_1, GROUP_0)
+            assert h.store([other], [0])
+            assert h.store([damaged], [1])
+            path, offset, _size = record_of(h, damaged)
+            data = bytearray(path.read_bytes())
+            data[offset + position] ^= 1 << bit
+            path.write_bytes(bytes(data))
+            if restart:
+                h.tier.shutdown()
+                h.tier = FileSystemSecondaryTier(h.view, h.root, n_read_threads=1, n_write_threads=1)
+            for key in (GROUP_0, GROUP_1):
+                if h.tier.lookup(key, CTX) is True and h.load([key], [5]):
+                    assert h.row(5) == content(key), f"{key.hex()} loaded another block's bytes"
+            # The undamaged block is never lost to its neighbour's damage.
+            assert h.tier.lookup(other, CTX) is True
+            assert h.load([other], [6]) and h.row(6) == content(other)
+        finally:
+            h.close()
+
+
+# --- a full disk (point 8) ---
+
+
+def test_restart_on_a_full_disk_starts_and_serves_what_it_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    keys = to_keys([1, 2])
+    first = Harness(tmp_path / "fs")
+    assert first.store(keys)
+    first.close()
+
+    def no_space(*args: object, **kwargs: object) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    real_open = os.open
+
+    def open_without_creating(path: Any, flags: int, mode: int = 0o777, **kwargs: Any) -> int:
+        if flags & os.O_CREAT and not os.path.exists(path):
+            no_space()
+        return real_open(path, flags, mode, **kwargs)
+
+    # Nothing that allocates space works: writes, new files, the config rewrite.
+    for name in ("write", "pwrite", "writev"):
+        monkeypatch.setattr(os, name, no_space)
+    monkeypatch.setattr(os, "open", open_without_creating)
+    monkeypatch.setattr(Path, "write_text", no_space)
+    second = Harness(tmp_path / "fs")
+    assert [second.tier.lookup(key, CTX) for key in keys] == [True, True]
+    assert second.load(keys, [4, 5])
+    assert (second.row(4), second.row(5)) == (content(keys[0]), content(keys[1]))
+    assert not second.store([to_key(3)], [0])  # stores fail as jobs, nothing raises
+    monkeypatch.undo()
+    assert second.store([to_key(3)], [0])
+    second.close()
+
+
+def test_a_new_root_on_a_full_disk_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_space(self: Path, data: str) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", no_space)
+    with pytest.raises(TierRootError, match=r"root_dir '.*fs' is not usable: No space left on device"):
+        FileSystemSecondaryTier(make_view(2), tmp_path / "fs")
+    assert [p.name for p in (tmp_path / "fs").iterdir()] == [LOCK_FILE_NAME]
+
+
+# --- one process per root (point 8) ---
+
+
+def test_a_second_tier_on_the_same_root_is_refused_naming_the_holder(tmp_path: Path) -> None:
+    first = Harness(tmp_path / "fs")
+    with pytest.raises(TierRootError, match=rf"another fs tier holds it \(pid {os.getpid()}\b"):
+        FileSystemSecondaryTier(make_view(2), tmp_path / "fs")
+    first.close()
+    FileSystemSecondaryTier(make_view(2), tmp_path / "fs").shutdown()  # free again
+
+
+def _try_to_open(root: str, result: Any) -> None:
+    try:
+        tier = FileSystemSecondaryTier(make_view(2), root, n_read_threads=1, n_write_threads=1)
+    except OSError as exc:
+        result.put(f"refused: {exc}")
+    else:
+        result.put(f"opened: {len(tier)} blocks")
+        tier.shutdown()
+
+
+def test_another_process_is_refused_while_the_root_is_held(tmp_path: Path) -> None:
+    first = Harness(tmp_path / "fs")
+    assert first.store(to_keys([1]))
+    context = multiprocessing.get_context("spawn")
+    result = context.SimpleQueue()
+    child = context.Process(target=_try_to_open, args=(str(first.root), result))
+    child.start()
+    child.join(60)
+    outcome = result.get()
+    assert outcome.startswith("refused: ") and f"(pid {os.getpid()}," in outcome, outcome
+    # The holder's data and temporary files were left alone.
+    assert first.tier.lookup(to_key(1), CTX) is True and first.load(to_keys([1]), [3])
+    first.close()
+    child = context.Process(target=_try_to_open, args=(str(first.root), result))
+    child.start()
+    child.join(60)
+    assert result.get() == "opened: 1 blocks"

@@ -2,15 +2,20 @@
 
 Invariants: a load that reports success returned exactly the stored bytes; a block whose load
 failed is a miss afterwards; the index never exceeds the capacity; every indexed block's segment
-file exists; and a restart keeps every block that was indexed and not damaged.
+file exists; and a restart keeps every block that was indexed and not damaged, also on a full
+disk. Loads run alone or two at a time (concurrent promotions sharing blocks).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import shutil
 import tempfile
+from collections.abc import Generator
 from pathlib import Path
+from typing import Any
 
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -114,18 +119,73 @@ class FsTierMachine(RuleBasedStateMachine):
         self.damaged.add(key)
         self.damaged_paths.add(path)
 
-    @rule()
-    def restart(self) -> None:
+    @rule(keys_a=st.lists(st.sampled_from(KEYS), min_size=1, max_size=2, unique=True),
+          keys_b=st.lists(st.sampled_from(KEYS), min_size=1, max_size=2, unique=True))
+    def concurrent_loads(self, keys_a: list[OffloadKey], keys_b: list[OffloadKey]) -> None:
+        present = {key for key in KEYS if self.tier.lookup(key, CTX) is True}
+        self.rows[:] = bytes(len(self.rows))
+        jobs: dict[int, list[tuple[OffloadKey, int]]] = {}
+        for keys, first_block in ((keys_a, 0), (keys_b, 2)):
+            self.job_ids += 1
+            block_ids = [first_block + i for i in range(len(keys))]
+            jobs[self.job_ids] = list(zip(keys, block_ids))
+            self.tier.submit_load(JobMetadata(self.job_ids, tuple(keys), tuple(block_ids), True, CTX))
+        self.tier.drain_jobs()
+        results = {result.job_id: result.success for result in self.tier.get_finished_jobs()}
+        assert set(results) == set(jobs)
+        for job_id, placed in jobs.items():
+            keys = [key for key, _ in placed]
+            if results[job_id]:
+                assert present.issuperset(keys) and not self.damaged.intersection(keys)
+                for key, block_id in placed:
+                    assert self.row(block_id) == content(key), f"wrong bytes for {key.hex()}"
+        for key in list(self.damaged):
+            if self.tier.lookup(key, CTX) is False:
+                self.damaged.discard(key)
+
+    @contextlib.contextmanager
+    def full_disk(self) -> Generator[None, None, None]:
+        def no_space(*args: object, **kwargs: object) -> Any:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        real_open = os.open
+
+        def open_without_creating(path: Any, flags: int, mode: int = 0o777, **kwargs: Any) -> int:
+            if flags & os.O_CREAT and not os.path.exists(path):
+                no_space()
+            return real_open(path, flags, mode, **kwargs)
+
+        saved: list[tuple[Any, str, Any]] = [
+            (os, "write", os.write),
+            (os, "pwrite", os.pwrite),
+            (os, "writev", os.writev),
+            (os, "open", os.open),
+            (Path, "write_text", Path.write_text),
+        ]
+        for owner, name, _ in saved:
+            setattr(owner, name, open_without_creating if name == "open" else no_space)
+        try:
+            yield
+        finally:
+            for owner, name, original in saved:
+                setattr(owner, name, original)
+
+    @rule(full=st.booleans())
+    def restart(self, full: bool) -> None:
         before = {key for key in KEYS if self.tier.lookup(key, CTX) is True}
         # A damaged header hides its record and the ones after it in the segment.
         at_risk = {
             key for key in before if (self.tier.location(key) or ("",))[0] in self.damaged_paths
         }
         self.tier.shutdown()
-        self.tier = self.open_tier()
+        with self.full_disk() if full else contextlib.nullcontext():
+            self.tier = self.open_tier()
+            # Served while the disk is still full.
+            after_full = {key for key in KEYS if self.tier.lookup(key, CTX) is True}
         after = {key for key in KEYS if self.tier.lookup(key, CTX) is True}
         assert before - at_risk <= after, before - after
         assert after <= before, after - before  # nothing dropped comes back
+        assert after_full == after
         self.damaged &= after
 
     @invariant()
@@ -137,5 +197,5 @@ class FsTierMachine(RuleBasedStateMachine):
                 assert os.path.exists(location[0])
 
 
-FsTierMachine.TestCase.settings = settings(max_examples=20, stateful_step_count=20)
+FsTierMachine.TestCase.settings = settings(max_examples=30, stateful_step_count=20, deadline=None)
 test_fs_tier_never_returns_wrong_bytes = FsTierMachine.TestCase

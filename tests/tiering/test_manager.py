@@ -6,13 +6,16 @@ Keys are small integers; "step" comments mark where the connector would end a sc
 from __future__ import annotations
 
 import logging
+import re
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kvref.base import OffloadingEvent, OffloadKey, ReqContext
 from kvref.cpu.common import CPULoadStoreSpec
-from kvref.errors import KVRefError
+from kvref.errors import KVRefError, OffloadProtocolError
 from kvref.tiering.base import JobMetadata
 from kvref.tiering.fs import FileSystemSecondaryTier
 from kvref.tiering.manager import (
@@ -466,3 +469,230 @@ def test_end_to_end_through_the_filesystem_tier(tmp_path: Path) -> None:
     assert manager.lookup(keys[0], R1) is True
     assert load(manager, keys[0]) == content(keys[0])
     manager.shutdown()
+
+
+# --- idle steps (issue 13, point 1) ---
+
+
+def test_idle_steps_release_cascades_and_finish_promotions(tmp_path: Path) -> None:
+    manager, (t0, t1) = make_tiering(tmp_path, num_blocks=2)
+    k1, k2, k3 = to_keys([1, 2, 3])
+    store(manager, [k1])  # prepare_store polled this step's finished jobs: none yet
+    manager.end_step()
+    assert ref_cnt(manager, k1) == 2  # one read reference per tier's cascade
+    assert manager.has_pending_work()
+    # An idle step: no lookup or prepare call, only the step end, which collects the cascades.
+    manager.end_step()
+    assert ref_cnt(manager, k1) == 0
+    assert manager.num_inflight_jobs == 0 and not manager.has_pending_work()
+
+    evict_from_primary(manager, [k1], [k2, k3])
+    assert manager.lookup(k1, R1) is None  # staged
+    manager.end_step()  # submitted
+    assert manager.has_pending_work()
+    # The engine is idle: it only keeps stepping while there is pending work.
+    steps = 0
+    while manager.has_pending_work():
+        manager.end_step()
+        steps += 1
+        assert steps < 5, "an idle engine would step forever"
+    assert steps == 1
+    assert manager.primary.lookup(k1, R1) is True
+    assert load(manager, k1) == content(k1)
+    assert t0.kinds("load") == [("load", "r1", (k1,))] and t1.kinds("load") == []
+
+
+def test_idle_steps_through_take_events(tmp_path: Path) -> None:
+    manager, (t0, _) = make_tiering(tmp_path, num_blocks=2, enable_events=True)
+    k1 = to_key(1)
+    store(manager, [k1])
+    assert manager.take_events() == [OffloadingEvent([k1], "CPU", removed=False)]
+    assert manager.has_pending_work()
+    # An idle step: take_events ends it, collecting the cascades, whose events it returns.
+    events = manager.take_events()
+    assert OffloadingEvent([k1], "t0", removed=False) in events
+    assert ref_cnt(manager, k1) == 0 and not manager.has_pending_work()
+    assert t0.polls == 2
+
+
+def test_a_step_with_calls_polls_once_and_its_end_does_not_poll_again(tmp_path: Path) -> None:
+    manager, (t0, _) = make_tiering(tmp_path, num_blocks=2)
+    manager.lookup(to_key(1), R1)
+    manager.end_step()
+    assert t0.polls == 1
+    manager.end_step()  # an idle step
+    assert t0.polls == 2
+
+
+def test_held_jobs_keep_the_engine_stepping_until_they_finish(tmp_path: Path) -> None:
+    manager, (t0, _) = make_tiering(tmp_path, num_blocks=2)
+    k1 = to_key(1)
+    t0.hold = True
+    store(manager, [k1])
+    manager.end_step()
+    for _ in range(3):
+        manager.end_step()
+        assert manager.has_pending_work() and ref_cnt(manager, k1) == 1
+    t0.hold = False
+    manager.end_step()
+    assert not manager.has_pending_work() and ref_cnt(manager, k1) == 0
+
+
+def test_a_tier_with_work_of_its_own_keeps_the_engine_stepping(tmp_path: Path) -> None:
+    manager, (t0, _) = make_tiering(tmp_path, num_blocks=2)
+    busy = [True]
+    t0.has_pending_work = lambda: busy[0]
+    assert manager.has_pending_work()
+    busy[0] = False
+    assert not manager.has_pending_work()
+
+
+def test_idle_steps_with_the_filesystem_tier(tmp_path: Path) -> None:
+    manager = create_tiering_manager(
+        make_region(tmp_path, 2),
+        [{"type": "fs", "root_dir": str(tmp_path / "fs"), "n_read_threads": 1, "n_write_threads": 1}],
+    )
+    k1, k2, k3 = to_keys([1, 2, 3])
+    store(manager, [k1])
+    steps = 0
+    while manager.has_pending_work():
+        manager.end_step()
+        steps += 1
+        assert steps < 10_000
+        time.sleep(0.001)
+    assert ref_cnt(manager, k1) == 0
+    store(manager, [k2, k3])  # evicts k1 from the primary
+    while manager.has_pending_work():
+        manager.end_step()
+        time.sleep(0.001)
+    assert manager.primary.lookup(k1, R1) is False
+    assert manager.lookup(k1, R1) is None
+    manager.end_step()
+    while manager.has_pending_work():
+        manager.end_step()
+        time.sleep(0.001)
+    assert load(manager, k1) == content(k1)
+    manager.shutdown()
+
+
+# --- complete_load checks the caller's own loads (point 8) ---
+
+
+def test_complete_load_of_a_block_only_a_cascade_reads_is_refused(tmp_path: Path) -> None:
+    manager, (t0, _) = make_tiering(tmp_path, num_blocks=2)
+    k1 = to_key(1)
+    t0.hold = True
+    store(manager, [k1])
+    manager.end_step()
+    manager.end_step()
+    assert ref_cnt(manager, k1) == 1  # t0's cascade still reads it
+    with pytest.raises(OffloadProtocolError, match=r"complete_load: key .* is reading\(1\) \(0 GPU loads"):
+        manager.complete_load([k1], R1)
+    assert ref_cnt(manager, k1) == 1  # nothing changed
+    t0.hold = False
+    manager.end_step()
+    assert ref_cnt(manager, k1) == 0 and not manager.has_pending_work()
+
+
+def test_complete_load_counts_repeated_keys_and_changes_nothing_on_error(tmp_path: Path) -> None:
+    manager, _ = make_tiering(tmp_path, num_blocks=4)
+    k1, k2 = to_keys([1, 2])
+    store(manager, [k1, k2])
+    manager.end_step()
+    manager.prepare_load([k1, k2], R1)
+    with pytest.raises(OffloadProtocolError, match="1 GPU loads of it in progress, 2 released"):
+        manager.complete_load([k2, k1, k1], R1)
+    assert (ref_cnt(manager, k1), ref_cnt(manager, k2)) == (1, 1)
+    manager.complete_load([k1, k2], R1)
+    assert (ref_cnt(manager, k1), ref_cnt(manager, k2)) == (0, 0)
+    with pytest.raises(OffloadProtocolError, match="is idle"):
+        manager.complete_load([k1], R1)
+    with pytest.raises(OffloadProtocolError, match="is absent"):
+        manager.complete_load([to_key(9)], R1)
+
+
+# --- statistics (point 6) ---
+
+
+def test_tier_stats_count_what_each_tier_did(tmp_path: Path) -> None:
+    manager, (t0, t1) = make_tiering(tmp_path, num_blocks=2, tier_capacity=None)
+    t1._capacity = 1  # pyright: ignore[reportPrivateUsage]
+    k1, k2, k3 = to_keys([1, 2, 3])
+    store(manager, [k1])
+    manager.end_step()
+    assert load(manager, k1) == content(k1)
+    evict_from_primary(manager, [k1], [k2, k3])  # t1 keeps only one block: it evicts
+    assert manager.lookup(k1, R1) is None  # primary miss, t0 hit: staged
+    manager.end_step()
+    manager.end_step()
+    assert manager.lookup(to_key(9), R1) is False
+    t0.failing_loads.add(k2)
+    store(manager, [k1])  # already there
+    stats = manager.tier_stats()
+    assert list(stats) == ["CPU", "t0", "t1"]
+    cpu, s0, s1 = stats.values()
+    assert (cpu.lookups, cpu.hits, cpu.misses) == (2, 0, 2)
+    assert (cpu.blocks_stored, cpu.blocks_loaded, cpu.blocks_evicted) == (3, 1, 1)
+    assert cpu.usage == 1.0 and cpu.failed_jobs == 0
+    assert (s0.lookups, s0.hits, s0.misses) == (2, 1, 1)
+    assert (s0.blocks_stored, s0.blocks_loaded, s0.blocks_evicted, s0.failed_jobs) == (3, 1, 0, 0)
+    assert s0.usage is None
+    assert (s1.lookups, s1.hits, s1.misses) == (1, 0, 1)
+    assert (s1.blocks_stored, s1.blocks_evicted) == (3, 2)
+    assert s1.usage == 1.0
+    # A snapshot: later activity does not change it.
+    manager.lookup(k1, R1)
+    assert cpu.lookups == 2
+
+
+def test_tier_stats_count_failed_jobs(tmp_path: Path) -> None:
+    manager, (t0, _) = make_tiering(tmp_path, num_blocks=2)
+    k1, k2, k3 = to_keys([1, 2, 3])
+    store(manager, [k1])
+    evict_from_primary(manager, [k1], [k2, k3])
+    t0.failing_loads.add(k1)
+    assert manager.lookup(k1, R1) is None
+    manager.end_step()
+    manager.end_step()
+    assert manager.tier_stats()["t0"].failed_jobs == 1
+    output = manager.prepare_store([to_key(4)], R1)
+    assert output is not None
+    manager.complete_store([to_key(4)], R1, success=False)
+    assert manager.tier_stats()["CPU"].failed_jobs == 1
+
+
+# --- configuration errors (point 4) ---
+
+
+@pytest.mark.parametrize(
+    ("tiers", "kwargs", "message"),
+    [
+        ({"type": "memory"}, {}, "secondary_tiers must be a list of tier configs (mappings), got dict"),
+        ("memory", {}, "secondary_tiers must be a list of tier configs (mappings), got str"),
+        (["memory"], {}, "secondary_tiers[0] must be a mapping with a 'type', got 'memory'"),
+        ([{"type": "memory", "capacity_blocks": 0}], {}, "capacity_blocks must be None or an integer >= 1, got 0"),
+        ([{"type": "memory", "capacity_blocks": "2"}], {}, "capacity_blocks must be None or an integer >= 1"),
+        ([{"type": "memory", "name": ""}], {}, "name must be a non-empty string"),
+        ([{"type": "fs"}], {}, "invalid options for secondary tier type 'fs'"),
+        ([{"type": "fs", "root_dir": 3}], {}, "root_dir must be a non-empty path, got 3"),
+        ([{"type": 3}], {}, "secondary tier config 'type' is 3, which is not registered"),
+        ([], {"enable_events": "yes"}, "enable_events must be true or false, got 'yes'"),
+    ],
+)
+def test_invalid_tiering_configs_name_the_field(
+    tmp_path: Path, tiers: Any, kwargs: dict[str, Any], message: str
+) -> None:
+    region = make_region(tmp_path, 2)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        create_tiering_manager(region, tiers, **kwargs)
+    region.cleanup()
+
+
+def test_an_unusable_fs_root_is_an_os_error_and_cleans_up(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    region = make_region(tmp_path, 2)
+    config = {"type": "fs", "root_dir": str(tmp_path / "file" / "fs")}
+    with pytest.raises(OSError, match=r"root_dir '.*file/fs' is not usable"):
+        create_tiering_manager(region, [{"type": "memory"}, config])
+    with pytest.raises(KVRefError):
+        region.create_kv_memoryview()  # the region was cleaned up

@@ -1,10 +1,13 @@
 """A hypothesis state machine over a tiering manager with two secondary tiers.
 
-Invariant: no completed block is ever lost. After any sequence of operations and step ends,
+Invariants: no completed block is ever lost. After any sequence of operations and step ends,
 every block that completed a store is found in the primary, or in every secondary tier that
 has not announced (by an event) that it dropped the block. Loads always return the block's own
 bytes, reference counts return to the loads in progress once no job is in flight, and a block
-held by a tier can always be promoted within one step (unless the primary has no room).
+held by a tier can always be promoted within one step (unless the primary has no room). Idle
+steps (step ends and nothing else) settle every job of tiers that are not held, so the engine
+stops stepping; promotions may fail or be asked for by several requests in one step; a
+`complete_load` the caller never prepared is refused and changes nothing.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing_extensions import override
 from kvref.base import OffloadingEvent, OffloadKey, ReqContext
 from kvref.cpu.common import CPULoadStoreSpec
 from kvref.cpu.policies.factory import CachePolicyName
+from kvref.errors import OffloadProtocolError
 from kvref.tiering.manager import TieringOffloadingManager
 from tests.tiering.helpers import BLOCK_BYTES, ScriptedTier, content, make_tiering, to_keys
 
@@ -169,6 +173,65 @@ class TieringMachine(RuleBasedStateMachine):
         if found is True:
             self.check_load(ctx, key)
 
+    @rule(steps=st.integers(1, 3))
+    def idle_steps(self, steps: int) -> None:
+        for _ in range(steps):
+            self.m.end_step()
+        if steps >= 2 and not any(tier.hold for tier in self.tiers):
+            # Step 1 collects what was running and submits staged promotions; step 2 collects
+            # those: nothing is left to step for.
+            assert self.m.num_inflight_jobs == 0
+            assert not self.m.has_pending_work()
+
+    @rule(tier=st.integers(0, 1), key=st.sampled_from(KEYS))
+    def make_promotions_fail(self, tier: int, key: OffloadKey) -> None:
+        self.tiers[tier].failing_loads.add(key)
+
+    @rule(tier=st.integers(0, 1))
+    def heal(self, tier: int) -> None:
+        self.tiers[tier].failing_loads.clear()
+
+    @rule(key=st.sampled_from(KEYS), requests=st.lists(st.integers(0, 2), min_size=2, max_size=3))
+    def concurrent_promotions(self, key: OffloadKey, requests: list[int]) -> None:
+        loads_before = sum(
+            1 for tier in self.tiers for _, _, keys in tier.kinds("load") if key in keys
+        )
+        answers = [self.m.lookup(key, self.requests[request]) for request in requests]
+        self.m.end_step()
+        loads_after = sum(
+            1 for tier in self.tiers for _, _, keys in tier.kinds("load") if key in keys
+        )
+        # However many requests ask in one step, the block is promoted at most once.
+        assert loads_after - loads_before <= 1, answers
+        for answer, request in zip(answers, requests):
+            if answer is True:
+                self.check_load(self.requests[request], key)
+
+    @rule(data=st.data())
+    def stray_complete_load(self, data: st.DataObject) -> None:
+        loading = {key for _, key in self.active_loads}
+        # Blocks a cascade is reading are the interesting ones: their reference count is > 0.
+        read = [
+            key
+            for key in KEYS
+            if key not in loading
+            and (block := self.m.primary.policy.get(key)) is not None
+            and block.ref_cnt > 0
+        ]
+        key = data.draw(st.sampled_from(read or [k for k in KEYS if k not in loading] or KEYS))
+        if key in loading:
+            return
+        block = self.m.primary.policy.get(key)
+        before = None if block is None else block.ref_cnt
+        try:
+            self.m.complete_load([key], self.requests[0])
+        except OffloadProtocolError:
+            pass
+        else:
+            raise AssertionError(f"complete_load of {key.hex()}, never prepared, was accepted")
+        block = self.m.primary.policy.get(key)
+        assert (None if block is None else block.ref_cnt) == before
+
     # --- invariants ---
 
     def record_events(self, events: Iterable[OffloadingEvent]) -> None:
@@ -209,5 +272,5 @@ class TieringMachine(RuleBasedStateMachine):
                 assert block.ref_cnt == expected, (key.hex(), block.ref_cnt, expected)
 
 
-TieringMachine.TestCase.settings = settings(stateful_step_count=40)
+TieringMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
 test_tiering_manager_never_loses_a_completed_block = TieringMachine.TestCase

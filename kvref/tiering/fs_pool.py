@@ -1,0 +1,108 @@
+"""The I/O thread pool of `FileSystemSecondaryTier`: a read queue and a write queue.
+
+Read threads serve loads (promotions) first and write threads serve stores and deletions
+first; each kind takes from the other queue when its own is empty, so a burst of stores never
+starves promotions and no thread idles while work is queued. Submitting never waits on a lock
+an I/O thread may hold.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable
+
+__all__ = ["IOTask", "DualQueuePool"]
+
+
+class IOTask:
+    """One unit of I/O for the pool; `run` and `cancel` never raise."""
+
+    __slots__ = ("run", "cancel")
+
+    def __init__(self, run: Callable[[], None], cancel: Callable[[], None]) -> None:
+        self.run = run
+        self.cancel = cancel
+
+
+class DualQueuePool:
+    """I/O threads over a read queue and a write queue; each thread prefers one queue.
+
+    Submitting never waits on a lock an I/O thread may hold: a task is appended to its deque
+    and a token to a `SimpleQueue`; a thread takes one token, then one task from its own queue
+    or, if that is empty, from the other (there is always one: tasks go in before tokens).
+
+    Args:
+        n_read_threads: threads that take reads first.
+        n_write_threads: threads that take writes first.
+        name: the prefix of the threads' names.
+    """
+
+    def __init__(self, n_read_threads: int, n_write_threads: int, name: str) -> None:
+        self._reads: deque[IOTask] = deque()
+        self._writes: deque[IOTask] = deque()
+        self._tokens: queue.SimpleQueue[bool] = queue.SimpleQueue()
+        self._closed = False
+        self._submitted = 0  # written by the submitting thread only
+        self._finished = 0  # under _idle
+        self._idle = threading.Condition()
+        self._threads = [
+            threading.Thread(
+                target=self._work, args=(prefer_reads,), name=f"{name}-{kind}{i}", daemon=True
+            )
+            for prefer_reads, kind, count in (
+                (True, "r", n_read_threads),
+                (False, "w", n_write_threads),
+            )
+            for i in range(count)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, task: IOTask, *, read: bool) -> None:
+        """Queue `task` (cancelled at once after `shutdown`).
+
+        Args:
+            task: the work.
+            read: queue it as a read (served first by read threads) or as a write.
+        """
+        if self._closed:
+            task.cancel()
+            return
+        (self._reads if read else self._writes).append(task)
+        self._submitted += 1
+        self._tokens.put(True)
+
+    def _work(self, prefer_reads: bool) -> None:
+        own, other = (self._reads, self._writes) if prefer_reads else (self._writes, self._reads)
+        while self._tokens.get():
+            try:
+                task = own.popleft()
+            except IndexError:
+                task = other.popleft()
+            try:
+                if self._closed:
+                    task.cancel()
+                else:
+                    task.run()
+            finally:
+                with self._idle:
+                    self._finished += 1
+                    self._idle.notify_all()
+
+    def drain(self) -> None:
+        """Block until every task submitted so far has run or been cancelled."""
+        with self._idle:
+            while self._finished < self._submitted:
+                self._idle.wait()
+
+    def shutdown(self) -> None:
+        """Let running tasks finish, cancel queued ones, and join the threads."""
+        if self._closed:
+            return
+        self._closed = True
+        for _ in self._threads:
+            self._tokens.put(False)  # after every queued task's token: those get cancelled
+        for thread in self._threads:
+            thread.join()
