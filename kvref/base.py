@@ -47,6 +47,7 @@ __all__ = [
     "OffloadPolicy",
     "RequestOffloadingContext",
     "OffloadingStats",
+    "TierStats",
     "OffloadingManager",
 ]
 
@@ -293,6 +294,37 @@ class OffloadPolicy(enum.Enum):
     """Every block of the request, prefix hits included (tiers that need whole requests)."""
 
 
+@dataclass
+class TierStats:
+    """Cumulative counters of one tier, as the tiering manager saw them (and the tier reports).
+
+    Attributes:
+        name: the tier's medium name ("CPU" for the primary).
+        lookups: blocks asked for in this tier by `lookup`.
+        hits: lookups it held the block for (the primary: loadable; a secondary tier: it could
+            be promoted, which `lookup` then stages).
+        misses: lookups it did not hold (a block still being written counts neither way).
+        blocks_stored: blocks written into the tier (GPU stores for the primary, blocks of
+            successful cascades for a secondary tier, including ones it already held).
+        blocks_loaded: blocks read out of the tier (GPU loads for the primary, promoted blocks
+            for a secondary tier).
+        blocks_evicted: blocks the tier evicted to make room.
+        failed_jobs: jobs that failed (stores and promotions; the primary: failed GPU stores).
+        usage: the fraction of the tier's capacity in use, or None when it has no bound or
+            does not say.
+    """
+
+    name: str
+    lookups: int = 0
+    hits: int = 0
+    misses: int = 0
+    blocks_stored: int = 0
+    blocks_loaded: int = 0
+    blocks_evicted: int = 0
+    failed_jobs: int = 0
+    usage: float | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class OffloadingStats:
     """Counters of one manager (or one tier of it), cumulative since the manager was built.
@@ -302,9 +334,9 @@ class OffloadingStats:
     `get_stats` returns increments since the previous call instead; kvref leaves the
     differencing to the scraper so that two readers do not steal each other's counts.
 
-    Extension point: a manager composed of several storage tiers reports its own totals in the
-    top-level fields and one `OffloadingStats` per tier in `tiers`, keyed by the tier's medium
-    name (e.g. "CPU", "fs"); a single-tier manager leaves `tiers` empty.
+    A manager composed of several storage tiers reports its primary tier's counters in the
+    top-level fields and one `TierStats` per tier in `tiers`, keyed by the tier's name (e.g.
+    "CPU", "fs"); a single-tier manager leaves `tiers` empty.
 
     Attributes:
         lookups: `lookup` calls answered.
@@ -317,7 +349,7 @@ class OffloadingStats:
         stores_refused: `prepare_store` calls answered None (no room).
         num_blocks: capacity in blocks (0 when unbounded or unknown).
         used_blocks: blocks held (pending, idle or being read).
-        tiers: per-tier counters, by medium name.
+        tiers: per-tier counters, by tier name (a tiering manager: the primary, "CPU", first).
     """
 
     lookups: int = 0
@@ -330,7 +362,7 @@ class OffloadingStats:
     stores_refused: int = 0
     num_blocks: int = 0
     used_blocks: int = 0
-    tiers: Mapping[str, OffloadingStats] = field(default_factory=lambda: MappingProxyType({}))
+    tiers: Mapping[str, TierStats] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def usage(self) -> float:

@@ -708,8 +708,13 @@ def format_stats(stats: OffloadingStats, indent: str = "  ") -> list[str]:
         f"{stats.stores_refused}, usage {stats.used_blocks}/{stats.num_blocks} "
         f"({stats.usage:.0%})"
     ]
-    for tier, tier_stats in stats.tiers.items():
-        lines.extend(format_stats(tier_stats, indent + f"  [{tier}] "))
+    for name, tier in stats.tiers.items():
+        usage = "unbounded" if tier.usage is None else f"{tier.usage:.0%}"
+        lines.append(
+            f"{indent}  [{name}] lookups {tier.lookups} (hits {tier.hits}, misses {tier.misses}), "
+            f"blocks stored {tier.blocks_stored}, loaded {tier.blocks_loaded}, evicted "
+            f"{tier.blocks_evicted}, failed jobs {tier.failed_jobs}, usage {usage}"
+        )
     return lines
 
 

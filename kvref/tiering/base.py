@@ -35,7 +35,7 @@ from typing import Any
 
 from typing_extensions import override
 
-from kvref.base import OffloadingEvent, OffloadKey, ReqContext
+from kvref.base import OffloadingEvent, OffloadKey, ReqContext, TierStats
 
 __all__ = [
     "JobId",
@@ -74,37 +74,6 @@ class JobMetadata:
                 f"job {self.job_id}: keys ({len(self.keys)}) and block_ids "
                 f"({len(self.block_ids)}) must be co-indexed"
             )
-
-
-@dataclass
-class TierStats:
-    """Cumulative counters of one tier, as the tiering manager saw them (and the tier reports).
-
-    Attributes:
-        name: the tier's medium name ("CPU" for the primary).
-        lookups: blocks asked for in this tier by `lookup`.
-        hits: lookups it held the block for (the primary: loadable; a secondary tier: it could
-            be promoted, which `lookup` then stages).
-        misses: lookups it did not hold (a block still being written counts neither way).
-        blocks_stored: blocks written into the tier (GPU stores for the primary, blocks of
-            successful cascades for a secondary tier, including ones it already held).
-        blocks_loaded: blocks read out of the tier (GPU loads for the primary, promoted blocks
-            for a secondary tier).
-        blocks_evicted: blocks the tier evicted to make room.
-        failed_jobs: jobs that failed (stores and promotions; the primary: failed GPU stores).
-        usage: the fraction of the tier's capacity in use, or None when it has no bound or
-            does not say.
-    """
-
-    name: str
-    lookups: int = 0
-    hits: int = 0
-    misses: int = 0
-    blocks_stored: int = 0
-    blocks_loaded: int = 0
-    blocks_evicted: int = 0
-    failed_jobs: int = 0
-    usage: float | None = None
 
 
 @dataclass(frozen=True)

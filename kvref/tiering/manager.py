@@ -24,7 +24,8 @@ that only keeps stepping still sees its cascades release their blocks and its pr
 complete, and `has_pending_work()` turns False. Then `end_step()` submits the promotions staged
 during the step and re-opens the poll for the next step.
 
-Statistics: `tier_stats()` returns cumulative `TierStats` per tier name, primary first.
+Statistics: `get_stats()` returns the primary's `OffloadingStats` with every tier's cumulative
+`TierStats` (primary first) in its `tiers`; `tier_stats()` returns those alone.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, cast
 
 from typing_extensions import override
@@ -44,6 +46,7 @@ from typing_extensions import override
 from kvref.base import (
     OffloadingEvent,
     OffloadingManager,
+    OffloadingStats,
     OffloadKey,
     PrepareStoreOutput,
     ReqContext,
@@ -218,6 +221,16 @@ class TieringOffloadingManager(OffloadingManager):
             or any(self._staged)
             or any(tier.has_pending_work() for tier in self._tiers)
         )
+
+    @override
+    def get_stats(self) -> OffloadingStats:
+        """Return the primary tier's counters with every tier's `TierStats` in `tiers`.
+
+        The top-level counters are the CPU primary's (what the GPU stored into and loaded
+        from it); `tiers` holds `tier_stats()`: the primary first, then each secondary tier.
+        """
+        primary = self._primary.get_stats()
+        return dataclasses.replace(primary, tiers=MappingProxyType(self.tier_stats()))
 
     def tier_stats(self) -> dict[str, TierStats]:
         """Return a snapshot of each tier's cumulative counters, primary first.

@@ -643,6 +643,12 @@ def test_tier_stats_count_what_each_tier_did(tmp_path: Path) -> None:
     # A snapshot: later activity does not change it.
     manager.lookup(k1, R1)
     assert cpu.lookups == 2
+    # get_stats: the primary manager's counters on top, every tier's in `tiers`.
+    scraped = manager.get_stats()
+    assert list(scraped.tiers) == ["CPU", "t0", "t1"]
+    assert scraped.tiers["t1"].blocks_evicted == 2 and scraped.tiers["t0"].hits == 1
+    assert (scraped.num_blocks, scraped.used_blocks) == (2, 2)
+    assert scraped.blocks_stored >= 3 and scraped.lookups >= 1
 
 
 def test_tier_stats_count_failed_jobs(tmp_path: Path) -> None:
