@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Iterator, Sequence, Set
+from collections.abc import Collection, Iterator, Mapping, Sequence, Set
 
 from typing_extensions import override
 
@@ -28,6 +28,7 @@ class ARCCachePolicy(CachePolicy):
         b1, b2: ghost lists, the keys (no slots) recently evicted from t1 and t2, each bounded
             by `cache_capacity`, oldest first.
         target_t1_size: how large t1 should be, in [0, cache_capacity]; starts at 0.
+        blocks: every held block (t1 and t2 together), the manager's `block_map`.
 
     Algorithm:
         1. insert(key): the new block (its write pending) joins t1's MRU end; the key leaves
@@ -66,21 +67,42 @@ class ARCCachePolicy(CachePolicy):
         self.t2: OrderedDict[OffloadKey, BlockStatus] = OrderedDict()
         self.b1: OrderedDict[OffloadKey, None] = OrderedDict()
         self.b2: OrderedDict[OffloadKey, None] = OrderedDict()
+        # One map for lookups: a miss costs one dict probe, not one per list.
+        self.blocks: dict[OffloadKey, BlockStatus] = {}
+
+    @override
+    def block_map(self) -> Mapping[OffloadKey, BlockStatus]:
+        return self.blocks
 
     @override
     def get(self, key: OffloadKey) -> BlockStatus | None:
-        block = self.t1.get(key)
-        return block if block is not None else self.t2.get(key)
+        return self.blocks.get(key)
 
     @override
     def insert(self, key: OffloadKey, block: BlockStatus) -> None:
+        self.blocks[key] = block
         self.t1[key] = block
-        self.b1.pop(key, None)
-        self.b2.pop(key, None)
+        if self.b1:
+            self.b1.pop(key, None)
+        if self.b2:
+            self.b2.pop(key, None)
+
+    @override
+    def insert_for_request(
+        self, keys: Sequence[OffloadKey], blocks: Sequence[BlockStatus], req_context: ReqContext
+    ) -> None:
+        all_blocks, t1, b1, b2 = self.blocks, self.t1, self.b1, self.b2
+        for key, block in zip(keys, blocks):
+            all_blocks[key] = block
+            t1[key] = block
+        if b1 or b2:
+            for key in keys:
+                b1.pop(key, None)
+                b2.pop(key, None)
 
     @override
     def remove(self, key: OffloadKey) -> None:
-        if self.t1.pop(key, None) is None:
+        if self.blocks.pop(key, None) is not None and self.t1.pop(key, None) is None:
             self.t2.pop(key, None)
 
     def _adapt_to_ghost_hit(self, key: OffloadKey) -> None:
@@ -162,8 +184,9 @@ class ARCCachePolicy(CachePolicy):
                 t1_size -= 1
             chosen.append((entry[0], entry[1], from_t1))
 
-        t1, t2, b1, b2 = self.t1, self.t2, self.b1, self.b2
+        t1, t2, b1, b2, blocks = self.t1, self.t2, self.b1, self.b2, self.blocks
         for key, _, from_t1 in chosen:
+            del blocks[key]
             if from_t1:
                 del t1[key]
                 b1[key] = None
@@ -177,6 +200,6 @@ class ARCCachePolicy(CachePolicy):
 
     @override
     def clear(self) -> None:
-        for entries in (self.t1, self.t2, self.b1, self.b2):
+        for entries in (self.t1, self.t2, self.b1, self.b2, self.blocks):
             entries.clear()
         self.target_t1_size = 0.0

@@ -14,21 +14,20 @@ request a fresh rank, tail first, so its head ends most recent. A rank is one in
 
 vLLM keeps idle blocks in a lazily invalidated heap. kvref keeps every block in one
 `OrderedDict` in rank order instead: a fresh rank is the highest, so it is a `move_to_end`; a
-request's provisional rank is a bucket, one entry of the order placed when the request took its
-rank, holding its blocks. Eviction walks the order from the oldest end, skipping busy blocks
-(usually the most recent ones), so touches cost O(1) and an eviction O(evicted + skipped).
+request's provisional rank is a bucket of its blocks, one entry of the order. Eviction walks the
+order from the oldest end, skipping busy (usually recent) blocks: O(evicted + skipped).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Sequence, Set
+from collections.abc import Collection, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 
 from typing_extensions import override
 
 from kvref.base import MAX_OFFLOAD_KEY_POSITION, OffloadKey, ReqContext
-from kvref.cpu.policies.base import BlockStatus, CachePolicy, order_request_keys
+from kvref.cpu.policies.base import BlockStatus, CachePolicy, no_op_hook, order_request_keys
 
 __all__ = ["LRUCachePolicy"]
 
@@ -75,7 +74,7 @@ class LRUCachePolicy(CachePolicy):
 
     @override
     def __init__(self, cache_capacity: int) -> None:
-        # cache_capacity is unused: the manager bounds the blocks, and LRU keeps no ghosts.
+        # cache_capacity is unused: the manager bounds the blocks; LRU keeps no ghosts.
         self.blocks: dict[OffloadKey, BlockStatus] = {}
         self.ranks: dict[OffloadKey, int] = {}
         self.order: OrderedDict[OffloadKey | _Bucket, None] = OrderedDict()
@@ -142,6 +141,10 @@ class LRUCachePolicy(CachePolicy):
         bucket.ordered = None
 
     @override
+    def block_map(self) -> Mapping[OffloadKey, BlockStatus]:
+        return self.blocks  # the manager's lookups read it directly
+
+    @override
     def get(self, key: OffloadKey) -> BlockStatus | None:
         return self.blocks.get(key)
 
@@ -186,6 +189,7 @@ class LRUCachePolicy(CachePolicy):
         self._use(reversed(list(keys)))
 
     @override
+    @no_op_hook
     def on_store_miss(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         return None  # the keys are absent: the default's touch would change nothing
 
