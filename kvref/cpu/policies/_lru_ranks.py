@@ -1,0 +1,39 @@
+"""The provisional request ranks of kvref's LRU policy (see `kvref.cpu.policies.lru`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from operator import itemgetter
+
+from kvref.base import MAX_OFFLOAD_KEY_POSITION, OffloadKey
+
+__all__ = ["POSITION_SPAN", "Bucket", "RequestRank"]
+
+# Positions are <= MAX_OFFLOAD_KEY_POSITION (ReqContext enforces it), so a rank step spans them.
+POSITION_SPAN = MAX_OFFLOAD_KEY_POSITION + 1
+# Sorts a bucket's (key, rank) items by rank, then key, in C.
+_RANK_THEN_KEY = itemgetter(1, 0)
+
+
+@dataclass(eq=False, slots=True)
+class Bucket:
+    """One request's provisional rank and the blocks that hold it (hashed by identity)."""
+
+    rank: int
+    keys: dict[OffloadKey, int] = field(default_factory=dict[OffloadKey, int])
+    # keys in eviction order, rebuilt after a change.
+    ordered: list[OffloadKey] | None = None
+
+    def in_order(self) -> list[OffloadKey]:
+        if self.ordered is None:
+            self.ordered = [key for key, _ in sorted(self.keys.items(), key=_RANK_THEN_KEY)]
+        return self.ordered
+
+
+@dataclass(slots=True)
+class RequestRank:
+    """The provisional rank one policy gave one request (kept in the request's context)."""
+
+    owner: object
+    generation: int
+    bucket: Bucket
