@@ -49,7 +49,7 @@ from kvref.cpu.manager import CPUOffloadingManager  # noqa: E402
 from kvref.cpu.policies.factory import CachePolicyName  # noqa: E402
 from tools.compare_vllm_manager import VLLM_SPEC, VLLMKVOffload, load_vllm_kv_offload  # noqa: E402
 
-__all__ = ["Shape", "Side", "TRACES", "make_requests", "serve", "main"]
+__all__ = ["Shape", "Side", "TRACES", "make_requests", "flatten", "serve", "main"]
 
 POLICIES: tuple[CachePolicyName, ...] = ("lru", "arc")
 
@@ -147,48 +147,49 @@ def vllm_side(vllm: VLLMKVOffload) -> Side:
     return Side("vllm", make, vllm.req_context_class, vllm.lookup_result.HIT)
 
 
-def make_contexts(side: Side, requests: Sequence[list[list[OffloadKey]]], block_tokens: int = 16) -> list[Any]:
-    """One context per request, key positions recorded (the scheduler's work, not timed)."""
+def make_contexts(side: Side, requests: Sequence[list[OffloadKey]], groups: int, block_tokens: int = 16) -> list[Any]:
+    """One context per (flattened) request, key positions recorded (the scheduler's work, not
+    timed)."""
     contexts: list[Any] = []
-    for index, blocks in enumerate(requests):
+    for index, keys in enumerate(requests):
         context = side.make_context(f"req-{index}")
-        for position, block in enumerate(blocks, start=1):
-            for key in block:
-                context.set_offload_key_position(key, position * block_tokens)
+        for offset, key in enumerate(keys):
+            context.set_offload_key_position(key, (offset // groups + 1) * block_tokens)
         contexts.append(context)
     return contexts
 
 
-@dataclass
-class _Running:
-    blocks: list[list[OffloadKey]]
-    context: Any
-    next_block: int
-    loaded: list[OffloadKey]
+def flatten(requests: Sequence[list[list[OffloadKey]]]) -> list[list[OffloadKey]]:
+    """Each request's keys in order, block by block (the form `serve` replays)."""
+    return [[key for block in blocks for key in block] for blocks in requests]
 
 
 def serve(
     manager: Any,
     hit: object,
-    requests: Sequence[list[list[OffloadKey]]],
+    requests: Sequence[list[OffloadKey]],
     contexts: list[Any],
     shape: Shape,
     record: list[object] | None = None,
 ) -> int:
-    """Drive `manager` through the requests as the connector does; return the key-operations.
+    """Drive `manager` through the (flattened) requests as the connector does.
 
-    `contexts` is consumed (reversed, then popped), so a finished request's context is dropped as
-    an engine drops it. With `record`, each request's hit count and each store's outcome
-    (stored and evicted keys, or None when refused) are appended.
+    A block hits when all its keys (one per group) do; the lookups stop at the first miss.
+    `contexts` is consumed (reversed, then popped), so a finished request's context is dropped
+    as an engine drops it. The driver is kept lean (it is timed with each manager): with
+    `record`, each request's hit count and each store's outcome (stored and evicted keys, or
+    None when refused) are appended and the key-operations counted and returned (else 0).
     """
     contexts.reverse()
     lookup, prepare_load, touch = manager.lookup, manager.prepare_load, manager.touch
     prepare_store, complete_store, complete_load = manager.prepare_store, manager.complete_store, manager.complete_load
     on_new_request, on_request_finished = manager.on_new_request, manager.on_request_finished
     waiting = deque(requests)
-    running: list[_Running] = []
+    # Per running request: [keys, context, next key to store, keys loaded (completed with the
+    # request's first store job)].
+    running: list[list[Any]] = []
     in_flight: deque[tuple[int, Any, list[OffloadKey], list[OffloadKey]]] = deque()
-    concurrency, per_step, lag = shape.concurrency, shape.blocks_per_step, shape.lag
+    concurrency, chunk, lag, groups = shape.concurrency, shape.blocks_per_step * shape.num_groups, shape.lag, shape.num_groups
     key_ops = 0
     step = 0
     while waiting or running or in_flight:
@@ -196,48 +197,43 @@ def serve(
         while in_flight and in_flight[0][0] <= step:
             _, context, stored, loaded = in_flight.popleft()
             complete_store(stored, context)
-            key_ops += len(stored)
             if loaded:
                 complete_load(loaded, context)
-                key_ops += len(loaded)
+            if record is not None:
+                key_ops += len(stored) + len(loaded)
         while waiting and len(running) < concurrency:
-            blocks = waiting.popleft()
+            keys = waiting.popleft()
             context = contexts.pop()
             on_new_request(context)
             hits = 0
-            for block in blocks:
-                for key in block:
-                    key_ops += 1
-                    if lookup(key, context) is not hit:
-                        break
-                else:
-                    hits += 1
-                    continue
-                break
-            loaded = [key for block in blocks[:hits] for key in block]
+            for key in keys:
+                if lookup(key, context) is not hit:
+                    break
+                hits += 1
+            looked_up = min(hits + 1, len(keys))
+            hits -= hits % groups
+            loaded = keys[:hits]
             if loaded:
                 prepare_load(loaded, context)
-            flat = [key for block in blocks for key in block]
-            touch(flat, context)
-            key_ops += len(loaded) + len(flat)
+            touch(keys, context)
             if record is not None:
+                key_ops += looked_up + len(loaded) + len(keys)
                 record.append(hits)
-            running.append(_Running(blocks, context, hits, loaded))
+            running.append([keys, context, hits, loaded])
         for request in list(running):
-            start = request.next_block
-            request.next_block = start + per_step
-            keys = [key for block in request.blocks[start : start + per_step] for key in block]
-            output = prepare_store(keys, request.context)
-            key_ops += len(keys)
+            keys, context, start, loaded = request
+            request[2] = end = start + chunk
+            store = keys[start:end]
+            output = prepare_store(store, context)
             stored: list[OffloadKey] = output.keys_to_store if output is not None else []
             if record is not None:
+                key_ops += len(store)
                 record.append(None if output is None else (stored, output.evicted_keys))
-            # The hits' load completes with the request's first store job.
-            in_flight.append((step + lag, request.context, stored, request.loaded))
-            request.loaded = []
-            if request.next_block >= len(request.blocks):
+            in_flight.append((step + lag, context, stored, loaded))
+            request[3] = []
+            if end >= len(keys):
                 running.remove(request)
-                on_request_finished(request.context)
+                on_request_finished(context)
     return key_ops
 
 
@@ -290,18 +286,20 @@ def _agreement(ours: list[object], theirs: list[object]) -> float:
 
 def bench_trace(sides: Sequence[Side], policy: CachePolicyName, shape: Shape, repeat_count: int) -> Result:
     """Time one request trace on both sides; check their decisions on an untimed replay."""
-    requests = make_requests(shape)
+    requests = flatten(make_requests(shape))
+    groups = shape.num_groups
     records: list[list[object]] = []
     key_ops = 0
     for side in sides:
         record: list[object] = []
-        key_ops = serve(side.make_manager(shape.num_blocks, policy), side.hit, requests, make_contexts(side, requests), shape, record)
+        manager = side.make_manager(shape.num_blocks, policy)
+        key_ops = serve(manager, side.hit, requests, make_contexts(side, requests, groups), shape, record)
         records.append(record)
 
     def runner(side: Side) -> Callable[[], float]:
         def run() -> float:
             manager = side.make_manager(shape.num_blocks, policy)
-            contexts = make_contexts(side, requests)
+            contexts = make_contexts(side, requests, groups)
             return _timed(lambda: serve(manager, side.hit, requests, contexts, shape))
 
         return run
@@ -321,13 +319,15 @@ def bench_trace(sides: Sequence[Side], policy: CachePolicyName, shape: Shape, re
 def bench_absent(sides: Sequence[Side], policy: CachePolicyName, num_blocks: int, repeat_count: int, seed: int) -> Result:
     """Time lookups of keys the cache does not hold, on caches the prefix trace filled."""
     shape = traces(num_blocks, seed)[0]
-    requests = make_requests(shape)
+    requests = flatten(make_requests(shape))
     absent = [make_offload_key(_key(2, index), 0) for index in range(max(num_blocks, 200_000))]
+    for key in absent:
+        hash(key)  # bytes cache their hash: neither side pays for computing it
     filled: list[tuple[Any, Any]] = []
     answers: list[list[object]] = []
     for side in sides:
         manager = side.make_manager(num_blocks, policy)
-        serve(manager, side.hit, requests, make_contexts(side, requests), shape)
+        serve(manager, side.hit, requests, make_contexts(side, requests, shape.num_groups), shape)
         context = side.make_context("absent")
         filled.append((manager, context))
         answers.append([manager.lookup(key, context) is side.hit for key in absent[:1000]])
@@ -360,10 +360,10 @@ class Memory:
 def bench_memory(sides: Sequence[Side], policy: CachePolicyName, num_blocks: int, seed: int) -> Memory:
     """Measure each side's memory per resident block (tracemalloc; keys, contexts excluded)."""
     shape = traces(num_blocks, seed)[0]
-    requests = make_requests(shape)
+    requests = flatten(make_requests(shape))
     figures: list[float] = []
     for side in sides:
-        contexts = make_contexts(side, requests)
+        contexts = make_contexts(side, requests, shape.num_groups)
         probe = side.make_context("probe")
         gc.collect()
         tracemalloc.start()
@@ -376,7 +376,7 @@ def bench_memory(sides: Sequence[Side], policy: CachePolicyName, num_blocks: int
         finally:
             tracemalloc.stop()
         # Every job completed by the end of the trace: resident blocks are the ready ones.
-        keys = {key for blocks in requests for block in blocks for key in block}
+        keys = {key for request in requests for key in request}
         resident = sum(1 for key in keys if manager.lookup(key, probe) is side.hit)
         figures.append(used / max(resident, 1))
         del manager
