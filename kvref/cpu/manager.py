@@ -72,7 +72,7 @@ def _positive_int(name: str, value: int) -> int:
 class _RequestAccess:
     """The keys one request named to one manager (kept in the request's context)."""
 
-    __slots__ = ("owner", "generation", "seen_keys", "inserted_keys", "reused_keys", "store_miss_keys", "finished")
+    __slots__ = ("owner", "generation", "seen_keys", "inserted_keys", "reused_keys", "refused_misses", "finished")
 
     def __init__(self, owner: object, generation: int) -> None:
         self.owner = owner
@@ -81,7 +81,9 @@ class _RequestAccess:
         self.seen_keys: dict[OffloadKey, None] = {}
         self.inserted_keys: set[OffloadKey] = set()
         self.reused_keys: set[OffloadKey] = set()
-        self.store_miss_keys: set[OffloadKey] = set()
+        # Store misses the policy saw in stores that were then refused. With inserted_keys, they
+        # are the keys whose miss it saw (vLLM's store_miss_keys), without a set update per store.
+        self.refused_misses: set[OffloadKey] = set()
         self.finished = False
 
 
@@ -376,14 +378,16 @@ class CPUOffloadingManager(OffloadingManager):
             ready_keys = [key for key in requested if key in blocks and blocks[key].ref_cnt >= 0]
             named = [key for key in requested if key not in blocks or blocks[key].ref_cnt >= 0]
 
-        state = self._request_access(req_context)
+        state = req_context.get_state(_RequestAccess)
+        if state is None or state.owner is not self or state.generation != self._generation:
+            state = self._request_access(req_context)
+        new_misses: list[OffloadKey] = []
         if keys_to_store and self._hook_store_miss and not state.finished:
-            misses = state.store_miss_keys
-            new_misses = [key for key in keys_to_store if key not in misses]
+            inserted, refused = state.inserted_keys, state.refused_misses
+            new_misses = [key for key in keys_to_store if key not in inserted and key not in refused]
             if new_misses:
                 # ARC learns from b1/b2 before insert removes the ghost entries; once per request.
                 self._policy.on_store_miss(new_misses, req_context)
-                misses.update(new_misses)
         self._record_access(state, named, req_context, reused_keys=ready_keys)
         if not keys_to_store:
             return PrepareStoreOutput([], CPULoadStoreSpec(()), [])
@@ -393,13 +397,15 @@ class CPUOffloadingManager(OffloadingManager):
             len(self._free_list) + self._num_blocks - self._num_allocated_blocks
         )
         if num_to_evict > 0:
-            if num_to_evict > self._num_idle_blocks:
-                self._stores_refused += 1
-                return None
             # Keys named by this call must survive it, stored ones included.
-            evicted = self._policy.evict(num_to_evict, requested.keys())
+            evicted = (
+                self._policy.evict(num_to_evict, requested.keys())
+                if num_to_evict <= self._num_idle_blocks
+                else None
+            )
             if evicted is None or not self._valid_eviction(evicted, num_to_evict, requested.keys()):
                 self._stores_refused += 1
+                state.refused_misses.update(new_misses)
                 return None
             self._num_idle_blocks -= len(evicted)
             self._blocks_evicted += len(evicted)

@@ -118,23 +118,24 @@ class ARCCachePolicy(CachePolicy):
 
     @override
     def on_store_miss(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
-        if self.b1 or self.b2:
+        b1, b2 = self.b1, self.b2
+        if b1 or b2:
             for key in reversed(keys):
-                self._adapt_to_ghost_hit(key)
+                if key in b1 or key in b2:
+                    self._adapt_to_ghost_hit(key)
 
     @override
     def touch(self, keys: Collection[OffloadKey]) -> None:
-        t1, t2 = self.t1, self.t2
+        t1, t2, b1, b2, blocks = self.t1, self.t2, self.b1, self.b2, self.blocks
         for key in reversed(list(keys)):
-            block = t1.pop(key, None)
-            if block is not None:
-                if block.ref_cnt >= 0:
-                    t2[key] = block
+            if key in blocks:
+                if key in t2:
+                    t2.move_to_end(key)
+                elif blocks[key].ref_cnt >= 0:
+                    t2[key] = t1.pop(key)
                 else:
-                    t1[key] = block
-            elif key in t2:
-                t2.move_to_end(key)
-            else:
+                    t1.move_to_end(key)
+            elif key in b1 or key in b2:
                 self._adapt_to_ghost_hit(key)
 
     @override
@@ -154,9 +155,8 @@ class ARCCachePolicy(CachePolicy):
                 elif key in t2:
                     t2.move_to_end(key)
             elif key in reused_keys:
-                block = t1.pop(key, None)
-                if block is not None:
-                    t2[key] = block
+                if key in t1:
+                    t2[key] = t1.pop(key)
                 elif key in t2:
                     t2.move_to_end(key)
 
