@@ -20,7 +20,7 @@ order from the oldest end, skipping busy (usually recent) blocks: O(evicted + sk
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping, Sequence, Set
 
 from typing_extensions import override
@@ -92,25 +92,21 @@ class LRUCachePolicy(CachePolicy):
         # and on_request_finished drop it.
 
     def _use(self, keys: Iterable[OffloadKey]) -> None:
-        """Give each held key a fresh rank, in iteration order (the last ends most recent).
-
-        Batched in C (this runs over every key of every request twice): bucketed keys first
-        leave their buckets for the order, then every held key moves to its end in turn.
-        """
-        held = list(filter(self.blocks.__contains__, keys))
-        if not held:
-            return
-        bucket_of, order = self.bucket_of, self.order
-        if bucket_of:
-            for key in bucket_of.keys() & held:
-                bucket = bucket_of.pop(key)
-                del bucket.keys[key]
-                bucket.ordered = None
-                order[key] = None
+        """Give each held key a fresh rank, in iteration order (the last ends most recent)."""
+        blocks, ranks, order, bucket_of = self.blocks, self.ranks, self.order, self.bucket_of
         rank = self._next_rank
-        self.ranks.update(zip(held, range(rank + 1, rank + 1 + len(held))))
-        self._next_rank = rank + len(held)
-        deque(map(order.move_to_end, held), 0)
+        for key in keys:
+            if key in blocks:
+                rank += 1
+                ranks[key] = rank
+                if key in bucket_of:  # _detach, inlined: this loop runs per key per request
+                    bucket = bucket_of.pop(key)
+                    del bucket.keys[key]
+                    bucket.ordered = None
+                    order[key] = None
+                else:
+                    order.move_to_end(key)
+        self._next_rank = rank
 
     @override
     def block_map(self) -> Mapping[OffloadKey, BlockStatus]:
