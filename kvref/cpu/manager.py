@@ -221,12 +221,16 @@ class CPUOffloadingManager(OffloadingManager):
         num_fresh = min(n, self._num_blocks - start)
         blocks = [BlockStatus(block_id) for block_id in range(start, start + num_fresh)]
         self._num_allocated_blocks = start + num_fresh
-        free_list = self._free_list
-        assert len(free_list) >= n - num_fresh, f"{n} slots wanted, {self.num_free_blocks} free"
-        for _ in range(n - num_fresh):
-            block = free_list.pop()
-            block.ref_cnt = -1
-            blocks.append(block)
+        num_reused = n - num_fresh
+        if num_reused:
+            free_list = self._free_list
+            assert len(free_list) >= num_reused, f"{n} slots wanted, {self.num_free_blocks} free"
+            reused = free_list[-num_reused:]
+            del free_list[-num_reused:]
+            reused.reverse()  # last freed first
+            for block in reused:
+                block.ref_cnt = -1
+            blocks += reused
         return blocks
 
     def _protocol_error(self, operation: str, key: OffloadKey, detail: str) -> OffloadProtocolError:
@@ -248,22 +252,23 @@ class CPUOffloadingManager(OffloadingManager):
     def _record_access(
         self,
         state: _RequestAccess,
-        keys: Collection[OffloadKey],
+        named: dict[OffloadKey, None],
         req_context: ReqContext,
         reused_keys: Collection[OffloadKey] = (),
     ) -> None:
+        """Record the keys a call named (a dict: no repeats, in order) and those it reused."""
         if state.finished:
             # vLLM asserts here; kvref ignores accesses after the finish (a composite manager's
             # internal transfers for the request may still arrive).
             return
         seen = state.seen_keys
         if self._hook_access:
-            new_keys = dict.fromkeys([key for key in keys if key not in seen])
+            new_keys = [key for key in named if key not in seen]
             if new_keys:
-                seen.update(new_keys)
-                self._policy.on_request_access(new_keys.keys(), req_context)
+                seen.update(named)
+                self._policy.on_request_access(new_keys, req_context)
         else:
-            seen.update(dict.fromkeys(keys))
+            seen.update(named)
         if reused_keys:
             inserted = state.inserted_keys
             # Re-reading a block this request stored is an internal transfer (a tier's
@@ -308,7 +313,7 @@ class CPUOffloadingManager(OffloadingManager):
             block.ref_cnt += 1
         self._num_idle_blocks -= pinned
         self._blocks_loaded += len(blocks)
-        self._record_access(self._request_access(req_context), keys, req_context, reused_keys=keys)
+        self._record_access(self._request_access(req_context), dict.fromkeys(keys), req_context, reused_keys=keys)
         return CPULoadStoreSpec([block.block_id for block in blocks if block is not None])
 
     @override
@@ -370,13 +375,13 @@ class CPUOffloadingManager(OffloadingManager):
         requested = dict.fromkeys(keys)
         keys_to_store = [key for key in requested if key not in blocks]
         # Keys the request names here, in the order given: absent and ready ones, not pending.
-        named: Collection[OffloadKey]
+        named: dict[OffloadKey, None]
         ready_keys: list[OffloadKey]
         if len(keys_to_store) == len(requested):
-            named, ready_keys = requested.keys(), []
+            named, ready_keys = requested, []
         else:
             ready_keys = [key for key in requested if key in blocks and blocks[key].ref_cnt >= 0]
-            named = [key for key in requested if key not in blocks or blocks[key].ref_cnt >= 0]
+            named = dict.fromkeys([key for key in requested if key not in blocks or blocks[key].ref_cnt >= 0])
 
         state = req_context.get_state(_RequestAccess)
         if state is None or state.owner is not self or state.generation != self._generation:

@@ -91,10 +91,10 @@ class ARCCachePolicy(CachePolicy):
     def insert_for_request(
         self, keys: Sequence[OffloadKey], blocks: Sequence[BlockStatus], req_context: ReqContext
     ) -> None:
-        all_blocks, t1, b1, b2 = self.blocks, self.t1, self.b1, self.b2
-        for key, block in zip(keys, blocks):
-            all_blocks[key] = block
-            t1[key] = block
+        b1, b2 = self.b1, self.b2
+        # Both maps filled in C, in the order given.
+        self.blocks.update(zip(keys, blocks))
+        self.t1.update(zip(keys, blocks))
         if b1 or b2:
             for key in keys:
                 b1.pop(key, None)
