@@ -45,8 +45,13 @@ logger = logging.getLogger(__name__)
 
 # What check_key_collection refuses; tested inline first, so a valid call costs no extra frame.
 _SINGLE_KEY_TYPES = (bytes, bytearray, memoryview, str)
-# The 4-byte KV-cache group suffix of a key, sliced in C.
+# C-level accessors for the per-key loops: a key's 4-byte KV-cache group suffix, a block's
+# fields, the halves of an eviction's (key, block) pairs.
 _GROUP_SUFFIX = operator.itemgetter(slice(-4, None))
+_REF_CNT = operator.attrgetter("ref_cnt")
+_BLOCK_ID = operator.attrgetter("block_id")
+_FIRST = operator.itemgetter(0)
+_SECOND = operator.itemgetter(1)
 
 
 def describe_block(block: BlockStatus | None) -> str:
@@ -297,15 +302,17 @@ class CPUOffloadingManager(OffloadingManager):
         if isinstance(keys, _SINGLE_KEY_TYPES):
             check_key_collection(keys, "prepare_load")
         get = self._blocks.get
-        blocks = [get(key) for key in keys]
-        for key, block in zip(keys, blocks):
-            if block is None or block.ref_cnt < 0:
-                raise self._protocol_error("prepare_load", key, "only stored blocks can be loaded")
+        found = list(map(get, keys))
+        # Validated in C first (absent, then pending); the loop below only names the culprit.
+        if None in found or (found and min(map(_REF_CNT, cast(list[BlockStatus], found))) < 0):
+            for key, block in zip(keys, found):
+                if block is None or block.ref_cnt < 0:
+                    raise self._protocol_error("prepare_load", key, "only stored blocks can be loaded")
+        blocks = cast(list[BlockStatus], found)
         # Validated every key: from here on nothing can fail half-way.
         pinned = 0
         hook = self._policy.mark_non_evictable if self._hook_non_evictable else None
         for key, block in zip(keys, blocks):
-            assert block is not None
             if block.ref_cnt == 0:
                 pinned += 1
                 if hook is not None:
@@ -314,7 +321,7 @@ class CPUOffloadingManager(OffloadingManager):
         self._num_idle_blocks -= pinned
         self._blocks_loaded += len(blocks)
         self._record_access(self._request_access(req_context), dict.fromkeys(keys), req_context, reused_keys=keys)
-        return CPULoadStoreSpec([block.block_id for block in blocks if block is not None])
+        return CPULoadStoreSpec(list(map(_BLOCK_ID, blocks)))
 
     @override
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
@@ -327,10 +334,12 @@ class CPUOffloadingManager(OffloadingManager):
         if isinstance(keys, _SINGLE_KEY_TYPES):
             check_key_collection(keys, "complete_load")
         get = self._blocks.get
-        blocks = [get(key) for key in keys]
-        for key, block in zip(keys, blocks):
-            if block is None or block.ref_cnt <= 0:
-                raise self._protocol_error("complete_load", key, "no load of it is in progress")
+        found = list(map(get, keys))
+        if None in found or (found and min(map(_REF_CNT, cast(list[BlockStatus], found))) <= 0):
+            for key, block in zip(keys, found):
+                if block is None or block.ref_cnt <= 0:
+                    raise self._protocol_error("complete_load", key, "no load of it is in progress")
+        blocks = cast(list[BlockStatus], found)
         if len(blocks) > 1 and len(set(keys)) < len(blocks):
             self._check_repeated_releases(keys)
         # Validated every key: from here on nothing can fail half-way. Finishing a load is not
@@ -338,7 +347,6 @@ class CPUOffloadingManager(OffloadingManager):
         released = 0
         hook = self._policy.mark_evictable if self._hook_evictable else None
         for key, block in zip(keys, blocks):
-            assert block is not None
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 released += 1
@@ -414,15 +422,15 @@ class CPUOffloadingManager(OffloadingManager):
                 return None
             self._num_idle_blocks -= len(evicted)
             self._blocks_evicted += len(evicted)
-            evicted_keys = [key for key, _ in evicted]
-            self._free_list.extend([block for _, block in evicted])
+            evicted_keys = list(map(_FIRST, evicted))
+            self._free_list.extend(map(_SECOND, evicted))
             self._emit(evicted_keys, removed=True)
 
         new_blocks = self._allocate_blocks(len(keys_to_store))
         self._policy.insert_for_request(keys_to_store, new_blocks, req_context)
         state.inserted_keys.update(keys_to_store)
         return PrepareStoreOutput(
-            keys_to_store, CPULoadStoreSpec([block.block_id for block in new_blocks]), evicted_keys
+            keys_to_store, CPULoadStoreSpec(list(map(_BLOCK_ID, new_blocks))), evicted_keys
         )
 
     def _valid_eviction(
