@@ -340,19 +340,23 @@ class CPUOffloadingManager(OffloadingManager):
                 if block is None or block.ref_cnt <= 0:
                     raise self._protocol_error("complete_load", key, "no load of it is in progress")
         blocks = cast(list[BlockStatus], found)
-        if len(blocks) > 1 and len(set(keys)) < len(blocks):
-            self._check_repeated_releases(keys)
-        # Validated every key: from here on nothing can fail half-way. Finishing a load is not
-        # a use: the block becomes evictable with the recency it has.
+        # Finishing a load is not a use: the block becomes evictable with the recency it has.
         released = 0
-        hook = self._policy.mark_evictable if self._hook_evictable else None
-        for key, block in zip(keys, blocks):
+        for block in blocks:
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 released += 1
-                if hook is not None:
-                    hook(key)
+        if len(blocks) > 1 and min(map(_REF_CNT, blocks)) < 0:
+            # A key listed more often than it has loads in progress: undo, then name it.
+            for block in blocks:
+                block.ref_cnt += 1
+            self._check_repeated_releases(keys)
         self._num_idle_blocks += released
+        if self._hook_evictable:
+            mark_evictable, held = self._policy.mark_evictable, self._blocks
+            for key in dict.fromkeys(keys):
+                if held[key].ref_cnt == 0:
+                    mark_evictable(key)
 
     def _check_repeated_releases(self, keys: Collection[OffloadKey]) -> None:
         # A key listed n times releases n loads: it must have at least n in progress.

@@ -148,17 +148,16 @@ class ARCCachePolicy(CachePolicy):
     ) -> None:
         t1, t2 = self.t1, self.t2
         for key in reversed(order_request_keys(key_groups, req_context)):
-            if key in insertion_only_keys:
-                # A store is not a frequency hit: the block keeps its list, and its recency.
-                if key in t1:
-                    t1.move_to_end(key)
-                elif key in t2:
+            # The two sets are disjoint. A store is not a frequency hit: the block keeps its
+            # list, and takes its recency; a reuse promotes to t2 (or refreshes there).
+            if key in t2:
+                if key in reused_keys or key in insertion_only_keys:
                     t2.move_to_end(key)
-            elif key in reused_keys:
-                if key in t1:
+            elif key in t1:
+                if key in reused_keys:
                     t2[key] = t1.pop(key)
-                elif key in t2:
-                    t2.move_to_end(key)
+                elif key in insertion_only_keys:
+                    t1.move_to_end(key)
 
     @override
     def evict(self, n: int, protected: Set[OffloadKey]) -> list[tuple[OffloadKey, BlockStatus]] | None:
