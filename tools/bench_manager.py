@@ -420,7 +420,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--blocks", type=int, default=10_000, help="CPU cache size, in blocks")
     parser.add_argument("--policies", type=_choices(POLICIES), default=list(POLICIES), help="cache policies")
     parser.add_argument("--traces", type=_choices(TRACES), default=list(TRACES), help="traces")
-    parser.add_argument("--repeat", type=int, default=5, help="timed pairs per trace (the median is kept)")
+    parser.add_argument("--repeat", type=int, default=11, help="timed pairs per trace (the median is kept)")
     parser.add_argument("--seed", type=int, default=0, help="trace seed")
     parser.add_argument("--no-memory", action="store_true", help="skip the tracemalloc measurement")
     return parser

@@ -5,13 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from operator import itemgetter
 
-from kvref.base import MAX_OFFLOAD_KEY_POSITION, OffloadKey
+from kvref.base import OffloadKey
 
-__all__ = ["POSITION_SPAN", "Bucket", "RequestRank"]
+__all__ = ["Bucket", "RequestRank"]
 
-# Positions are <= MAX_OFFLOAD_KEY_POSITION (ReqContext enforces it), so a rank step spans them.
-POSITION_SPAN = MAX_OFFLOAD_KEY_POSITION + 1
-# Sorts a bucket's (key, rank) items by rank, then key, in C.
+# Sorts a bucket's (key, -position) items by -position, then key, in C.
 _RANK_THEN_KEY = itemgetter(1, 0)
 
 
@@ -20,6 +18,7 @@ class Bucket:
     """One request's provisional rank and the blocks that hold it (hashed by identity)."""
 
     rank: int
+    # key -> -position: the second half of its rank pair (rank, -position).
     keys: dict[OffloadKey, int] = field(default_factory=dict[OffloadKey, int])
     # keys in eviction order, rebuilt after a change.
     ordered: list[OffloadKey] | None = None

@@ -8,9 +8,10 @@ a block that becomes idle (its store or its last load completed) keeps the rank 
 Ranks: a fresh use takes the next value of a counter. The blocks of a running request share one
 provisional rank, taken when the request first names a block, ordered by token position so that
 the request's tail is evicted before its head; `on_request_finished` then gives every key of the
-request a fresh rank, tail first, so its head ends most recent. A rank is one int,
-`rank * POSITION_SPAN - position` (vLLM's pair `(rank, -position)`, same order); equal ranks
-(one position in several KV-cache groups) are ordered by key, as in vLLM's heap.
+request a fresh rank, tail first, so its head ends most recent. A rank is vLLM's pair
+`(rank, -position)` (a fresh rank's position is 0), kept as two small ints: the counter value
+(in `ranks`, or the bucket's) and, in a bucket, `-position`; equal ranks (one position in several
+KV-cache groups) are ordered by key, as in vLLM's heap.
 
 vLLM keeps idle blocks in a lazily invalidated heap. kvref keeps every block in one
 `OrderedDict` in rank order instead: a fresh rank is the highest, so it is a `move_to_end`; a
@@ -26,7 +27,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence, Set
 from typing_extensions import override
 
 from kvref.base import OffloadKey, ReqContext
-from kvref.cpu.policies._lru_ranks import POSITION_SPAN, Bucket, RequestRank
+from kvref.cpu.policies._lru_ranks import Bucket, RequestRank
 from kvref.cpu.policies.base import BlockStatus, CachePolicy, no_op_hook, order_request_keys
 
 __all__ = ["LRUCachePolicy"]
@@ -37,8 +38,7 @@ class LRUCachePolicy(CachePolicy):
 
     State:
         blocks: every held block.
-        ranks: the rank counter value of each block with a fresh rank (its rank is that value
-            times POSITION_SPAN; kept unscaled so the common case handles small ints).
+        ranks: the rank counter value of each block with a fresh rank.
         order: held blocks with a fresh rank, and request buckets, oldest first.
         bucket_of: the bucket of each block that holds a request's provisional rank (its rank
             is in the bucket).
@@ -69,7 +69,7 @@ class LRUCachePolicy(CachePolicy):
     def _place(self, bucket: Bucket) -> None:
         """Put a bucket (new, or dropped once empty) at its rank's place in the order."""
         order = self.order
-        if not order or self._rank_of(next(reversed(order))) < bucket.rank * POSITION_SPAN:
+        if not order or self._rank_of(next(reversed(order))) < bucket.rank:
             order[bucket] = None  # the common case: the newest entry
             return
         # A request that emptied its bucket (finished) stores again: rare, rebuilt in O(n).
@@ -78,7 +78,8 @@ class LRUCachePolicy(CachePolicy):
         self.order = OrderedDict.fromkeys(entries)
 
     def _rank_of(self, entry: OffloadKey | Bucket) -> int:
-        return (entry.rank if isinstance(entry, Bucket) else self.ranks[entry]) * POSITION_SPAN
+        # Counter values are unique (keys and buckets draw from one counter): no ties.
+        return entry.rank if isinstance(entry, Bucket) else self.ranks[entry]
 
     def _detach(self, key: OffloadKey) -> None:
         """Take a held key out of the order (from its bucket, or its own entry)."""
@@ -138,7 +139,6 @@ class LRUCachePolicy(CachePolicy):
             self._next_rank = rank
             return
         bucket: Bucket | None = None
-        base = 0
         all_blocks, bucket_of = self.blocks, self.bucket_of
         for key, block in zip(keys, blocks):
             end = positions.get(key)
@@ -147,11 +147,10 @@ class LRUCachePolicy(CachePolicy):
                 continue
             if bucket is None:
                 bucket = self._request_bucket(req_context)
-                base = bucket.rank * POSITION_SPAN
                 bucket.ordered = None
             all_blocks[key] = block
             bucket_of[key] = bucket  # a new key: no fresh rank to drop
-            bucket.keys[key] = base - end
+            bucket.keys[key] = -end
 
     @override
     def remove(self, key: OffloadKey) -> None:
@@ -174,26 +173,26 @@ class LRUCachePolicy(CachePolicy):
         positions = req_context.offload_key_positions
         if not positions:
             return
-        base = bucket.rank * POSITION_SPAN
+        rank = bucket.rank
         blocks, ranks, bucket_of, order = self.blocks, self.ranks, self.bucket_of, self.order
         joined = bucket.keys
         for key in keys:
             if key not in blocks or (end := positions.get(key)) is None:
                 continue
             # Only ever younger: a later position of the same request ranks below an earlier one.
-            rank = base - end
+            # (r, 0) >= (rank, -end) for a fresh rank r; pairs compared for a bucketed key.
             held = bucket_of.get(key)
             if held is None:
-                if ranks[key] * POSITION_SPAN >= rank:
+                if ranks[key] >= rank:
                     continue
                 del order[key], ranks[key]
             else:
-                if held.keys[key] >= rank:
+                if held.rank > rank or (held.rank == rank and held.keys[key] >= -end):
                     continue
                 del held.keys[key]
                 held.ordered = None
             bucket_of[key] = bucket
-            joined[key] = rank
+            joined[key] = -end
             bucket.ordered = None
 
     @override
