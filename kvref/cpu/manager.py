@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import logging
 import operator
-from typing import cast
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from typing import NoReturn, cast
+from collections.abc import Collection, Iterator, Mapping, Sequence, Set
 
 from typing_extensions import override
 
@@ -335,10 +335,8 @@ class CPUOffloadingManager(OffloadingManager):
             check_key_collection(keys, "complete_load")
         get = self._blocks.get
         found = list(map(get, keys))
-        if None in found or (found and min(map(_REF_CNT, cast(list[BlockStatus], found))) <= 0):
-            for key, block in zip(keys, found):
-                if block is None or block.ref_cnt <= 0:
-                    raise self._protocol_error("complete_load", key, "no load of it is in progress")
+        if None in found:
+            self._refuse_release(keys, found)
         blocks = cast(list[BlockStatus], found)
         # Finishing a load is not a use: the block becomes evictable with the recency it has.
         released = 0
@@ -346,17 +344,25 @@ class CPUOffloadingManager(OffloadingManager):
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 released += 1
-        if len(blocks) > 1 and min(map(_REF_CNT, blocks)) < 0:
-            # A key listed more often than it has loads in progress: undo, then name it.
+        if blocks and min(map(_REF_CNT, blocks)) < 0:
+            # A block with no load in progress (or fewer than its key is listed): undo, name it.
             for block in blocks:
                 block.ref_cnt += 1
-            self._check_repeated_releases(keys)
+            self._refuse_release(keys, found)
         self._num_idle_blocks += released
         if self._hook_evictable:
             mark_evictable, held = self._policy.mark_evictable, self._blocks
             for key in dict.fromkeys(keys):
                 if held[key].ref_cnt == 0:
                     mark_evictable(key)
+
+    def _refuse_release(self, keys: Collection[OffloadKey], found: list[BlockStatus | None]) -> NoReturn:
+        """Raise the protocol error a bad complete_load deserves (state already restored)."""
+        for key, block in zip(keys, found):
+            if block is None or block.ref_cnt <= 0:
+                raise self._protocol_error("complete_load", key, "no load of it is in progress")
+        self._check_repeated_releases(keys)
+        raise AssertionError("complete_load refused a valid release")  # pragma: no cover
 
     def _check_repeated_releases(self, keys: Collection[OffloadKey]) -> None:
         # A key listed n times releases n loads: it must have at least n in progress.
@@ -441,11 +447,14 @@ class CPUOffloadingManager(OffloadingManager):
         self,
         evicted: Sequence[tuple[OffloadKey, BlockStatus]],
         wanted: int,
-        protected: Collection[OffloadKey],
+        protected: Set[OffloadKey],
     ) -> bool:
         """Check a policy's answer; put back what a misbehaving policy took, and say so."""
-        if len(evicted) == wanted and all(
-            block.ref_cnt == 0 and key not in protected for key, block in evicted
+        # In C: the right count, every block idle (no ref_cnt is non-zero), none protected.
+        if (
+            len(evicted) == wanted
+            and not any(map(_REF_CNT, map(_SECOND, evicted)))
+            and protected.isdisjoint(map(_FIRST, evicted))
         ):
             return True
         policy = self._policy

@@ -95,10 +95,11 @@ class ARCCachePolicy(CachePolicy):
         # Both maps filled in C, in the order given.
         self.blocks.update(zip(keys, blocks))
         self.t1.update(zip(keys, blocks))
-        if b1 or b2:
-            for key in keys:
-                b1.pop(key, None)
-                b2.pop(key, None)
+        # Ghost hits are rare: find them in C, then drop only those.
+        for ghosts in (b1, b2):
+            if ghosts and not ghosts.keys().isdisjoint(keys):
+                for key in ghosts.keys() & keys:
+                    del ghosts[key]
 
     @override
     def remove(self, key: OffloadKey) -> None:
@@ -119,7 +120,7 @@ class ARCCachePolicy(CachePolicy):
     @override
     def on_store_miss(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         b1, b2 = self.b1, self.b2
-        if b1 or b2:
+        if (b1 and not b1.keys().isdisjoint(keys)) or (b2 and not b2.keys().isdisjoint(keys)):
             for key in reversed(keys):
                 if key in b1 or key in b2:
                     self._adapt_to_ghost_hit(key)
