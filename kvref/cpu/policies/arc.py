@@ -92,9 +92,11 @@ class ARCCachePolicy(CachePolicy):
         self, keys: Sequence[OffloadKey], blocks: Sequence[BlockStatus], req_context: ReqContext
     ) -> None:
         b1, b2 = self.b1, self.b2
-        # Both maps filled in C, in the order given.
-        self.blocks.update(zip(keys, blocks))
-        self.t1.update(zip(keys, blocks))
+        self.blocks.update(zip(keys, blocks))  # in C
+        t1 = self.t1
+        # OrderedDict.update takes a slow generic path for pairs: a loop is faster here.
+        for key, block in zip(keys, blocks):
+            t1[key] = block
         # Ghost hits are rare: find them in C, then drop only those.
         for ghosts in (b1, b2):
             if ghosts and not ghosts.keys().isdisjoint(keys):
