@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import operator
+from itertools import filterfalse
 from typing import NoReturn, cast
 from collections.abc import Collection, Iterator, Mapping, Sequence, Set
 
@@ -391,7 +392,7 @@ class CPUOffloadingManager(OffloadingManager):
         blocks = self._blocks
         # dict.fromkeys drops repeated keys (each needs one slot) and gives a set view for free.
         requested = dict.fromkeys(keys)
-        keys_to_store = [key for key in requested if key not in blocks]
+        keys_to_store = list(filterfalse(blocks.__contains__, requested))
         # Keys the request names here, in the order given: absent and ready ones, not pending.
         named: dict[OffloadKey, None]
         ready_keys: list[OffloadKey]
@@ -407,7 +408,10 @@ class CPUOffloadingManager(OffloadingManager):
         new_misses: list[OffloadKey] = []
         if keys_to_store and self._hook_store_miss and not state.finished:
             inserted, refused = state.inserted_keys, state.refused_misses
-            new_misses = [key for key in keys_to_store if key not in inserted and key not in refused]
+            if inserted.isdisjoint(keys_to_store) and not refused:
+                new_misses = keys_to_store  # the common case, checked in C
+            else:
+                new_misses = [key for key in keys_to_store if key not in inserted and key not in refused]
             if new_misses:
                 # ARC learns from b1/b2 before insert removes the ghost entries; once per request.
                 self._policy.on_store_miss(new_misses, req_context)
@@ -428,13 +432,15 @@ class CPUOffloadingManager(OffloadingManager):
             )
             if evicted is None or not self._valid_eviction(evicted, num_to_evict, requested.keys()):
                 self._stores_refused += 1
-                state.refused_misses.update(new_misses)
+                if new_misses:
+                    state.refused_misses.update(new_misses)
                 return None
             self._num_idle_blocks -= len(evicted)
             self._blocks_evicted += len(evicted)
             evicted_keys = list(map(_FIRST, evicted))
             self._free_list.extend(map(_SECOND, evicted))
-            self._emit(evicted_keys, removed=True)
+            if self._events is not None:
+                self._emit(evicted_keys, removed=True)
 
         new_blocks = self._allocate_blocks(len(keys_to_store))
         self._policy.insert_for_request(keys_to_store, new_blocks, req_context)
@@ -500,7 +506,8 @@ class CPUOffloadingManager(OffloadingManager):
                 mark_evictable(key)
         self._num_idle_blocks += len(stored_keys)
         self._blocks_stored += len(stored_keys)
-        self._emit(stored_keys, removed=False)
+        if self._events is not None:
+            self._emit(stored_keys, removed=False)
 
     @override
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
