@@ -92,9 +92,10 @@ class Shape:
 def traces(num_blocks: int, seed: int = 0) -> list[Shape]:
     """The benchmark's three request traces for a cache of `num_blocks` blocks."""
     return [
-        # 2x the cache in unique blocks over the trace: the cache fills and keeps evicting.
-        Shape("prefix", num_blocks, max(1, num_blocks // 8), max(1, num_blocks // 64), 32, 1, 8, seed=seed),
-        Shape("store", num_blocks, max(1, num_blocks // 12), 0, 0, 0, 32, blocks_per_step=16, seed=seed),
+        # About 2.5x (prefix) and 2x (store) the cache in unique blocks: the cache fills early
+        # and then evicts on most stores.
+        Shape("prefix", num_blocks, max(1, num_blocks // 2), max(1, num_blocks // 64), 32, 1, 8, seed=seed),
+        Shape("store", num_blocks, max(1, num_blocks // 8), 0, 0, 0, 32, blocks_per_step=16, seed=seed),
         # Popular prefixes fill about half the cache; each request reads up to 64 of their blocks.
         Shape("lookup", num_blocks, max(1, num_blocks // 8), max(1, num_blocks // 128), 64, 32, 1, seed=seed),
     ]
