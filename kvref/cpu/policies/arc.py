@@ -130,10 +130,7 @@ class ARCCachePolicy(CachePolicy):
     @override
     def touch(self, keys: Collection[OffloadKey]) -> None:
         t1, t2, b1, b2, blocks = self.t1, self.t2, self.b1, self.b2, self.blocks
-        keys = list(keys)
-        # Whether any key is a ghost, asked once in C: most touches name none.
-        ghosts = (b1 and not b1.keys().isdisjoint(keys)) or (b2 and not b2.keys().isdisjoint(keys))
-        for key in reversed(keys):
+        for key in reversed(list(keys)):
             if key in blocks:
                 if key in t2:
                     t2.move_to_end(key)
@@ -141,7 +138,7 @@ class ARCCachePolicy(CachePolicy):
                     t2[key] = t1.pop(key)
                 else:
                     t1.move_to_end(key)
-            elif ghosts and (key in b1 or key in b2):
+            elif key in b1 or key in b2:
                 self._adapt_to_ghost_hit(key)
 
     @override
