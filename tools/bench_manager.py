@@ -1,21 +1,28 @@
-"""Benchmark `CPUOffloadingManager` on a synthetic prefix-sharing serving trace.
+"""Benchmark kvref's `CPUOffloadingManager` against vLLM 0.33's own CPU manager on the same traces.
 
-Requests share long prefixes (a few popular system prompts and documents, Zipf-distributed) and
-add a unique suffix. Each request is replayed the way vLLM's offloading connector drives the
-manager: a maximal-prefix lookup, a load of the hit blocks, a touch of every block, a store of
-the rest, and completions of stores and loads a few requests later (so blocks are pending or
-being read while others are evicted), each followed by the request's `on_request_finished`.
+vLLM's manager and policies are executed from the published sdist (cached outside the repository;
+see `tools/compare_vllm_manager.py`, which loads them with stand-ins for logging, config and
+metrics only). Both managers are driven by the same code through the same calls, the way vLLM's
+offloading connector drives its manager: `on_new_request` with the key positions recorded, a
+maximal-prefix lookup, a load of the hits and a touch of every block, stores of the new blocks a
+few per step, completions some steps later and `on_request_finished` after the last store.
 
-Printed per policy and cache size, each next to a baseline measured in the same run:
+Traces (each scaled to the cache size, `--sizes`):
 
-* ns per key-operation over the whole trace (every key passed to any manager call counts as one
-  operation), against a plain `dict` doing the same lookups (`dict.get` of every key the replay
-  looked up, in the same order);
-* ns per lookup, replaying only the lookups against the final manager, against the same dict;
-* bytes of Python memory per tracked block (tracemalloc, keys excluded: they exist before the
-  manager), against a `dict` mapping the same keys to their slot ids.
+* prefix: prefix sharing with Zipf popularity (shared system prompts and documents plus unique
+  suffixes); the cache keeps evicting.
+* store: store-heavy streaming, every block unique: one missing lookup per request, then stores,
+  completions and evictions.
+* lookup: lookup-heavy, long popular prefixes that are mostly resident: lookups, loads and
+  touches dominate, one new block per request.
+* absent: vLLM's cheapest path, a lookup of a key the cache does not hold (full cache).
 
-The trace is generated from `--seed`, so two runs replay the same requests.
+Printed per policy and trace: ns per key-operation of each (every key passed to any manager
+call is one operation), and kvref's time divided by vLLM's: the median over `--repeat` pairs of
+runs, each pair timed back to back in alternating order (A B, B A, ...) so load spikes hit both.
+Then bytes of Python memory per resident block (tracemalloc while the prefix trace fills the
+cache; keys and request contexts are built before and excluded), and whether both took the same
+decisions: the same lookups hit and every `prepare_store` stored and evicted the same keys.
 """
 
 from __future__ import annotations
@@ -24,283 +31,395 @@ import argparse
 import gc
 import hashlib
 import random
+import statistics
 import sys
 import time
 import tracemalloc
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kvref.base import OffloadKey, ReqContext, make_offload_key  # noqa: E402
 from kvref.cpu.manager import CPUOffloadingManager  # noqa: E402
 from kvref.cpu.policies.factory import CachePolicyName  # noqa: E402
+from tools.compare_vllm_manager import VLLM_SPEC, VLLMKVOffload, load_vllm_kv_offload  # noqa: E402
 
-__all__ = ["TraceShape", "make_trace", "replay", "main"]
+__all__ = ["Shape", "Side", "TRACES", "make_requests", "flatten", "serve", "main"]
 
 POLICIES: tuple[CachePolicyName, ...] = ("lru", "arc")
 
 
 @dataclass(frozen=True)
-class TraceShape:
-    """How the synthetic trace for one cache size looks.
+class Shape:
+    """One trace: its requests and how they are served.
 
     Attributes:
-        num_blocks: the CPU cache size the trace is scaled to.
-        passes: unique blocks stored over the trace, as a multiple of `num_blocks`.
-        prefix_blocks: the longest shared prefix, in blocks.
-        suffix_blocks: the unique blocks each request adds.
-        prefix_share: the fraction of the cache the shared prefixes would fill.
+        name: the trace's name in the table.
+        num_blocks: the CPU cache size, in blocks.
+        num_requests: requests replayed.
+        num_prefixes: shared prefixes, Zipf-popular (0: every block is unique).
+        prefix_blocks: the longest shared prefix (a request shares `min_shared`..this many).
+        min_shared: the shortest shared prefix a request uses.
+        suffix_blocks: unique blocks per request (1..this many).
+        num_groups: KV-cache groups (every block has one key per group).
+        concurrency: requests running at once.
+        blocks_per_step: blocks a request stores per step.
+        lag: steps before a store or load completes.
+        zipf: the popularity exponent.
         seed: the random seed.
     """
 
+    name: str
     num_blocks: int
-    passes: float = 2.0
-    prefix_blocks: int = 32
-    suffix_blocks: int = 8
-    prefix_share: float = 0.5
+    num_requests: int
+    num_prefixes: int
+    prefix_blocks: int
+    min_shared: int
+    suffix_blocks: int
+    num_groups: int = 1
+    concurrency: int = 8
+    blocks_per_step: int = 8
+    lag: int = 2
+    zipf: float = 1.1
     seed: int = 0
 
-    @property
-    def num_prefixes(self) -> int:
-        return max(1, int(self.num_blocks * self.prefix_share) // self.prefix_blocks)
 
-    @property
-    def num_requests(self) -> int:
-        return max(1, int(self.num_blocks * self.passes) // self.suffix_blocks)
-
-
-def _block_key(*parts: int) -> OffloadKey:
-    # A 16-byte hash, like a chained prefix hash, then the group index (always 0 here).
-    digest = hashlib.blake2b(b"".join(p.to_bytes(8, "big") for p in parts), digest_size=16)
-    return make_offload_key(digest.digest(), 0)
-
-
-def make_trace(shape: TraceShape) -> list[list[OffloadKey]]:
-    """Return the requests of the trace, each the list of its block keys in prefix order."""
-    rng = random.Random(shape.seed)
-    prefixes = [
-        [_block_key(0, prefix, block) for block in range(shape.prefix_blocks)]
-        for prefix in range(shape.num_prefixes)
+def traces(num_blocks: int, seed: int = 0) -> list[Shape]:
+    """The benchmark's three request traces for a cache of `num_blocks` blocks."""
+    return [
+        # About 2.5x (prefix) and 2x (store) the cache in unique blocks: the cache fills early
+        # and then evicts on most stores.
+        Shape("prefix", num_blocks, max(1, num_blocks // 2), max(1, num_blocks // 64), 32, 1, 8, seed=seed),
+        Shape("store", num_blocks, max(1, num_blocks // 8), 0, 0, 0, 32, blocks_per_step=16, seed=seed),
+        # Popular prefixes fill about half the cache; each request reads up to 64 of their blocks.
+        Shape("lookup", num_blocks, max(1, num_blocks // 8), max(1, num_blocks // 128), 64, 32, 1, seed=seed),
     ]
-    weights = [1.0 / (rank + 1) ** 1.1 for rank in range(shape.num_prefixes)]
-    chosen = rng.choices(prefixes, weights, k=shape.num_requests)
-    trace: list[list[OffloadKey]] = []
-    for request, prefix in enumerate(chosen):
-        shared = rng.randint(1, shape.prefix_blocks)
-        suffix = [_block_key(1, request, block) for block in range(shape.suffix_blocks)]
-        trace.append(prefix[:shared] + suffix)
-    return trace
 
 
-@dataclass
-class ReplayStats:
-    """What one replay did."""
-
-    key_ops: int = 0
-    lookups: int = 0
-    hits: int = 0
-    stored: int = 0
-    evicted: int = 0
-    refused_stores: int = 0
+TRACES = ("prefix", "store", "lookup", "absent")
 
 
-def replay(
-    manager: CPUOffloadingManager,
-    trace: Sequence[list[OffloadKey]],
-    lag: int,
-    record_lookups: list[OffloadKey] | None = None,
-) -> ReplayStats:
-    """Drive `manager` through `trace` like the connector's scheduler side does.
+def _key(*parts: int) -> bytes:
+    return hashlib.blake2b(b"".join(p.to_bytes(8, "big") for p in parts), digest_size=16).digest()
 
-    Stores and loads complete `lag` requests after they were prepared.
+
+def make_requests(shape: Shape) -> list[list[list[OffloadKey]]]:
+    """Return the trace's requests: per request its blocks, per block one key per group."""
+    rng = random.Random(shape.seed)
+    weights = [1.0 / (rank + 1) ** shape.zipf for rank in range(shape.num_prefixes)]
+    requests: list[list[list[OffloadKey]]] = []
+    for index in range(shape.num_requests):
+        hashes: list[bytes] = []
+        if shape.num_prefixes:
+            prefix = rng.choices(range(shape.num_prefixes), weights)[0]
+            shared = rng.randint(shape.min_shared, shape.prefix_blocks)
+            hashes = [_key(0, prefix, block) for block in range(shared)]
+        hashes += [_key(1, index, block) for block in range(rng.randint(1, shape.suffix_blocks))]
+        requests.append([[make_offload_key(h, g) for g in range(shape.num_groups)] for h in hashes])
+    return requests
+
+
+@dataclass(frozen=True)
+class Side:
+    """One implementation under test: how to build its manager and contexts, what a hit is."""
+
+    name: str
+    make_manager: Callable[[int, CachePolicyName], Any]
+    make_context: Callable[[str], Any]
+    hit: object
+
+
+def kvref_side() -> Side:
+    """kvref's manager (lookup answers True for a ready block)."""
+    return Side("kvref", lambda n, policy: CPUOffloadingManager(n, policy), ReqContext, True)
+
+
+def vllm_side(vllm: VLLMKVOffload) -> Side:
+    """vLLM 0.33's manager, executed from the sdist."""
+
+    def make(n: int, policy: CachePolicyName) -> Any:
+        return vllm.manager_class(num_chunks=n, cache_policy=policy)
+
+    return Side("vllm", make, vllm.req_context_class, vllm.lookup_result.HIT)
+
+
+def make_contexts(side: Side, requests: Sequence[list[OffloadKey]], groups: int, block_tokens: int = 16) -> list[Any]:
+    """One context per (flattened) request, key positions recorded (the scheduler's work, not
+    timed)."""
+    contexts: list[Any] = []
+    for index, keys in enumerate(requests):
+        context = side.make_context(f"req-{index}")
+        for offset, key in enumerate(keys):
+            context.set_offload_key_position(key, (offset // groups + 1) * block_tokens)
+        contexts.append(context)
+    return contexts
+
+
+def flatten(requests: Sequence[list[list[OffloadKey]]]) -> list[list[OffloadKey]]:
+    """Each request's keys in order, block by block (the form `serve` replays)."""
+    return [[key for block in blocks for key in block] for blocks in requests]
+
+
+def serve(
+    manager: Any,
+    hit: object,
+    requests: Sequence[list[OffloadKey]],
+    contexts: list[Any],
+    shape: Shape,
+    record: list[object] | None = None,
+) -> int:
+    """Drive `manager` through the (flattened) requests as the connector does.
+
+    A block hits when all its keys (one per group) do; the lookups stop at the first miss.
+    `contexts` is consumed (reversed, then popped), so a finished request's context is dropped
+    as an engine drops it. The driver is kept lean (it is timed with each manager): with
+    `record`, each request's hit count and each store's outcome (stored and evicted keys, or
+    None when refused) are appended and the key-operations counted and returned (else 0).
     """
-    stats = ReplayStats()
-    in_flight: deque[tuple[ReqContext, list[OffloadKey], list[OffloadKey]]] = deque()
-    lookup = manager.lookup
-    for index, keys in enumerate(trace):
-        # One context per request: managers keep the request's access record in it.
-        context = ReqContext(f"req-{index}")
-        hits = 0
-        for key in keys:
-            if record_lookups is not None:
-                record_lookups.append(key)
-            if lookup(key, context) is not True:
-                break
-            hits += 1
-        stats.lookups += min(hits + 1, len(keys))
-        stats.hits += hits
-        loaded = keys[:hits]
-        if loaded:
-            manager.prepare_load(loaded, context)
-        manager.touch(keys, context)
-        output = manager.prepare_store(keys[hits:], context)
-        stored: list[OffloadKey] = []
-        if output is None:
-            stats.refused_stores += 1
-        else:
-            stored = output.keys_to_store
-            stats.stored += len(stored)
-            stats.evicted += len(output.evicted_keys)
-        # lookups + prepare_load + touch + prepare_store, then both completions below
-        stats.key_ops += min(hits + 1, len(keys)) + hits + len(keys) + (len(keys) - hits)
-        stats.key_ops += len(stored) + hits
-        in_flight.append((context, stored, loaded))
-        if len(in_flight) > lag:
-            done_context, done_stored, done_loaded = in_flight.popleft()
-            manager.complete_store(done_stored, done_context)
-            manager.complete_load(done_loaded, done_context)
-            manager.on_request_finished(done_context)
-    while in_flight:
-        done_context, done_stored, done_loaded = in_flight.popleft()
-        manager.complete_store(done_stored, done_context)
-        manager.complete_load(done_loaded, done_context)
-        manager.on_request_finished(done_context)
-    return stats
+    contexts.reverse()
+    lookup, prepare_load, touch = manager.lookup, manager.prepare_load, manager.touch
+    prepare_store, complete_store, complete_load = manager.prepare_store, manager.complete_store, manager.complete_load
+    on_new_request, on_request_finished = manager.on_new_request, manager.on_request_finished
+    waiting = deque(requests)
+    # Per running request: [keys, context, next key to store, keys loaded (completed with the
+    # request's first store job)].
+    running: list[list[Any]] = []
+    in_flight: deque[tuple[int, Any, list[OffloadKey], list[OffloadKey]]] = deque()
+    concurrency, chunk, lag, groups = shape.concurrency, shape.blocks_per_step * shape.num_groups, shape.lag, shape.num_groups
+    key_ops = 0
+    step = 0
+    while waiting or running or in_flight:
+        step += 1
+        while in_flight and in_flight[0][0] <= step:
+            _, context, stored, loaded = in_flight.popleft()
+            complete_store(stored, context)
+            if loaded:
+                complete_load(loaded, context)
+            if record is not None:
+                key_ops += len(stored) + len(loaded)
+        while waiting and len(running) < concurrency:
+            keys = waiting.popleft()
+            context = contexts.pop()
+            on_new_request(context)
+            hits = 0
+            for key in keys:
+                if lookup(key, context) is not hit:
+                    break
+                hits += 1
+            looked_up = min(hits + 1, len(keys))
+            hits -= hits % groups
+            loaded = keys[:hits]
+            if loaded:
+                prepare_load(loaded, context)
+            touch(keys, context)
+            if record is not None:
+                key_ops += looked_up + len(loaded) + len(keys)
+                record.append(hits)
+            running.append([keys, context, hits, loaded])
+        for request in list(running):
+            keys, context, start, loaded = request
+            request[2] = end = start + chunk
+            store = keys[start:end]
+            output = prepare_store(store, context)
+            stored: list[OffloadKey] = output.keys_to_store if output is not None else []
+            if record is not None:
+                key_ops += len(store)
+                record.append(None if output is None else (stored, output.evicted_keys))
+            in_flight.append((step + lag, context, stored, loaded))
+            request[3] = []
+            if end >= len(keys):
+                running.remove(request)
+                on_request_finished(context)
+    return key_ops
 
 
-def _best_seconds(runs: Sequence[Callable[[], object]], repeat: int) -> list[float]:
-    """Time each of `runs` `repeat` times, interleaved so load spikes hit all alike; keep the best."""
-    best = [float("inf")] * len(runs)
-    for _ in range(repeat):
-        for index, run in enumerate(runs):
-            gc.collect()
-            start = time.perf_counter()
-            run()
-            best[index] = min(best[index], time.perf_counter() - start)
-    return best
-
-
-def _traced_bytes(build: Callable[[], object]) -> tuple[int, object]:
-    gc.collect()
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        built = build()
-        gc.collect()
-        after = tracemalloc.get_traced_memory()[0]
-    finally:
-        tracemalloc.stop()
-    return after - before, built
+def absent_lookups(manager: Any, keys: Sequence[OffloadKey], context: Any) -> int:
+    """Look up every key once (C-level loop, so the manager's call dominates); return the count."""
+    lookup: Callable[[OffloadKey, Any], object] = manager.lookup
+    deque(map(lookup, keys, repeat(context)), 0)
+    return len(keys)
 
 
 @dataclass
-class Row:
+class Result:
+    """One trace, one policy: both sides' times and whether they decided alike."""
+
+    trace: str
     policy: str
-    num_blocks: int
-    stats: ReplayStats
-    ns_per_key_op: float
-    dict_ns_per_lookup: float
-    ns_per_lookup: float
-    bytes_per_block: float | None
-    dict_bytes_per_block: float | None
+    key_ops: int
+    kvref_ns: float
+    vllm_ns: float
+    ratio: float
+    agreement: float
 
 
-def bench_one(
-    policy: CachePolicyName, shape: TraceShape, trace: list[list[OffloadKey]], args: argparse.Namespace
-) -> Row:
-    context = ReqContext("bench")
-    # Half the trace: the cache is full and has been evicting (ARC's ghost lists are filled).
-    half = trace[: len(trace) // 2]
-    recorded: list[OffloadKey] = []
+def _timed(run: Callable[[], object]) -> float:
+    gc.collect()
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
 
-    def fill() -> CPUOffloadingManager:
-        filled = CPUOffloadingManager(shape.num_blocks, policy)
-        replay(filled, half, args.lag, recorded)
-        return filled
 
-    bytes_per_block = dict_bytes_per_block = None
-    if args.no_memory:
-        fill()
-    else:
-        manager_bytes, filled = _traced_bytes(fill)
-        assert isinstance(filled, CPUOffloadingManager)
-        # The recorded lookups belong to the benchmark, not to the manager.
-        manager_bytes -= sys.getsizeof(recorded)
-        tracked = filled.num_blocks - filled.num_free_blocks
-        kept = list(dict.fromkeys(key for keys in half for key in keys if filled.lookup(key, context)))
-        dict_bytes, _ = _traced_bytes(lambda: {key: index for index, key in enumerate(kept)})
-        bytes_per_block = manager_bytes / max(tracked, 1)
-        dict_bytes_per_block = dict_bytes / max(len(kept), 1)
+def _pairs(runs: Sequence[Callable[[], float]], repeat_count: int) -> list[tuple[float, float]]:
+    """Time two runs `repeat_count` times back to back, alternating which goes first."""
+    pairs: list[tuple[float, float]] = []
+    for index in range(repeat_count):
+        if index % 2:
+            second = runs[1]()
+            first = runs[0]()
+        else:
+            first = runs[0]()
+            second = runs[1]()
+        pairs.append((first, second))
+    return pairs
 
-    managers: list[CPUOffloadingManager] = []
-    stats: list[ReplayStats] = []
 
-    def run_trace() -> None:
-        manager = CPUOffloadingManager(shape.num_blocks, policy)
-        stats.append(replay(manager, trace, args.lag))
-        managers.append(manager)
+def _agreement(ours: list[object], theirs: list[object]) -> float:
+    if len(ours) != len(theirs):
+        return 0.0
+    return sum(a == b for a, b in zip(ours, theirs)) / max(len(ours), 1)
 
-    (trace_seconds,) = _best_seconds([run_trace], args.repeat)
-    manager = managers[-1]
-    table = {key: index for index, key in enumerate(recorded) if manager.lookup(key, context)}
 
-    def dict_lookups() -> None:
-        get = table.get
-        for key in recorded:
-            get(key)
+def bench_trace(sides: Sequence[Side], policy: CachePolicyName, shape: Shape, repeat_count: int) -> Result:
+    """Time one request trace on both sides; check their decisions on an untimed replay."""
+    requests = flatten(make_requests(shape))
+    groups = shape.num_groups
+    records: list[list[object]] = []
+    key_ops = 0
+    for side in sides:
+        record: list[object] = []
+        manager = side.make_manager(shape.num_blocks, policy)
+        key_ops = serve(manager, side.hit, requests, make_contexts(side, requests, groups), shape, record)
+        records.append(record)
 
-    def manager_lookups() -> None:
-        lookup = manager.lookup
-        for key in recorded:
-            lookup(key, context)
+    def runner(side: Side) -> Callable[[], float]:
+        def run() -> float:
+            manager = side.make_manager(shape.num_blocks, policy)
+            contexts = make_contexts(side, requests, groups)
+            return _timed(lambda: serve(manager, side.hit, requests, contexts, shape))
 
-    dict_seconds, lookup_seconds = _best_seconds([dict_lookups, manager_lookups], args.repeat + 2)
-    return Row(
+        return run
+
+    pairs = _pairs([runner(side) for side in sides], repeat_count)
+    return Result(
+        shape.name,
         policy,
-        shape.num_blocks,
-        stats[-1],
-        trace_seconds / stats[-1].key_ops * 1e9,
-        dict_seconds / len(recorded) * 1e9,
-        lookup_seconds / len(recorded) * 1e9,
-        bytes_per_block,
-        dict_bytes_per_block,
+        key_ops,
+        statistics.median(a for a, _ in pairs) / key_ops * 1e9,
+        statistics.median(b for _, b in pairs) / key_ops * 1e9,
+        statistics.median(a / b for a, b in pairs),
+        _agreement(records[0], records[1]),
     )
 
 
-def _format(rows: list[Row]) -> str:
-    header = (
-        "| policy | blocks | key-ops | hit rate | evicted | ns/key-op | dict ns/lookup | ratio "
-        "| ns/lookup | ratio | bytes/block | dict bytes/block | ratio |"
+def bench_absent(sides: Sequence[Side], policy: CachePolicyName, num_blocks: int, repeat_count: int, seed: int) -> Result:
+    """Time lookups of keys the cache does not hold, on caches the prefix trace filled."""
+    shape = traces(num_blocks, seed)[0]
+    requests = flatten(make_requests(shape))
+    absent = [make_offload_key(_key(2, index), 0) for index in range(max(num_blocks, 200_000))]
+    for key in absent:
+        hash(key)  # bytes cache their hash: neither side pays for computing it
+    filled: list[tuple[Any, Any]] = []
+    answers: list[list[object]] = []
+    for side in sides:
+        manager = side.make_manager(num_blocks, policy)
+        serve(manager, side.hit, requests, make_contexts(side, requests, shape.num_groups), shape)
+        context = side.make_context("absent")
+        filled.append((manager, context))
+        answers.append([manager.lookup(key, context) is side.hit for key in absent[:1000]])
+
+    def runner(manager: Any, context: Any) -> Callable[[], float]:
+        return lambda: _timed(lambda: absent_lookups(manager, absent, context))
+
+    pairs = _pairs([runner(*pair) for pair in filled], repeat_count)
+    n = len(absent)
+    return Result(
+        "absent",
+        policy,
+        n,
+        statistics.median(a for a, _ in pairs) / n * 1e9,
+        statistics.median(b for _, b in pairs) / n * 1e9,
+        statistics.median(a / b for a, b in pairs),
+        _agreement(answers[0], answers[1]),
     )
-    lines = [header, "|" + "---|" * (header.count("|") - 1)]
-    for row in rows:
-        mem = ["n/a", "n/a", "n/a"]
-        if row.bytes_per_block is not None and row.dict_bytes_per_block is not None:
-            mem = [
-                f"{row.bytes_per_block:.0f}",
-                f"{row.dict_bytes_per_block:.0f}",
-                f"{row.bytes_per_block / row.dict_bytes_per_block:.2f}x",
-            ]
-        hit_rate = row.stats.hits / max(row.stats.lookups, 1)
+
+
+@dataclass
+class Memory:
+    """Bytes of Python memory per resident block after the prefix trace filled the cache."""
+
+    policy: str
+    kvref: float
+    vllm: float
+
+
+def bench_memory(sides: Sequence[Side], policy: CachePolicyName, num_blocks: int, seed: int) -> Memory:
+    """Measure each side's memory per resident block (tracemalloc; keys, contexts excluded)."""
+    shape = traces(num_blocks, seed)[0]
+    requests = flatten(make_requests(shape))
+    figures: list[float] = []
+    for side in sides:
+        contexts = make_contexts(side, requests, shape.num_groups)
+        probe = side.make_context("probe")
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            manager = side.make_manager(num_blocks, policy)
+            serve(manager, side.hit, requests, contexts, shape)
+            gc.collect()
+            used = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        # Every job completed by the end of the trace: resident blocks are the ready ones.
+        keys = {key for request in requests for key in request}
+        resident = sum(1 for key in keys if manager.lookup(key, probe) is side.hit)
+        figures.append(used / max(resident, 1))
+        del manager
+    return Memory(policy, figures[0], figures[1])
+
+
+def _format(results: list[Result], memory: list[Memory]) -> str:
+    lines = [
+        "| trace | policy | key-ops | kvref ns/op | vLLM ns/op | kvref / vLLM | same decisions |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
         lines.append(
-            f"| {row.policy} | {row.num_blocks:,} | {row.stats.key_ops:,} | {hit_rate:.1%} | "
-            f"{row.stats.evicted:,} | {row.ns_per_key_op:.0f} | {row.dict_ns_per_lookup:.0f} | "
-            f"{row.ns_per_key_op / row.dict_ns_per_lookup:.1f}x | {row.ns_per_lookup:.0f} | "
-            f"{row.ns_per_lookup / row.dict_ns_per_lookup:.1f}x | {' | '.join(mem)} |"
+            f"| {r.trace} | {r.policy} | {r.key_ops:,} | {r.kvref_ns:.0f} | {r.vllm_ns:.0f} | "
+            f"{r.ratio:.2f} | {r.agreement:.1%} |"
         )
+    if memory:
+        lines += ["", "| policy | kvref bytes/block | vLLM bytes/block | kvref / vLLM |", "|---|---:|---:|---:|"]
+        for m in memory:
+            lines.append(f"| {m.policy} | {m.kvref:.0f} | {m.vllm:.0f} | {m.kvref / m.vllm:.2f} |")
     return "\n".join(lines)
 
 
-def _positive_ints(text: str) -> list[int]:
+def _sizes(text: str) -> list[int]:
     try:
         values = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or any(value < 1 for value in values):
-        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    if not values or any(value < 64 for value in values):
+        raise argparse.ArgumentTypeError(f"expected cache sizes >= 64 blocks, got {text!r}")
     return values
 
 
-def _policies(text: str) -> list[CachePolicyName]:
-    chosen: list[CachePolicyName] = []
-    for name in text.split(","):
-        if name not in POLICIES:
-            raise argparse.ArgumentTypeError(f"policies must be among {', '.join(POLICIES)}, got {name!r}")
-        chosen.append("lru" if name == "lru" else "arc")
-    return chosen
+def _choices(allowed: Sequence[str]) -> Callable[[str], list[str]]:
+    def parse(text: str) -> list[str]:
+        chosen = [part for part in text.split(",") if part]
+        bad = [part for part in chosen if part not in allowed]
+        if bad or not chosen:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {', '.join(allowed)}, got {text!r}")
+        return chosen
+
+    return parse
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -309,13 +428,10 @@ def _parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0] if __doc__ else None,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--sizes", type=_positive_ints, default=[10_000, 100_000], help="CPU cache sizes, in blocks")
-    parser.add_argument("--policies", type=_policies, default=list(POLICIES), help="cache policies")
-    parser.add_argument("--passes", type=float, default=2.0, help="unique blocks stored, as a multiple of the cache size")
-    parser.add_argument("--prefix-blocks", type=int, default=32, help="longest shared prefix, in blocks")
-    parser.add_argument("--suffix-blocks", type=int, default=8, help="unique blocks per request")
-    parser.add_argument("--lag", type=int, default=4, help="requests before a store or load completes")
-    parser.add_argument("--repeat", type=int, default=2, help="timed repetitions (the best is kept)")
+    parser.add_argument("--sizes", type=_sizes, default=[10_000], help="CPU cache sizes, in blocks (comma-separated)")
+    parser.add_argument("--policies", type=_choices(POLICIES), default=list(POLICIES), help="cache policies")
+    parser.add_argument("--traces", type=_choices(TRACES), default=list(TRACES), help="traces")
+    parser.add_argument("--repeat", type=int, default=11, help="timed pairs per trace (the median is kept)")
     parser.add_argument("--seed", type=int, default=0, help="trace seed")
     parser.add_argument("--no-memory", action="store_true", help="skip the tracemalloc measurement")
     return parser
@@ -323,25 +439,31 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.passes <= 0 or args.prefix_blocks < 1 or args.suffix_blocks < 1 or args.lag < 0 or args.repeat < 1:
-        print(
-            "error: --passes must be > 0, --prefix-blocks/--suffix-blocks/--repeat >= 1, --lag >= 0",
-            file=sys.stderr,
-        )
+    if args.repeat < 1:
+        print("error: --repeat must be >= 1", file=sys.stderr)
         return 2
-    rows: list[Row] = []
+    sides = [kvref_side(), vllm_side(load_vllm_kv_offload())]
+    worst, agree = 0.0, 1.0
     for size in args.sizes:
-        shape = TraceShape(size, args.passes, args.prefix_blocks, args.suffix_blocks, seed=args.seed)
-        trace = make_trace(shape)
-        print(
-            f"# {size:,} blocks: {len(trace):,} requests over {shape.num_prefixes:,} shared prefixes "
-            f"(<= {shape.prefix_blocks} blocks) + {shape.suffix_blocks} unique blocks each",
-            file=sys.stderr,
-        )
+        results: list[Result] = []
+        memory: list[Memory] = []
+        shapes = {shape.name: shape for shape in traces(size, args.seed)}
         for policy in args.policies:
-            rows.append(bench_one(policy, shape, trace, args))
-    print(f"python {sys.version.split()[0]}, seed {args.seed}, lag {args.lag}, best of {args.repeat}")
-    print(_format(rows))
+            for trace in args.traces:
+                if trace == "absent":
+                    results.append(bench_absent(sides, policy, size, args.repeat, args.seed))
+                else:
+                    results.append(bench_trace(sides, policy, shapes[trace], args.repeat))
+            if not args.no_memory:
+                memory.append(bench_memory(sides, policy, size, args.seed))
+        print(
+            f"# kvref vs {VLLM_SPEC}'s CPU manager, {size:,} blocks, python {sys.version.split()[0]}, "
+            f"median of {args.repeat} interleaved pairs"
+        )
+        print(_format(results, memory))
+        worst = max([worst, *(r.ratio for r in results)])
+        agree = min([agree, *(r.agreement for r in results)])
+    print(f"worst kvref / vLLM time: {worst:.2f}; worst decision agreement: {agree:.1%}")
     return 0
 
 

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import logging
 import operator
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from itertools import filterfalse
+from typing import NoReturn, cast
+from collections.abc import Collection, Iterator, Mapping, Sequence, Set
 
 from typing_extensions import override
 
@@ -35,13 +36,23 @@ from kvref.base import (
     check_key_collection,
 )
 from kvref.cpu.common import CPU_MEDIUM, CPULoadStoreSpec
-from kvref.cpu.policies.base import BlockStatus, CachePolicy
+from kvref.cpu.policies.base import BlockStatus, CachePolicy, is_no_op_hook
 from kvref.cpu.policies.factory import CachePolicyName, create_cache_policy
 from kvref.errors import OffloadProtocolError
 
 __all__ = ["CPUOffloadingManager", "describe_block"]
 
 logger = logging.getLogger(__name__)
+
+# What check_key_collection refuses; tested inline first, so a valid call costs no extra frame.
+_SINGLE_KEY_TYPES = (bytes, bytearray, memoryview, str)
+# C-level accessors for the per-key loops: a key's 4-byte KV-cache group suffix, a block's
+# fields, the halves of an eviction's (key, block) pairs.
+_GROUP_SUFFIX = operator.itemgetter(slice(-4, None))
+_REF_CNT = operator.attrgetter("ref_cnt")
+_BLOCK_ID = operator.attrgetter("block_id")
+_FIRST = operator.itemgetter(0)
+_SECOND = operator.itemgetter(1)
 
 
 def describe_block(block: BlockStatus | None) -> str:
@@ -64,18 +75,48 @@ def _positive_int(name: str, value: int) -> int:
     return number
 
 
-@dataclass(slots=True)
 class _RequestAccess:
     """The keys one request named to one manager (kept in the request's context)."""
 
-    owner: object
-    generation: int
-    # Every key the request named, in first-named order (grouped when the request finishes).
-    seen_keys: dict[OffloadKey, None] = field(default_factory=dict[OffloadKey, None])
-    inserted_keys: set[OffloadKey] = field(default_factory=set[OffloadKey])
-    reused_keys: set[OffloadKey] = field(default_factory=set[OffloadKey])
-    store_miss_keys: set[OffloadKey] = field(default_factory=set[OffloadKey])
-    finished: bool = False
+    __slots__ = ("owner", "generation", "seen_keys", "inserted_keys", "reused_keys", "refused_misses", "finished")
+
+    def __init__(self, owner: object, generation: int) -> None:
+        self.owner = owner
+        self.generation = generation
+        # Every key the request named, in first-named order (grouped when the request finishes).
+        self.seen_keys: dict[OffloadKey, None] = {}
+        self.inserted_keys: set[OffloadKey] = set()
+        self.reused_keys: set[OffloadKey] = set()
+        # Store misses the policy saw in stores that were then refused. With inserted_keys, they
+        # are the keys whose miss it saw (vLLM's store_miss_keys), without a set update per store.
+        self.refused_misses: set[OffloadKey] = set()
+        self.finished = False
+
+
+class _PolicyBlocks(Mapping[OffloadKey, BlockStatus]):
+    """A policy's blocks seen through `get`, for policies that keep no `block_map`."""
+
+    def __init__(self, policy: CachePolicy) -> None:
+        self._get = policy.get
+
+    @override
+    def __getitem__(self, key: OffloadKey) -> BlockStatus:
+        block = self._get(key)
+        if block is None:
+            raise KeyError(key)
+        return block
+
+    @override
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, bytes) and self._get(cast(OffloadKey, key)) is not None
+
+    @override
+    def __iter__(self) -> Iterator[OffloadKey]:
+        raise TypeError("a policy's blocks cannot be listed through get()")
+
+    @override
+    def __len__(self) -> int:
+        raise TypeError("a policy's blocks cannot be counted through get()")
 
 
 class CPUOffloadingManager(OffloadingManager):
@@ -90,6 +131,10 @@ class CPUOffloadingManager(OffloadingManager):
     Raises:
         ValueError: `num_blocks` is not an integer >= 1 or `cache_policy` is not a known
             policy.
+
+    Speed: lookups and completions read blocks straight from the policy's `block_map` (no
+    policy call per key), hooks a policy declares no-ops are not called, and each slot keeps
+    one `BlockStatus` for its lifetime (reused, not reallocated, when the slot is).
     """
 
     def __init__(
@@ -99,12 +144,12 @@ class CPUOffloadingManager(OffloadingManager):
         self.medium: str = CPU_MEDIUM
         # Slots [0, _num_allocated_blocks) have been handed out at least once (the bump pointer).
         self._num_allocated_blocks: int = 0
-        # Freed slots, reused last-freed-first.
-        self._free_list: list[int] = []
+        # Blocks of freed slots, reused last-freed-first (a slot keeps its BlockStatus).
+        self._free_list: list[BlockStatus] = []
         # Blocks with ref_cnt 0: what eviction can reclaim, counted so a hopeless prepare_store
         # fails without asking the policy.
         self._num_idle_blocks: int = 0
-        self._policy: CachePolicy = create_cache_policy(cache_policy, self._num_blocks)
+        self._policy = create_cache_policy(cache_policy, self._num_blocks)
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
         # Bumped by reset_cache, so access records of requests from before are started afresh.
         self._generation: int = 0
@@ -112,6 +157,21 @@ class CPUOffloadingManager(OffloadingManager):
         self._hits = self._pending = self._misses = 0
         self._blocks_stored = self._blocks_loaded = self._blocks_evicted = 0
         self._stores_refused = 0
+
+    @property
+    def _policy(self) -> CachePolicy:
+        return self._the_policy
+
+    @_policy.setter
+    def _policy(self, policy: CachePolicy) -> None:
+        # Rebind the fast paths to the policy (tests swap in policies after construction).
+        self._the_policy = policy
+        blocks = policy.block_map()
+        self._blocks: Mapping[OffloadKey, BlockStatus] = blocks if blocks is not None else _PolicyBlocks(policy)
+        self._hook_evictable = not is_no_op_hook(policy, "mark_evictable")
+        self._hook_non_evictable = not is_no_op_hook(policy, "mark_non_evictable")
+        self._hook_access = not is_no_op_hook(policy, "on_request_access")
+        self._hook_store_miss = not is_no_op_hook(policy, "on_store_miss")
 
     @override
     def __repr__(self) -> str:
@@ -161,21 +221,26 @@ class CPUOffloadingManager(OffloadingManager):
 
     # --- block pool ---
 
-    def _allocate_block_ids(self, n: int) -> list[int]:
-        num_fresh = min(n, self._num_blocks - self._num_allocated_blocks)
+    def _allocate_blocks(self, n: int) -> list[BlockStatus]:
+        """Fresh slots first, then freed ones last-freed-first (as vLLM); writes pending."""
         start = self._num_allocated_blocks
-        block_ids = list(range(start, start + num_fresh))
-        self._num_allocated_blocks += num_fresh
-        free_list = self._free_list
-        assert len(free_list) >= n - num_fresh, f"{n} slots wanted, {self.num_free_blocks} free"
-        block_ids.extend(free_list.pop() for _ in range(n - num_fresh))
-        return block_ids
-
-    def _free_block(self, block: BlockStatus) -> None:
-        self._free_list.append(block.block_id)
+        num_fresh = min(n, self._num_blocks - start)
+        blocks = [BlockStatus(block_id) for block_id in range(start, start + num_fresh)]
+        self._num_allocated_blocks = start + num_fresh
+        num_reused = n - num_fresh
+        if num_reused:
+            free_list = self._free_list
+            assert len(free_list) >= num_reused, f"{n} slots wanted, {self.num_free_blocks} free"
+            reused = free_list[-num_reused:]
+            del free_list[-num_reused:]
+            reused.reverse()  # last freed first
+            for block in reused:
+                block.ref_cnt = -1
+            blocks += reused
+        return blocks
 
     def _protocol_error(self, operation: str, key: OffloadKey, detail: str) -> OffloadProtocolError:
-        return OffloadProtocolError(operation, key, describe_block(self._policy.get(key)), detail)
+        return OffloadProtocolError(operation, key, describe_block(self._blocks.get(key)), detail)
 
     def _emit(self, keys: list[OffloadKey], removed: bool) -> None:
         if self._events is not None and keys:
@@ -193,25 +258,29 @@ class CPUOffloadingManager(OffloadingManager):
     def _record_access(
         self,
         state: _RequestAccess,
-        keys: Collection[OffloadKey],
+        named: dict[OffloadKey, None],
         req_context: ReqContext,
         reused_keys: Collection[OffloadKey] = (),
     ) -> None:
+        """Record the keys a call named (a dict: no repeats, in order) and those it reused."""
         if state.finished:
             # vLLM asserts here; kvref ignores accesses after the finish (a composite manager's
             # internal transfers for the request may still arrive).
             return
         seen = state.seen_keys
-        new_keys = dict.fromkeys(key for key in keys if key not in seen)
-        if new_keys:
-            seen.update(new_keys)
-            self._policy.on_request_access(new_keys.keys(), req_context)
+        if self._hook_access:
+            new_keys = [key for key in named if key not in seen]
+            if new_keys:
+                seen.update(named)
+                self._policy.on_request_access(new_keys, req_context)
+        else:
+            seen.update(named)
         if reused_keys:
             inserted = state.inserted_keys
             # Re-reading a block this request stored is an internal transfer (a tier's
             # cascade), not a second use.
             if inserted:
-                state.reused_keys.update(key for key in reused_keys if key not in inserted)
+                state.reused_keys.update([key for key in reused_keys if key not in inserted])
             else:
                 state.reused_keys.update(reused_keys)
 
@@ -219,60 +288,82 @@ class CPUOffloadingManager(OffloadingManager):
 
     @override
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
-        block = self._policy.get(key)
-        if block is None:
-            self._misses += 1
-            return False
-        if block.ref_cnt >= 0:
-            self._hits += 1
-            return True
-        self._pending += 1
-        return None
+        # Every request's lookups end with a miss: it costs one containment test and no call.
+        if key in self._blocks:
+            if self._blocks[key].ref_cnt >= 0:
+                self._hits += 1
+                return True
+            self._pending += 1
+            return None
+        self._misses += 1
+        return False
 
     @override
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> CPULoadStoreSpec:
-        check_key_collection(keys, "prepare_load")
-        get = self._policy.get
-        blocks: list[BlockStatus] = []
-        for key in keys:
-            block = get(key)
-            if block is None or block.ref_cnt < 0:
-                raise self._protocol_error("prepare_load", key, "only stored blocks can be loaded")
-            blocks.append(block)
+        if isinstance(keys, _SINGLE_KEY_TYPES):
+            check_key_collection(keys, "prepare_load")
+        get = self._blocks.get
+        found = list(map(get, keys))
+        # Validated in C first (absent, then pending); the loop below only names the culprit.
+        if None in found or (found and min(map(_REF_CNT, cast(list[BlockStatus], found))) < 0):
+            for key, block in zip(keys, found):
+                if block is None or block.ref_cnt < 0:
+                    raise self._protocol_error("prepare_load", key, "only stored blocks can be loaded")
+        blocks = cast(list[BlockStatus], found)
         # Validated every key: from here on nothing can fail half-way.
+        pinned = 0
+        hook = self._policy.mark_non_evictable if self._hook_non_evictable else None
         for key, block in zip(keys, blocks):
             if block.ref_cnt == 0:
-                self._num_idle_blocks -= 1
-                self._policy.mark_non_evictable(key)
+                pinned += 1
+                if hook is not None:
+                    hook(key)
             block.ref_cnt += 1
+        self._num_idle_blocks -= pinned
         self._blocks_loaded += len(blocks)
-        self._record_access(self._request_access(req_context), keys, req_context, reused_keys=keys)
-        return CPULoadStoreSpec(block.block_id for block in blocks)
+        self._record_access(self._request_access(req_context), dict.fromkeys(keys), req_context, reused_keys=keys)
+        return CPULoadStoreSpec(list(map(_BLOCK_ID, blocks)))
 
     @override
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        check_key_collection(keys, "touch")
+        if isinstance(keys, _SINGLE_KEY_TYPES):
+            check_key_collection(keys, "touch")
         self._policy.touch(keys)
 
     @override
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        check_key_collection(keys, "complete_load")
-        get = self._policy.get
-        blocks: list[BlockStatus] = []
-        for key in keys:
-            block = get(key)
-            if block is None or block.ref_cnt <= 0:
-                raise self._protocol_error("complete_load", key, "no load of it is in progress")
-            blocks.append(block)
-        if len(blocks) > 1 and len(set(keys)) < len(blocks):
-            self._check_repeated_releases(keys)
-        # Validated every key: from here on nothing can fail half-way. Finishing a load is not
-        # a use: the block becomes evictable with the recency it has.
-        for key, block in zip(keys, blocks):
+        if isinstance(keys, _SINGLE_KEY_TYPES):
+            check_key_collection(keys, "complete_load")
+        get = self._blocks.get
+        found = list(map(get, keys))
+        if None in found:
+            self._refuse_release(keys, found)
+        blocks = cast(list[BlockStatus], found)
+        # Finishing a load is not a use: the block becomes evictable with the recency it has.
+        released = 0
+        for block in blocks:
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                self._num_idle_blocks += 1
-                self._policy.mark_evictable(key)
+                released += 1
+        if blocks and min(map(_REF_CNT, blocks)) < 0:
+            # A block with no load in progress (or fewer than its key is listed): undo, name it.
+            for block in blocks:
+                block.ref_cnt += 1
+            self._refuse_release(keys, found)
+        self._num_idle_blocks += released
+        if self._hook_evictable:
+            mark_evictable, held = self._policy.mark_evictable, self._blocks
+            for key in dict.fromkeys(keys):
+                if held[key].ref_cnt == 0:
+                    mark_evictable(key)
+
+    def _refuse_release(self, keys: Collection[OffloadKey], found: list[BlockStatus | None]) -> NoReturn:
+        """Raise the protocol error a bad complete_load deserves (state already restored)."""
+        for key, block in zip(keys, found):
+            if block is None or block.ref_cnt <= 0:
+                raise self._protocol_error("complete_load", key, "no load of it is in progress")
+        self._check_repeated_releases(keys)
+        raise AssertionError("complete_load refused a valid release")  # pragma: no cover
 
     def _check_repeated_releases(self, keys: Collection[OffloadKey]) -> None:
         # A key listed n times releases n loads: it must have at least n in progress.
@@ -280,8 +371,7 @@ class CPUOffloadingManager(OffloadingManager):
         for key in keys:
             releases[key] = releases.get(key, 0) + 1
         for key, count in releases.items():
-            block = self._policy.get(key)
-            assert block is not None
+            block = self._blocks[key]
             if block.ref_cnt < count:
                 raise self._protocol_error(
                     "complete_load", key, f"listed {count} times but only {block.ref_cnt} loads are in progress"
@@ -297,69 +387,80 @@ class CPUOffloadingManager(OffloadingManager):
         room is sought, so a refused store (None) still counts as the request naming the keys;
         no block, slot or event changes.
         """
-        check_key_collection(keys, "prepare_store")
-        get = self._policy.get
+        if isinstance(keys, _SINGLE_KEY_TYPES):
+            check_key_collection(keys, "prepare_store")
+        blocks = self._blocks
         # dict.fromkeys drops repeated keys (each needs one slot) and gives a set view for free.
         requested = dict.fromkeys(keys)
-        keys_to_store: list[OffloadKey] = []
-        ready_keys: list[OffloadKey] = []
+        keys_to_store = list(filterfalse(blocks.__contains__, requested))
         # Keys the request names here, in the order given: absent and ready ones, not pending.
-        named: list[OffloadKey] = []
-        for key in requested:
-            block = get(key)
-            if block is None:
-                keys_to_store.append(key)
-                named.append(key)
-            elif block.ref_cnt >= 0:
-                ready_keys.append(key)
-                named.append(key)
+        named: dict[OffloadKey, None]
+        ready_keys: list[OffloadKey]
+        if len(keys_to_store) == len(requested):
+            named, ready_keys = requested, []
+        else:
+            ready_keys = [key for key in requested if key in blocks and blocks[key].ref_cnt >= 0]
+            named = dict.fromkeys([key for key in requested if key not in blocks or blocks[key].ref_cnt >= 0])
 
-        state = self._request_access(req_context)
-        if keys_to_store and not state.finished:
-            misses = state.store_miss_keys
-            new_misses = [key for key in keys_to_store if key not in misses]
+        state = req_context.get_state(_RequestAccess)
+        if state is None or state.owner is not self or state.generation != self._generation:
+            state = self._request_access(req_context)
+        new_misses: list[OffloadKey] = []
+        if keys_to_store and self._hook_store_miss and not state.finished:
+            inserted, refused = state.inserted_keys, state.refused_misses
+            if inserted.isdisjoint(keys_to_store) and not refused:
+                new_misses = keys_to_store  # the common case, checked in C
+            else:
+                new_misses = [key for key in keys_to_store if key not in inserted and key not in refused]
             if new_misses:
                 # ARC learns from b1/b2 before insert removes the ghost entries; once per request.
                 self._policy.on_store_miss(new_misses, req_context)
-                misses.update(new_misses)
         self._record_access(state, named, req_context, reused_keys=ready_keys)
         if not keys_to_store:
             return PrepareStoreOutput([], CPULoadStoreSpec(()), [])
 
         evicted_keys: list[OffloadKey] = []
-        num_to_evict = len(keys_to_store) - self.num_free_blocks
+        num_to_evict = len(keys_to_store) - (
+            len(self._free_list) + self._num_blocks - self._num_allocated_blocks
+        )
         if num_to_evict > 0:
-            if num_to_evict > self._num_idle_blocks:
-                self._stores_refused += 1
-                return None
             # Keys named by this call must survive it, stored ones included.
-            evicted = self._policy.evict(num_to_evict, requested.keys())
+            evicted = (
+                self._policy.evict(num_to_evict, requested.keys())
+                if num_to_evict <= self._num_idle_blocks
+                else None
+            )
             if evicted is None or not self._valid_eviction(evicted, num_to_evict, requested.keys()):
                 self._stores_refused += 1
+                if new_misses:
+                    state.refused_misses.update(new_misses)
                 return None
             self._num_idle_blocks -= len(evicted)
             self._blocks_evicted += len(evicted)
-            for key, block in evicted:
-                self._free_block(block)
-                evicted_keys.append(key)
-            self._emit(evicted_keys, removed=True)
+            evicted_keys = list(map(_FIRST, evicted))
+            self._free_list.extend(map(_SECOND, evicted))
+            if self._events is not None:
+                self._emit(evicted_keys, removed=True)
 
-        block_ids = self._allocate_block_ids(len(keys_to_store))
-        self._policy.insert_for_request(
-            keys_to_store, [BlockStatus(block_id) for block_id in block_ids], req_context
-        )
+        new_blocks = self._allocate_blocks(len(keys_to_store))
+        self._policy.insert_for_request(keys_to_store, new_blocks, req_context)
         state.inserted_keys.update(keys_to_store)
-        return PrepareStoreOutput(keys_to_store, CPULoadStoreSpec(block_ids), evicted_keys)
+        return PrepareStoreOutput(
+            keys_to_store, CPULoadStoreSpec(list(map(_BLOCK_ID, new_blocks))), evicted_keys
+        )
 
     def _valid_eviction(
         self,
         evicted: Sequence[tuple[OffloadKey, BlockStatus]],
         wanted: int,
-        protected: Collection[OffloadKey],
+        protected: Set[OffloadKey],
     ) -> bool:
         """Check a policy's answer; put back what a misbehaving policy took, and say so."""
-        if len(evicted) == wanted and all(
-            block.ref_cnt == 0 and key not in protected for key, block in evicted
+        # In C: the right count, every block idle (no ref_cnt is non-zero), none protected.
+        if (
+            len(evicted) == wanted
+            and not any(map(_REF_CNT, map(_SECOND, evicted)))
+            and protected.isdisjoint(map(_FIRST, evicted))
         ):
             return True
         policy = self._policy
@@ -381,26 +482,32 @@ class CPUOffloadingManager(OffloadingManager):
     def complete_store(
         self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True
     ) -> None:
-        check_key_collection(keys, "complete_store")
-        policy = self._policy
+        if isinstance(keys, _SINGLE_KEY_TYPES):
+            check_key_collection(keys, "complete_store")
+        get = self._blocks.get
         if not success:
+            policy = self._policy
             for key in keys:
-                block = policy.get(key)
+                block = get(key)
                 if block is not None and block.ref_cnt < 0:
                     policy.remove(key)
-                    self._free_block(block)
+                    self._free_list.append(block)
             return
         # Finishing a store is not a use: the block becomes evictable with the recency it has.
         stored_keys: list[OffloadKey] = []
         for key in keys:
-            block = policy.get(key)
+            block = get(key)
             if block is not None and block.ref_cnt < 0:
                 block.ref_cnt = 0
-                self._num_idle_blocks += 1
-                policy.mark_evictable(key)
                 stored_keys.append(key)
+        if self._hook_evictable:
+            mark_evictable = self._policy.mark_evictable
+            for key in stored_keys:
+                mark_evictable(key)
+        self._num_idle_blocks += len(stored_keys)
         self._blocks_stored += len(stored_keys)
-        self._emit(stored_keys, removed=False)
+        if self._events is not None:
+            self._emit(stored_keys, removed=False)
 
     @override
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
@@ -423,24 +530,29 @@ class CPUOffloadingManager(OffloadingManager):
         ):
             return
         state.finished = True
-        groups: dict[bytes, list[OffloadKey]] = {}
-        for key in state.seen_keys:
-            # The 4-byte group suffix, compared as bytes: big-endian, so it sorts like the index.
-            suffix = key[-4:]
-            group = groups.get(suffix)
-            if group is None:
-                groups[suffix] = [key]
-            else:
-                group.append(key)
+        seen = state.seen_keys
+        suffixes = list(map(_GROUP_SUFFIX, seen))
         recorded = req_context.offload_key_positions
-        key_groups: list[Sequence[OffloadKey]] = []
-        for suffix in sorted(groups):
-            keys = groups[suffix]
-            if recorded:
-                positions = {key: end for key in keys if (end := recorded.get(key)) is not None}
-                if len(positions) == len(keys):
-                    keys.sort(key=positions.__getitem__)
-            key_groups.append(keys)
+        key_groups: list[list[OffloadKey]]
+        if not suffixes or suffixes.count(suffixes[0]) == len(suffixes):
+            key_groups = [list(seen)]  # one KV-cache group: the common case
+        else:
+            groups: dict[bytes, list[OffloadKey]] = {}
+            for key, suffix in zip(seen, suffixes):
+                group = groups.get(suffix)
+                if group is None:
+                    groups[suffix] = [key]
+                else:
+                    group.append(key)
+            # The group suffix is big-endian, so sorting the bytes sorts by group index.
+            key_groups = [groups[suffix] for suffix in sorted(groups)]
+        if recorded:
+            for keys in key_groups:
+                try:
+                    # list.sort computes every key first: a missing position changes nothing.
+                    keys.sort(key=recorded.__getitem__)
+                except KeyError:
+                    pass
         self._policy.on_request_finished(
             tuple(key_groups),
             state.inserted_keys - state.reused_keys,

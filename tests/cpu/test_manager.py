@@ -615,3 +615,71 @@ def test_a_refused_store_still_records_the_request_access() -> None:
     assert list(policy.t2) == []
     manager.on_request_finished(early)  # early offered 2 while it was ready: a reuse
     assert list(policy.t2) == to_keys([2])
+
+
+# --- fast paths (issue 16): they change no answer ---
+
+
+class _GetOnlyLRU(LRUCachePolicy):
+    """LRU without a block map: the manager must go through `get` (an out-of-tree policy)."""
+
+    @override
+    def block_map(self) -> None:  # pyright: ignore[reportIncompatibleMethodOverride]
+        return None
+
+
+class _GetOnlyARC(ARCCachePolicy):
+    @override
+    def block_map(self) -> None:  # pyright: ignore[reportIncompatibleMethodOverride]
+        return None
+
+
+def _drive(manager: CPUOffloadingManager) -> list[object]:
+    """A fixed program of stores, loads, touches and evictions; every answer, in order."""
+    answers: list[object] = []
+    for index, ints in enumerate([[1, 2, 3], [2, 3, 4, 5], [1, 6], [7, 8, 2], [3, 9, 1]]):
+        request = ReqContext(f"r{index}")
+        for position, key in enumerate(to_keys(ints), start=1):
+            request.set_offload_key_position(key, 16 * position)
+        manager.on_new_request(request)
+        hits = [manager.lookup(key, request) for key in to_keys(ints)]
+        answers.append(hits)
+        ready = [key for key, hit in zip(to_keys(ints), hits) if hit]
+        if ready:
+            answers.append(manager.prepare_load(ready, request).block_ids.tolist())
+        manager.touch(to_keys(ints), request)
+        output = manager.prepare_store(to_keys(ints), request)
+        answers.append(None if output is None else (output.keys_to_store, output.evicted_keys))
+        if output is not None:
+            manager.complete_store(output.keys_to_store, request)
+        if ready:
+            manager.complete_load(ready, request)
+        manager.on_request_finished(request)
+    answers.append(eviction_order(manager))
+    answers.append(manager.get_stats())
+    return answers
+
+
+@pytest.mark.parametrize(("cache_policy", "get_only"), [("lru", _GetOnlyLRU), ("arc", _GetOnlyARC)])
+def test_a_policy_without_a_block_map_gives_the_same_answers(
+    cache_policy: CachePolicyName, get_only: type[LRUCachePolicy] | type[ARCCachePolicy]
+) -> None:
+    fast = make_manager(num_blocks=5, cache_policy=cache_policy)
+    slow = make_manager(num_blocks=5, cache_policy=cache_policy)
+    slow._policy = get_only(5)  # pyright: ignore[reportPrivateUsage]
+    assert _drive(slow) == _drive(fast)
+    with pytest.raises(OffloadProtocolError):
+        slow.prepare_load(to_keys([42]), REQ)
+
+
+def test_a_slot_keeps_its_block_status_and_a_reused_slot_starts_pending() -> None:
+    manager = make_manager(num_blocks=2)
+    store(manager, [1, 2])
+    first = manager.policy.get(to_key(1))
+    assert first is not None and first.ref_cnt == 0
+    output = manager.prepare_store(to_keys([3]), REQ)  # evicts 1: its slot is reused
+    assert output is not None and output.evicted_keys == to_keys([1])
+    assert manager.policy.get(to_key(3)) is first
+    assert isinstance(output.store_spec, CPULoadStoreSpec)
+    assert (first.block_id, first.ref_cnt) == (output.store_spec.block_ids.tolist()[0], -1)
+    assert manager.lookup(to_key(3), REQ) is None  # pending, as a fresh block would be

@@ -11,10 +11,11 @@ from collections.abc import Collection, Iterable
 from typing import Any, cast
 
 import pytest
+from typing_extensions import override
 
 from kvref.base import OffloadKey, ReqContext, get_offload_block_hash, make_offload_key
 from kvref.cpu.policies.arc import ARCCachePolicy
-from kvref.cpu.policies.base import BlockStatus, CachePolicy
+from kvref.cpu.policies.base import BlockStatus, CachePolicy, is_no_op_hook
 from kvref.cpu.policies.factory import (
     cache_policy_names,
     create_cache_policy,
@@ -470,3 +471,20 @@ def test_register_rejects_what_is_not_a_cache_policy(not_a_policy: Any) -> None:
     with pytest.raises(TypeError, match="policy_class must be a CachePolicy subclass"):
         register_cache_policy("not-a-policy", not_a_policy)
     assert "not-a-policy" not in cache_policy_names()
+
+
+def test_no_op_hooks_are_declared_and_overrides_are_not() -> None:
+    """The manager skips hooks declared with @no_op_hook; an override is always called."""
+    lru, arc = LRUCachePolicy(2), ARCCachePolicy(2)
+    for name in ("mark_evictable", "mark_non_evictable", "on_request_access"):
+        assert is_no_op_hook(arc, name), name
+    assert is_no_op_hook(lru, "on_store_miss") and is_no_op_hook(lru, "mark_evictable")
+    assert not is_no_op_hook(arc, "on_store_miss")  # ARC learns from ghost hits there
+    assert not is_no_op_hook(lru, "on_request_access")  # LRU ranks the request's blocks
+
+    class Indexing(LRUCachePolicy):
+        @override
+        def mark_evictable(self, key: OffloadKey) -> None:
+            super().mark_evictable(key)
+
+    assert not is_no_op_hook(Indexing(2), "mark_evictable")

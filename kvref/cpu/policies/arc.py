@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Iterator, Sequence, Set
+from collections.abc import Collection, Iterator, Mapping, Sequence, Set
 
 from typing_extensions import override
 
@@ -28,6 +28,7 @@ class ARCCachePolicy(CachePolicy):
         b1, b2: ghost lists, the keys (no slots) recently evicted from t1 and t2, each bounded
             by `cache_capacity`, oldest first.
         target_t1_size: how large t1 should be, in [0, cache_capacity]; starts at 0.
+        blocks: every held block (t1 and t2 together), the manager's `block_map`.
 
     Algorithm:
         1. insert(key): the new block (its write pending) joins t1's MRU end; the key leaves
@@ -66,21 +67,45 @@ class ARCCachePolicy(CachePolicy):
         self.t2: OrderedDict[OffloadKey, BlockStatus] = OrderedDict()
         self.b1: OrderedDict[OffloadKey, None] = OrderedDict()
         self.b2: OrderedDict[OffloadKey, None] = OrderedDict()
+        # One map for lookups: a miss costs one dict probe, not one per list.
+        self.blocks: dict[OffloadKey, BlockStatus] = {}
+
+    @override
+    def block_map(self) -> Mapping[OffloadKey, BlockStatus]:
+        return self.blocks
 
     @override
     def get(self, key: OffloadKey) -> BlockStatus | None:
-        block = self.t1.get(key)
-        return block if block is not None else self.t2.get(key)
+        return self.blocks.get(key)
 
     @override
     def insert(self, key: OffloadKey, block: BlockStatus) -> None:
+        self.blocks[key] = block
         self.t1[key] = block
-        self.b1.pop(key, None)
-        self.b2.pop(key, None)
+        if self.b1:
+            self.b1.pop(key, None)
+        if self.b2:
+            self.b2.pop(key, None)
+
+    @override
+    def insert_for_request(
+        self, keys: Sequence[OffloadKey], blocks: Sequence[BlockStatus], req_context: ReqContext
+    ) -> None:
+        b1, b2 = self.b1, self.b2
+        self.blocks.update(zip(keys, blocks))  # in C
+        t1 = self.t1
+        # OrderedDict.update takes a slow generic path for pairs: a loop is faster here.
+        for key, block in zip(keys, blocks):
+            t1[key] = block
+        # Ghost hits are rare: find them in C, then drop only those.
+        for ghosts in (b1, b2):
+            if ghosts and not ghosts.keys().isdisjoint(keys):
+                for key in ghosts.keys() & keys:
+                    del ghosts[key]
 
     @override
     def remove(self, key: OffloadKey) -> None:
-        if self.t1.pop(key, None) is None:
+        if self.blocks.pop(key, None) is not None and self.t1.pop(key, None) is None:
             self.t2.pop(key, None)
 
     def _adapt_to_ghost_hit(self, key: OffloadKey) -> None:
@@ -96,23 +121,24 @@ class ARCCachePolicy(CachePolicy):
 
     @override
     def on_store_miss(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
-        if self.b1 or self.b2:
+        b1, b2 = self.b1, self.b2
+        if (b1 and not b1.keys().isdisjoint(keys)) or (b2 and not b2.keys().isdisjoint(keys)):
             for key in reversed(keys):
-                self._adapt_to_ghost_hit(key)
+                if key in b1 or key in b2:
+                    self._adapt_to_ghost_hit(key)
 
     @override
     def touch(self, keys: Collection[OffloadKey]) -> None:
-        t1, t2 = self.t1, self.t2
+        t1, t2, b1, b2, blocks = self.t1, self.t2, self.b1, self.b2, self.blocks
         for key in reversed(list(keys)):
-            block = t1.pop(key, None)
-            if block is not None:
-                if block.ref_cnt >= 0:
-                    t2[key] = block
+            if key in blocks:
+                if key in t2:
+                    t2.move_to_end(key)
+                elif blocks[key].ref_cnt >= 0:
+                    t2[key] = t1.pop(key)
                 else:
-                    t1[key] = block
-            elif key in t2:
-                t2.move_to_end(key)
-            else:
+                    t1.move_to_end(key)
+            elif key in b1 or key in b2:
                 self._adapt_to_ghost_hit(key)
 
     @override
@@ -125,18 +151,16 @@ class ARCCachePolicy(CachePolicy):
     ) -> None:
         t1, t2 = self.t1, self.t2
         for key in reversed(order_request_keys(key_groups, req_context)):
-            if key in insertion_only_keys:
-                # A store is not a frequency hit: the block keeps its list, and its recency.
-                if key in t1:
+            # The two sets are disjoint. A store is not a frequency hit: the block keeps its
+            # list, and takes its recency; a reuse promotes to t2 (or refreshes there).
+            if key in t2:
+                if key in reused_keys or key in insertion_only_keys:
+                    t2.move_to_end(key)
+            elif key in t1:
+                if key in reused_keys:
+                    t2[key] = t1.pop(key)
+                elif key in insertion_only_keys:
                     t1.move_to_end(key)
-                elif key in t2:
-                    t2.move_to_end(key)
-            elif key in reused_keys:
-                block = t1.pop(key, None)
-                if block is not None:
-                    t2[key] = block
-                elif key in t2:
-                    t2.move_to_end(key)
 
     @override
     def evict(self, n: int, protected: Set[OffloadKey]) -> list[tuple[OffloadKey, BlockStatus]] | None:
@@ -162,8 +186,9 @@ class ARCCachePolicy(CachePolicy):
                 t1_size -= 1
             chosen.append((entry[0], entry[1], from_t1))
 
-        t1, t2, b1, b2 = self.t1, self.t2, self.b1, self.b2
+        t1, t2, b1, b2, blocks = self.t1, self.t2, self.b1, self.b2, self.blocks
         for key, _, from_t1 in chosen:
+            del blocks[key]
             if from_t1:
                 del t1[key]
                 b1[key] = None
@@ -177,6 +202,6 @@ class ARCCachePolicy(CachePolicy):
 
     @override
     def clear(self) -> None:
-        for entries in (self.t1, self.t2, self.b1, self.b2):
+        for entries in (self.t1, self.t2, self.b1, self.b2, self.blocks):
             entries.clear()
         self.target_t1_size = 0.0

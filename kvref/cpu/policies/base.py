@@ -9,13 +9,32 @@ count moves between 0 (evictable) and non-zero (protected), and when a request a
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Sequence, Set
+from collections.abc import Callable, Collection, Mapping, Sequence, Set
+from typing import Any, TypeVar
 
 from typing_extensions import override
 
 from kvref.base import OffloadKey, ReqContext
 
-__all__ = ["BlockStatus", "CachePolicy", "order_request_keys"]
+__all__ = ["BlockStatus", "CachePolicy", "order_request_keys", "no_op_hook", "is_no_op_hook"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+# Hook implementations that do nothing: the manager does not call them (a call per key is a
+# Python frame per key on its hottest paths). A policy that overrides a hook is always called.
+_NO_OP_HOOKS: set[object] = set()
+
+
+def no_op_hook(function: _F) -> _F:
+    """Declare (and return unchanged) a `CachePolicy` hook implementation that does nothing."""
+    _NO_OP_HOOKS.add(function)
+    return function
+
+
+def is_no_op_hook(policy: CachePolicy, name: str) -> bool:
+    """Return whether `policy`'s class implements the hook `name` (e.g. "mark_evictable") with a
+    declared no-op, so calls of it can be skipped."""
+    return getattr(type(policy), name, None) in _NO_OP_HOOKS
 
 
 def order_request_keys(
@@ -39,9 +58,12 @@ def order_request_keys(
         keys = [key for group in key_groups for key in group]
     recorded = req_context.offload_key_positions
     if recorded:
-        positions = {key: end for key in keys if (end := recorded.get(key)) is not None}
-        if len(positions) == len(keys):
-            keys.sort(key=positions.__getitem__)
+        try:
+            # list.sort computes every key before it moves anything: a missing position
+            # leaves the list as it was.
+            keys.sort(key=recorded.__getitem__)
+        except KeyError:
+            pass
     return keys
 
 
@@ -79,6 +101,18 @@ class CachePolicy(ABC):
             cache_capacity: the number of CPU blocks (bounds ghost lists where the policy has
                 them).
         """
+
+    def block_map(self) -> Mapping[OffloadKey, BlockStatus] | None:
+        """Return a live mapping of every held key to its block, or None (the default).
+
+        The manager then reads blocks from it directly instead of calling `get` (its hottest
+        path). The mapping must stay the same object for the policy's lifetime (`clear`
+        empties it in place) and agree with `get` at all times.
+
+        Returns:
+            The mapping, or None when the policy keeps none.
+        """
+        return None
 
     @abstractmethod
     def get(self, key: OffloadKey) -> BlockStatus | None:
@@ -148,6 +182,7 @@ class CachePolicy(ABC):
         """
         self.touch(keys)
 
+    @no_op_hook
     def on_request_access(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         """Observe keys a running request loads or stores, the first time it names each.
 
@@ -159,6 +194,7 @@ class CachePolicy(ABC):
             req_context: the request.
         """
         return None
+
 
     def on_request_finished(
         self,
@@ -199,6 +235,7 @@ class CachePolicy(ABC):
     def clear(self) -> None:
         """Drop every block, whatever its state, and any adaptive or ghost state."""
 
+    @no_op_hook
     def mark_evictable(self, key: OffloadKey) -> None:
         """Hook: the block of `key` just became idle (ref_cnt -1 -> 0 or 1 -> 0).
 
@@ -209,6 +246,8 @@ class CachePolicy(ABC):
         """
         return None
 
+
+    @no_op_hook
     def mark_non_evictable(self, key: OffloadKey) -> None:
         """Hook: the idle block of `key` just became protected (ref_cnt 0 -> 1).
 

@@ -8,57 +8,29 @@ a block that becomes idle (its store or its last load completed) keeps the rank 
 Ranks: a fresh use takes the next value of a counter. The blocks of a running request share one
 provisional rank, taken when the request first names a block, ordered by token position so that
 the request's tail is evicted before its head; `on_request_finished` then gives every key of the
-request a fresh rank, tail first, so its head ends most recent. A rank is one int,
-`rank * _POSITION_SPAN - position` (vLLM's pair `(rank, -position)`, same order); equal ranks
-(one position in several KV-cache groups) are ordered by key, as in vLLM's heap.
+request a fresh rank, tail first, so its head ends most recent. A rank is vLLM's pair
+`(rank, -position)` (a fresh rank's position is 0), kept as two small ints: the counter value
+(in `ranks`, or the bucket's) and, in a bucket, `-position`; equal ranks (one position in several
+KV-cache groups) are ordered by key, as in vLLM's heap.
 
 vLLM keeps idle blocks in a lazily invalidated heap. kvref keeps every block in one
 `OrderedDict` in rank order instead: a fresh rank is the highest, so it is a `move_to_end`; a
-request's provisional rank is a bucket, one entry of the order placed when the request took its
-rank, holding its blocks. Eviction walks the order from the oldest end, skipping busy blocks
-(usually the most recent ones), so touches cost O(1) and an eviction O(evicted + skipped).
+request's provisional rank is a bucket of its blocks, one entry of the order. Eviction walks the
+order from the oldest end, skipping busy (usually recent) blocks: O(evicted + skipped).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Sequence, Set
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterable, Mapping, Sequence, Set
 
 from typing_extensions import override
 
-from kvref.base import MAX_OFFLOAD_KEY_POSITION, OffloadKey, ReqContext
-from kvref.cpu.policies.base import BlockStatus, CachePolicy, order_request_keys
+from kvref.base import OffloadKey, ReqContext
+from kvref.cpu.policies._lru_ranks import Bucket, RequestRank
+from kvref.cpu.policies.base import BlockStatus, CachePolicy, no_op_hook, order_request_keys
 
 __all__ = ["LRUCachePolicy"]
-
-# Positions are <= MAX_OFFLOAD_KEY_POSITION (ReqContext enforces it), so a rank step spans them.
-_POSITION_SPAN = MAX_OFFLOAD_KEY_POSITION + 1
-
-
-@dataclass(eq=False, slots=True)
-class _Bucket:
-    """One request's provisional rank and the blocks that hold it (hashed by identity)."""
-
-    rank: int
-    keys: dict[OffloadKey, int] = field(default_factory=dict[OffloadKey, int])
-    # keys in eviction order, rebuilt after a change.
-    ordered: list[OffloadKey] | None = None
-
-    def in_order(self) -> list[OffloadKey]:
-        if self.ordered is None:
-            keys = self.keys
-            self.ordered = sorted(keys, key=lambda key: (keys[key], key))
-        return self.ordered
-
-
-@dataclass(slots=True)
-class _RequestRank:
-    """The provisional rank one policy gave one request (kept in the request's context)."""
-
-    owner: object
-    generation: int
-    bucket: _Bucket
 
 
 class LRUCachePolicy(CachePolicy):
@@ -66,8 +38,7 @@ class LRUCachePolicy(CachePolicy):
 
     State:
         blocks: every held block.
-        ranks: the rank counter value of each block with a fresh rank (its rank is that value
-            times _POSITION_SPAN; kept unscaled so the common case handles small ints).
+        ranks: the rank counter value of each block with a fresh rank.
         order: held blocks with a fresh rank, and request buckets, oldest first.
         bucket_of: the bucket of each block that holds a request's provisional rank (its rank
             is in the bucket).
@@ -75,30 +46,30 @@ class LRUCachePolicy(CachePolicy):
 
     @override
     def __init__(self, cache_capacity: int) -> None:
-        # cache_capacity is unused: the manager bounds the blocks, and LRU keeps no ghosts.
+        # cache_capacity is unused: the manager bounds the blocks; LRU keeps no ghosts.
         self.blocks: dict[OffloadKey, BlockStatus] = {}
         self.ranks: dict[OffloadKey, int] = {}
-        self.order: OrderedDict[OffloadKey | _Bucket, None] = OrderedDict()
-        self.bucket_of: dict[OffloadKey, _Bucket] = {}
+        self.order: OrderedDict[OffloadKey | Bucket, None] = OrderedDict()
+        self.bucket_of: dict[OffloadKey, Bucket] = {}
         self._next_rank = 0
         # Bumped by clear(), so ranks kept in request contexts from before are not reused.
         self._generation = 0
 
-    def _request_bucket(self, req_context: ReqContext) -> _Bucket:
-        state = req_context.get_state(_RequestRank)
+    def _request_bucket(self, req_context: ReqContext) -> Bucket:
+        state = req_context.get_state(RequestRank)
         if state is None or state.owner is not self or state.generation != self._generation:
             self._next_rank += 1
-            state = _RequestRank(self, self._generation, _Bucket(self._next_rank))
+            state = RequestRank(self, self._generation, Bucket(self._next_rank))
             req_context.set_state(state)
         bucket = state.bucket
         if bucket not in self.order:
             self._place(bucket)
         return bucket
 
-    def _place(self, bucket: _Bucket) -> None:
+    def _place(self, bucket: Bucket) -> None:
         """Put a bucket (new, or dropped once empty) at its rank's place in the order."""
         order = self.order
-        if not order or self._rank_of(next(reversed(order))) < bucket.rank * _POSITION_SPAN:
+        if not order or self._rank_of(next(reversed(order))) < bucket.rank:
             order[bucket] = None  # the common case: the newest entry
             return
         # A request that emptied its bucket (finished) stores again: rare, rebuilt in O(n).
@@ -106,8 +77,9 @@ class LRUCachePolicy(CachePolicy):
         entries.sort(key=self._rank_of)
         self.order = OrderedDict.fromkeys(entries)
 
-    def _rank_of(self, entry: OffloadKey | _Bucket) -> int:
-        return (entry.rank if isinstance(entry, _Bucket) else self.ranks[entry]) * _POSITION_SPAN
+    def _rank_of(self, entry: OffloadKey | Bucket) -> int:
+        # Counter values are unique (keys and buckets draw from one counter): no ties.
+        return entry.rank if isinstance(entry, Bucket) else self.ranks[entry]
 
     def _detach(self, key: OffloadKey) -> None:
         """Take a held key out of the order (from its bucket, or its own entry)."""
@@ -128,18 +100,18 @@ class LRUCachePolicy(CachePolicy):
             if key in blocks:
                 rank += 1
                 ranks[key] = rank
-                if key in bucket_of:
-                    self._detach(key)
+                if key in bucket_of:  # _detach, inlined: this loop runs per key per request
+                    bucket = bucket_of.pop(key)
+                    del bucket.keys[key]
+                    bucket.ordered = None
                     order[key] = None
                 else:
                     order.move_to_end(key)
         self._next_rank = rank
 
-    def _join(self, bucket: _Bucket, key: OffloadKey, rank: int) -> None:
-        self.ranks.pop(key, None)
-        self.bucket_of[key] = bucket
-        bucket.keys[key] = rank
-        bucket.ordered = None
+    @override
+    def block_map(self) -> Mapping[OffloadKey, BlockStatus]:
+        return self.blocks  # the manager's lookups read it directly
 
     @override
     def get(self, key: OffloadKey) -> BlockStatus | None:
@@ -166,14 +138,19 @@ class LRUCachePolicy(CachePolicy):
                 order[key] = None
             self._next_rank = rank
             return
+        bucket: Bucket | None = None
+        all_blocks, bucket_of = self.blocks, self.bucket_of
         for key, block in zip(keys, blocks):
             end = positions.get(key)
             if end is None:
                 self.insert(key, block)
-            else:
+                continue
+            if bucket is None:
                 bucket = self._request_bucket(req_context)
-                self.blocks[key] = block
-                self._join(bucket, key, bucket.rank * _POSITION_SPAN - end)
+                bucket.ordered = None
+            all_blocks[key] = block
+            bucket_of[key] = bucket  # a new key: no fresh rank to drop
+            bucket.keys[key] = -end
 
     @override
     def remove(self, key: OffloadKey) -> None:
@@ -186,6 +163,7 @@ class LRUCachePolicy(CachePolicy):
         self._use(reversed(list(keys)))
 
     @override
+    @no_op_hook
     def on_store_miss(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         return None  # the keys are absent: the default's touch would change nothing
 
@@ -195,19 +173,27 @@ class LRUCachePolicy(CachePolicy):
         positions = req_context.offload_key_positions
         if not positions:
             return
-        base = bucket.rank * _POSITION_SPAN
-        blocks, ranks, bucket_of = self.blocks, self.ranks, self.bucket_of
+        rank = bucket.rank
+        blocks, ranks, bucket_of, order = self.blocks, self.ranks, self.bucket_of, self.order
+        joined = bucket.keys
         for key in keys:
-            end = positions.get(key)
-            if end is None or key not in blocks:
+            if key not in blocks or (end := positions.get(key)) is None:
                 continue
             # Only ever younger: a later position of the same request ranks below an earlier one.
-            rank = base - end
+            # (r, 0) >= (rank, -end) for a fresh rank r; pairs compared for a bucketed key.
             held = bucket_of.get(key)
-            if (held.keys[key] if held is not None else ranks[key] * _POSITION_SPAN) >= rank:
-                continue
-            self._detach(key)
-            self._join(bucket, key, rank)
+            if held is None:
+                if ranks[key] >= rank:
+                    continue
+                del order[key], ranks[key]
+            else:
+                if held.rank > rank or (held.rank == rank and held.keys[key] >= -end):
+                    continue
+                del held.keys[key]
+                held.ordered = None
+            bucket_of[key] = bucket
+            joined[key] = -end
+            bucket.ordered = None
 
     @override
     def on_request_finished(
@@ -218,14 +204,14 @@ class LRUCachePolicy(CachePolicy):
         req_context: ReqContext,
     ) -> None:
         self._use(reversed(order_request_keys(key_groups, req_context)))
-        state = req_context.get_state(_RequestRank)
+        state = req_context.get_state(RequestRank)
         if state is not None and state.owner is self and not state.bucket.keys:
             self.order.pop(state.bucket, None)
 
-    def _idle_in_order(self, protected: Set[OffloadKey], empty: list[_Bucket]) -> Iterable[OffloadKey]:
+    def _idle_in_order(self, protected: Set[OffloadKey], empty: list[Bucket]) -> Iterable[OffloadKey]:
         blocks = self.blocks
         for entry in self.order:
-            if isinstance(entry, _Bucket):
+            if isinstance(entry, Bucket):
                 if not entry.keys:
                     empty.append(entry)
                 for key in entry.in_order():
@@ -239,7 +225,7 @@ class LRUCachePolicy(CachePolicy):
         if n <= 0:
             return []
         victims: list[OffloadKey] = []
-        empty: list[_Bucket] = []
+        empty: list[Bucket] = []
         for key in self._idle_in_order(protected, empty):
             victims.append(key)
             if len(victims) == n:

@@ -1,0 +1,38 @@
+"""The provisional request ranks of kvref's LRU policy (see `kvref.cpu.policies.lru`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from operator import itemgetter
+
+from kvref.base import OffloadKey
+
+__all__ = ["Bucket", "RequestRank"]
+
+# Sorts a bucket's (key, -position) items by -position, then key, in C.
+_RANK_THEN_KEY = itemgetter(1, 0)
+
+
+@dataclass(eq=False, slots=True)
+class Bucket:
+    """One request's provisional rank and the blocks that hold it (hashed by identity)."""
+
+    rank: int
+    # key -> -position: the second half of its rank pair (rank, -position).
+    keys: dict[OffloadKey, int] = field(default_factory=dict[OffloadKey, int])
+    # keys in eviction order, rebuilt after a change.
+    ordered: list[OffloadKey] | None = None
+
+    def in_order(self) -> list[OffloadKey]:
+        if self.ordered is None:
+            self.ordered = [key for key, _ in sorted(self.keys.items(), key=_RANK_THEN_KEY)]
+        return self.ordered
+
+
+@dataclass(slots=True)
+class RequestRank:
+    """The provisional rank one policy gave one request (kept in the request's context)."""
+
+    owner: object
+    generation: int
+    bucket: Bucket
