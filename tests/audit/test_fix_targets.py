@@ -31,6 +31,7 @@ from kvref.audit.config import ConfigError, parse_config_table
 from kvref.audit.main import EXIT_CLEAN, EXIT_FINDINGS, main
 from kvref.audit.project import load_project_facts, parse_target_version, requires_python_floor
 from tests.audit.test_fixtures import FIXTURES, SUPPORT, fixture_files
+from tests.pythons import find_python
 
 IN_CI = os.environ.get("CI") == "true"
 
@@ -50,23 +51,13 @@ def _ruff_clean(*paths: Path) -> bool:
 
 
 def _interpreter(version: str) -> str:
-    """A CPython `version` (e.g. "3.12") from pyenv or PATH, or a skip (a failure in CI)."""
-    candidates: list[Path] = []
-    try:
-        root = subprocess.run(["pyenv", "root"], capture_output=True, text=True, check=True).stdout.strip()
-        candidates.extend(sorted(Path(root, "versions").glob(f"{version}.*/bin/python")))
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    on_path = shutil.which(f"python{version}")
-    if on_path:
-        candidates.append(Path(on_path))
-    for candidate in candidates:  # a pyenv shim on PATH may name a version it cannot run
-        probe = subprocess.run([str(candidate), "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True)
-        if probe.returncode == 0 and probe.stdout.strip() == str(tuple(map(int, version.split(".")))):
-            return str(candidate)
+    """A CPython `version` (e.g. "3.12"), or a skip (a failure in CI)."""
+    found = find_python(version)
+    if found is not None:
+        return str(found)
     if IN_CI:
-        pytest.fail(f"no Python {version} found (pyenv root, or python{version} on PATH)")
-    pytest.skip(f"no Python {version} found (pyenv root, or python{version} on PATH)")
+        pytest.fail(f"no Python {version} found (pyenv's versions, or python{version} on PATH)")
+    pytest.skip(f"no Python {version} found (pyenv's versions, or python{version} on PATH)")
 
 
 # --- fixture twins ----------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from typing import cast
 
 import pytest
 
+from tests.pythons import find_python
 from tools._audit_corpus import fetch_corpus
 
 pytestmark = pytest.mark.slow
@@ -211,17 +212,6 @@ def _audit_fix_and_verify(root: Path, declared: set[str]) -> tuple[Run, list[str
     return cold, changed
 
 
-def _python(version: str) -> Path | None:
-    """An interpreter of that minor version from pyenv or PATH (CI's machine has them)."""
-    if shutil.which("pyenv"):
-        root = subprocess.run(["pyenv", "root"], capture_output=True, text=True, check=False)
-        for candidate in sorted(Path(root.stdout.strip(), "versions").glob(f"{version}.*")):
-            if (candidate / "bin" / "python").is_file():
-                return candidate / "bin" / "python"
-    found = shutil.which(f"python{version}")
-    return Path(found) if found and "shims" not in Path(found).parts else None
-
-
 def _compiles_with(python: Path, root: Path, paths: list[str]) -> None:
     program = (
         "import sys, warnings\n"
@@ -265,7 +255,7 @@ def test_django_override_is_not_typing_override_and_fixes_need_a_declared_depend
         if "from django.utils.translation import override" in (shadowed / path).read_text()
     ]
     assert translation_users, "the shadowing case (a module importing django's override) is covered"
-    python312 = _python("3.12")
+    python312 = find_python("3.12")
     if python312 is not None or os.environ.get("CI"):
         assert python312 is not None, "CI's machine has Python 3.12 (pyenv)"
         _compiles_with(python312, shadowed, fixed)
@@ -276,7 +266,7 @@ def test_textual_fixes_with_its_declared_typing_extensions(tmp_path: Path) -> No
     declared = {"typing_extensions", "rich", "markdown_it", "platformdirs", "mdit_py_plugins", "pygments"}
     cold, changed = _audit_fix_and_verify(root, declared=declared)
     assert changed, "Textual has missing overrides that --fix resolves"
-    python310 = _python("3.10")
+    python310 = find_python("3.10")
     if python310 is not None or os.environ.get("CI"):
         assert python310 is not None, "CI's machine has Python 3.10 (pyenv)"
         _compiles_with(python310, root, changed)
