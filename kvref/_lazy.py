@@ -1,6 +1,6 @@
 """Package attributes imported on first use (PEP 562), so `import kvref` costs next to nothing.
 
-`kvref audit` in a pre-commit hook imports `kvref.audit.main` and what a warm run needs; the
+`kvref audit` in a pre-commit hook imports `kvref.audit.command` and what a warm run needs; the
 package `__init__` modules re-export the whole library for readers and users, and importing all
 of it eagerly was a tenth of a warm audit of a large project. Static checkers still see every
 name: each `__init__` imports them under `TYPE_CHECKING` as well.

@@ -45,7 +45,7 @@ def _root(
     """kvref: KV-cache offload reference and `kvref audit`."""
 
 
-# --- kvref audit / rules / explain: thin wrappers over kvref.audit.main ---
+# --- kvref audit / rules / explain: thin wrappers over kvref.audit.command ---
 
 
 @app.command()
@@ -107,8 +107,8 @@ def audit(
     ] = None,
 ) -> None:
     """Check @override use and Collection conformance across the project (exit 0 clean, 1 findings, 2 error)."""
-    from kvref.audit.main import AuditRequest, run_audit, split_selectors
-    from kvref.audit.scale import ScaleSettings
+    from kvref.audit.command import AuditRequest, run_audit, split_selectors
+    from kvref.audit.runner.scale import ScaleSettings
 
     request = AuditRequest(
         paths=tuple(paths or ()),
@@ -140,7 +140,7 @@ def _catalogue_or_exit() -> tuple[RuleInfo, ...]:
 @app.command()
 def rules() -> None:
     """List the audit rules: code, name, on/off by default, fixable, summary."""
-    from kvref.audit.main import list_rules
+    from kvref.audit.command import list_rules
 
     raise typer.Exit(list_rules(_catalogue_or_exit(), sys.stdout))
 
@@ -150,7 +150,7 @@ def explain(
     code: Annotated[str, typer.Argument(help="A rule code (KVR001) or name (missing-override).")],
 ) -> None:
     """Print one audit rule's documentation."""
-    from kvref.audit.main import explain_rule
+    from kvref.audit.command import explain_rule
 
     raise typer.Exit(explain_rule(_catalogue_or_exit(), code, sys.stdout, sys.stderr))
 

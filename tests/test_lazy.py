@@ -32,8 +32,8 @@ def test_unknown_names_still_raise_attribute_error() -> None:
 
 def test_the_audit_command_line_does_not_import_the_offloading_library() -> None:
     code = (
-        "import sys, kvref.cli, kvref.audit.main\n"
-        "loaded = [m for m in ('kvref.tiering', 'kvref.cpu.manager', 'kvref.audit.resolve')"
+        "import sys, kvref.cli, kvref.audit.command\n"
+        "loaded = [m for m in ('kvref.tiering', 'kvref.cpu.manager', 'kvref.audit.resolve.hierarchy')"
         " if m in sys.modules]\n"
         "print(','.join(loaded))\n"
     )

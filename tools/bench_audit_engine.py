@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from kvref.audit import FileError, ModuleSummary, analyze
-from kvref.audit.summary import SummaryError, summarize
+from kvref.audit.summarise.summary import SummaryError, summarize
 
 __all__ = ["main"]
 

@@ -361,7 +361,7 @@ def _kvref_raws(corpus: Corpus, subdir: str, jobs: int | None) -> tuple[list[Raw
     Uses `kvref audit --select KVR001 --output-format json` when the command exists, else the
     engine API with the parallel summariser (no cache either way: this measures a cold run).
     """
-    if importlib.util.find_spec("kvref.audit.main") is not None:
+    if importlib.util.find_spec("kvref.audit.command") is not None:
         package = corpus.root / subdir
         project = package_project(corpus, package)
         prefix = Path(subdir).parent.as_posix()
@@ -399,9 +399,9 @@ def _kvref_raws(corpus: Corpus, subdir: str, jobs: int | None) -> tuple[list[Raw
 
     from functools import partial
 
-    from kvref.audit.engine import analyze
-    from kvref.audit.parallel import summarize_many
-    from kvref.audit.summary import summarize
+    from kvref.audit.pipeline import analyze
+    from kvref.audit.runner.parallel import summarize_many
+    from kvref.audit.summarise.summary import summarize
 
     started = time.perf_counter()
     result = analyze(

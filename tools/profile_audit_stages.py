@@ -7,9 +7,9 @@ collector off (as `kvref audit` runs), it measures CPU seconds of:
 
 - parse: `ast.parse` of the decoded source (the floor of any AST-based checker);
 - free: dropping that tree (part of the floor's cost too, paid when each tree dies);
-- extraction: `kvref.audit.summary.summarize` minus its own parse and free (decoding, line
+- extraction: `kvref.audit.summarise.summary.summarize` minus its own parse and free (decoding, line
   tables, the statement walk, building classes/methods/parameters/annotations);
-- pickling: `kvref.audit.cache.dumps` of the summary (what a worker sends to the parent).
+- pickling: `kvref.audit.runner.cache.dumps` of the summary (what a worker sends to the parent).
 
 The cold-run cost per file beyond the floor is extraction + pickling; `BENCHMARKS.md` explains
 what that means for the cold-run target.
@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _audit_corpus import fetch_corpus, package_dir, python_files  # noqa: E402
 
-from kvref.audit.cache import dumps  # noqa: E402
-from kvref.audit.summary import SummaryError, decode_source, summarize  # noqa: E402
+from kvref.audit.runner.cache import dumps  # noqa: E402
+from kvref.audit.summarise.summary import SummaryError, decode_source, summarize  # noqa: E402
 
 __all__ = ["main", "profile_stages"]
 

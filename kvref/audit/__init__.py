@@ -2,7 +2,7 @@
 
 The engine API: `analyze` a project (or `summarize_file`/`summarize` one file), then
 `apply_fixes` to a file's bytes. Rules are listed in `ALL_RULES` and found by `get_rule`.
-The command line: `kvref.audit.main.main(argv)` (or `run_audit` with an `AuditRequest`)
+The command line: `kvref.audit.command.main(argv)` (or `run_audit` with an `AuditRequest`)
 runs a whole audit.
 """
 
@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 from kvref._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from kvref.audit.engine import SummarizeMany, analyze, summarize_file
-    from kvref.audit.fixer import FixError, apply_fixes
+    from kvref.audit.pipeline import SummarizeMany, analyze, summarize_file
+    from kvref.audit.fixes.edits import FixError, apply_fixes
     from kvref.audit.model import (
         DEFAULT_EXEMPT_NAMES,
         AnalysisOptions,
@@ -26,25 +26,25 @@ if TYPE_CHECKING:
         Fix,
         RequiredImport,
     )
-    from kvref.audit.resolve import ProjectIndex
+    from kvref.audit.resolve.hierarchy import ProjectIndex
     from kvref.audit.rules import ALL_RULES, Rule, get_rule
-    from kvref.audit.summary import ModuleSummary, SummaryError, summarize
+    from kvref.audit.summarise.summary import ModuleSummary, SummaryError, summarize
 
-    # The command line (`kvref.audit.main.main(argv) -> int` is the argparse entry point).
-    from kvref.audit.config import AuditConfig, ConfigError
-    from kvref.audit.main import AuditRequest, run_audit
+    # The command line (`kvref.audit.command.main(argv) -> int` is the argparse entry point).
+    from kvref.audit.discover.config import AuditConfig, ConfigError
+    from kvref.audit.command import AuditRequest, run_audit
     from kvref.audit.report import OutputFormat
 
 # Imported on first use (PEP 562): `kvref audit` and a pre-commit hook need none of this,
 # and importing it all cost a noticeable share of a warm audit.
 _EXPORTS: dict[str, str] = {
-    # kvref.audit.engine
-    "SummarizeMany": "kvref.audit.engine",
-    "analyze": "kvref.audit.engine",
-    "summarize_file": "kvref.audit.engine",
-    # kvref.audit.fixer
-    "FixError": "kvref.audit.fixer",
-    "apply_fixes": "kvref.audit.fixer",
+    # kvref.audit.pipeline
+    "SummarizeMany": "kvref.audit.pipeline",
+    "analyze": "kvref.audit.pipeline",
+    "summarize_file": "kvref.audit.pipeline",
+    # kvref.audit.fixes.edits
+    "FixError": "kvref.audit.fixes.edits",
+    "apply_fixes": "kvref.audit.fixes.edits",
     # kvref.audit.model
     "DEFAULT_EXEMPT_NAMES": "kvref.audit.model",
     "AnalysisOptions": "kvref.audit.model",
@@ -55,22 +55,22 @@ _EXPORTS: dict[str, str] = {
     "Finding": "kvref.audit.model",
     "Fix": "kvref.audit.model",
     "RequiredImport": "kvref.audit.model",
-    # kvref.audit.resolve
-    "ProjectIndex": "kvref.audit.resolve",
+    # kvref.audit.resolve.hierarchy
+    "ProjectIndex": "kvref.audit.resolve.hierarchy",
     # kvref.audit.rules
     "ALL_RULES": "kvref.audit.rules",
     "Rule": "kvref.audit.rules",
     "get_rule": "kvref.audit.rules",
-    # kvref.audit.summary
-    "ModuleSummary": "kvref.audit.summary",
-    "SummaryError": "kvref.audit.summary",
-    "summarize": "kvref.audit.summary",
-    # kvref.audit.config
-    "AuditConfig": "kvref.audit.config",
-    "ConfigError": "kvref.audit.config",
-    # kvref.audit.main
-    "AuditRequest": "kvref.audit.main",
-    "run_audit": "kvref.audit.main",
+    # kvref.audit.summarise.summary
+    "ModuleSummary": "kvref.audit.summarise.summary",
+    "SummaryError": "kvref.audit.summarise.summary",
+    "summarize": "kvref.audit.summarise.summary",
+    # kvref.audit.discover.config
+    "AuditConfig": "kvref.audit.discover.config",
+    "ConfigError": "kvref.audit.discover.config",
+    # kvref.audit.command
+    "AuditRequest": "kvref.audit.command",
+    "run_audit": "kvref.audit.command",
     # kvref.audit.report
     "OutputFormat": "kvref.audit.report",
 }

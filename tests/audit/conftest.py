@@ -11,9 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 import kvref.audit.catalogue
-import kvref.audit.main
-import kvref.audit.newer_syntax
-from kvref.audit.main import main
+import kvref.audit.command
+import kvref.audit.summarise.newer_syntax
+from kvref.audit.command import main
 from kvref.cli import app
 from tests.audit.fakes import FAKE_RULES, FakeEngine, fake_backend
 
@@ -77,8 +77,8 @@ def project(
 ) -> Project:
     """A project under tmp_path audited by the fake engine (both front ends)."""
     engine = FakeEngine()
-    fake: Callable[[], kvref.audit.main.Backend] = lambda: fake_backend(engine)
-    monkeypatch.setattr(kvref.audit.main, "real_backend", fake)
+    fake: Callable[[], kvref.audit.command.Backend] = lambda: fake_backend(engine)
+    monkeypatch.setattr(kvref.audit.command, "real_backend", fake)
     monkeypatch.setattr(kvref.audit.catalogue, "load_rule_catalogue", lambda: FAKE_RULES)
     for name in ("NO_COLOR", "FORCE_COLOR", "GITHUB_ACTIONS"):
         monkeypatch.delenv(name, raising=False)
@@ -92,4 +92,4 @@ def no_lingering_parse_helper() -> Iterator[None]:
     """A test that parsed newer syntax leaves no helper process behind (a later test counts
     this process's children)."""
     yield
-    kvref.audit.newer_syntax.close()
+    kvref.audit.summarise.newer_syntax.close()

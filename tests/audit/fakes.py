@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvref.audit.catalogue import RuleInfo
-from kvref.audit.main import Backend
+from kvref.audit.command import Backend
 from kvref.audit.model import (
     AnalysisOptions,
     AnalysisResult,

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from kvref.audit import AnalysisOptions, Finding, Fix, RequiredImport, analyze, apply_fixes
-from kvref.audit.annotation_imports import annotation_names
+from kvref.audit.fixes.annotation_imports import annotation_names
 
 BASE = """\
 from collections.abc import Collection

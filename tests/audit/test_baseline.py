@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvref.audit.baseline import (
+from kvref.audit.report.baseline import (
     Baseline,
     BaselineError,
     apply_baseline,

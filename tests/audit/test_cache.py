@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from typing_extensions import override
 
-from kvref.audit.cache import (
+from kvref.audit.runner.cache import (
     RACY_WINDOW_NS,
     ResultCache,
     SummaryCache,
@@ -36,7 +36,7 @@ from kvref.audit.model import (
     Finding,
     Fix,
 )
-from kvref.audit.parallel import summarize_many
+from kvref.audit.runner.parallel import summarize_many
 
 STAMP = "test-stamp"
 # Far enough in the past that the racy-timestamp rule never applies.
@@ -262,7 +262,7 @@ def test_version_stamp_covers_schema_bytes_and_interpreter(tmp_path: Path) -> No
 _WRITER = """
 import sys, time
 from pathlib import Path
-from kvref.audit.cache import SummaryCache
+from kvref.audit.runner.cache import SummaryCache
 directory, name, rounds = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 for round_ in range(rounds):
     cache = SummaryCache(directory, "race")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from kvref.audit.engine import analyze
+from kvref.audit.pipeline import analyze
 
 
 def audit(tmp_path: Path, files: dict[str, str]) -> set[tuple[str, int, str]]:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import pytest
 
 import kvref.cli
-from kvref.audit.main import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS
+from kvref.audit.command import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS
 from tests.audit.conftest import Outcome, Project
 
 BASE = """\
@@ -338,7 +338,7 @@ def test_paths_from_a_subdirectory_are_reported_relative_to_the_project_root(
 ) -> None:
     project.write({"pkg/child.py": CHILD})
     project.monkeypatch.chdir(project.root / "pkg")
-    from kvref.audit.main import main
+    from kvref.audit.command import main
 
     project.capsys.readouterr()
     assert main(["child.py"]) == EXIT_FINDINGS
@@ -447,7 +447,7 @@ def test_text_colour_follows_force_color_and_no_color(project: Project) -> None:
 def test_no_paths_from_a_subdirectory_reports_on_that_directory(project: Project) -> None:
     project.write({"pkg/child.py": CHILD, "other/child.py": CHILD})
     project.monkeypatch.chdir(project.root / "pkg")
-    from kvref.audit.main import main
+    from kvref.audit.command import main
 
     project.capsys.readouterr()
     assert main([]) == EXIT_FINDINGS

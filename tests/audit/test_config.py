@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvref.audit.config import (
+from kvref.audit.discover.config import (
     CONFIG_KEYS,
     ConfigError,
     SelectionLayer,
@@ -17,7 +17,7 @@ from kvref.audit.config import (
     parse_config_table,
     resolve_selection,
 )
-from kvref.audit.discover import DEFAULT_EXCLUDES
+from kvref.audit.discover.files import DEFAULT_EXCLUDES
 from kvref.audit.model import DEFAULT_EXEMPT_NAMES
 from tests.audit.fakes import FAKE_RULES
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kvref.audit.main import main
+from kvref.audit.command import main
 
 BASE = (
     "class Base:\n    def work(self) -> None: ...\n    def other(self) -> None: ...\n"

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvref.audit import discover as discover_module
-from kvref.audit.discover import (
+from kvref.audit.discover import files as discover_module
+from kvref.audit.discover.files import (
     DiscoveryError,
     IgnoreMatcher,
     discover,

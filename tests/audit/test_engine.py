@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvref.audit import FileError, ModuleSummary, analyze, summarize, summarize_file
-from kvref.audit.summary import Param, Span, SummaryError, _indented_class_lines  # pyright: ignore[reportPrivateUsage]
+from kvref.audit.summarise.summary import Param, Span, SummaryError, _indented_class_lines  # pyright: ignore[reportPrivateUsage]
 
 BASE = "class Base:\n    def run(self) -> None: ...\n"
 CHILD = "from base import Base\n\n\nclass Child(Base):\n    def run(self) -> None: ...\n"

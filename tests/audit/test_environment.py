@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import typer
 
-import kvref.audit.environment as environment_module
-from kvref.audit.environment import (
+import kvref.audit.discover.environment as environment_module
+from kvref.audit.discover.environment import (
     InterpreterError,
     discover_environment,
     interpreter_path,

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from kvref.audit.environment import discover_environment, find_interpreter
-from kvref.audit.main import AuditRequest, OutputFormat, run_audit
+from kvref.audit.discover.environment import discover_environment, find_interpreter
+from kvref.audit.command import AuditRequest, OutputFormat, run_audit
 from kvref.audit.report import Report, Summary
 from kvref.audit.report.text import render_summary
-from kvref.audit.scale import ScaleSettings
+from kvref.audit.runner.scale import ScaleSettings
 from tests.audit.fakes import FAKE_RULES
 
 ENGINE = "class Engine:\n    def step(self) -> None: ...\n"

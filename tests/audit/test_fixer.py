@@ -8,8 +8,8 @@ import ast
 import pytest
 
 from kvref.audit import Applicability, Edit, Fix, FixError, RequiredImport, apply_fixes
-from kvref.audit.import_edits import import_edits, member_sort_key
-from kvref.audit.summary import decode_source, detect_newline, import_facts, split_lines, summarize
+from kvref.audit.fixes.import_edits import import_edits, member_sort_key
+from kvref.audit.summarise.summary import decode_source, detect_newline, import_facts, split_lines, summarize
 
 OVERRIDE = RequiredImport("typing_extensions", "override")
 COLLECTION = RequiredImport("collections.abc", "Collection")

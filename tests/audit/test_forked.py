@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-import kvref.audit.forked
-from kvref.audit.forked import fork_available, run_shares
+import kvref.audit.runner.forked
+from kvref.audit.runner.forked import fork_available, run_shares
 
 needs_fork = pytest.mark.skipif(not fork_available(), reason="os.fork is not used on this platform")
 
@@ -84,7 +84,7 @@ def test_an_exception_in_the_parents_share_propagates_and_leaves_no_child_behind
 
 
 def test_without_fork_the_shares_run_here_in_turn(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kvref.audit.forked, "fork_available", lambda: False)
+    monkeypatch.setattr(kvref.audit.runner.forked, "fork_available", lambda: False)
     parent = os.getpid()
     results = run_shares([1, 2, 3], lambda n: (n, os.getpid()), encode=_encode, decode=_decode)
     assert results == [(1, parent), (2, parent), (3, parent)]

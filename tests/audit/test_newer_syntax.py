@@ -17,15 +17,15 @@ from pathlib import Path
 
 import pytest
 
-import kvref.audit.newer_syntax as newer_syntax
+import kvref.audit.summarise.newer_syntax as newer_syntax
 from kvref.audit import analyze
-from kvref.audit.newer_syntax import (
+from kvref.audit.summarise.newer_syntax import (
     candidate_interpreters,
     parse_source,
     parse_with_newer_interpreter,
     use_interpreter,
 )
-from kvref.audit.summary import summarize
+from kvref.audit.summarise.summary import summarize
 
 from .test_fixtures import expected_counts
 

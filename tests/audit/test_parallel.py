@@ -10,15 +10,15 @@ from typing import cast
 
 import pytest
 
-from kvref.audit.cache import SummaryCache
+from kvref.audit.runner.cache import SummaryCache
 from kvref.audit.model import FileError
-from kvref.audit.parallel import SERIAL_THRESHOLD, Pickled, summarize_many, summarize_path
+from kvref.audit.runner.parallel import SERIAL_THRESHOLD, Pickled, summarize_many, summarize_path
 
 CALLS: list[str] = []
 
 
 class NotPython(Exception):
-    """Carries a position the way kvref.audit.summary.SummaryError does."""
+    """Carries a position the way kvref.audit.summarise.summary.SummaryError does."""
 
     def __init__(self, message: str, line: int, col: int) -> None:
         super().__init__(message)

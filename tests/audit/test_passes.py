@@ -18,8 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvref.audit import analyze
-from kvref.audit.passes import count_passes
-from kvref.audit.summary import MultiPass, summarize
+from kvref.audit.summarise.passes import count_passes
+from kvref.audit.summarise.summary import MultiPass, summarize
 
 
 def passes(body: str) -> tuple[int, int, int] | None:

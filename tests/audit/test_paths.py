@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kvref.audit.paths import absolute_path, relative_path
+from kvref.audit.discover.paths import absolute_path, relative_path
 
 
 def test_a_normalized_absolute_path_is_reused_and_others_are_normalized(tmp_path: Path) -> None:

@@ -29,8 +29,8 @@ pytestmark = pytest.mark.skipif(
     not PRE_COMMIT.exists(), reason="pre-commit is not installed in this venv"
 )
 needs_engine = pytest.mark.skipif(
-    importlib.util.find_spec("kvref.audit.engine") is None,
-    reason="the analysis engine (kvref.audit.engine) is not merged yet",
+    importlib.util.find_spec("kvref.audit.pipeline") is None,
+    reason="the analysis engine (kvref.audit.pipeline) is not merged yet",
 )
 
 BASE = "class Base:\n    def work(self) -> None:\n        pass\n"

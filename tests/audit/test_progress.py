@@ -7,7 +7,7 @@ import io
 import pytest
 from typing_extensions import override
 
-from kvref.audit.progress import ProgressBar, progress_enabled
+from kvref.audit.runner.progress import ProgressBar, progress_enabled
 
 
 class Terminal(io.StringIO):

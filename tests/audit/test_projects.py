@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-import kvref.audit.engine
+import kvref.audit.pipeline
 from kvref.audit import analyze
-from kvref.audit.cache import dumps
-from kvref.audit.engine import summarize_file
+from kvref.audit.runner.cache import dumps
+from kvref.audit.pipeline import summarize_file
 from kvref.audit.model import FileError
-from kvref.audit.parallel import Pickled
-from kvref.audit.summary import ModuleSummary
+from kvref.audit.runner.parallel import Pickled
+from kvref.audit.summarise.summary import ModuleSummary
 
 PROJECTS = Path(__file__).parent / "fixtures" / "projects"
 _MARKER = re.compile(r"#\s*((?:KVR\d{3}\s*)+)$")
@@ -115,7 +115,7 @@ def test_checking_in_forked_shares_from_pickled_summaries_changes_nothing(
 ) -> None:
     # The at-scale path: summaries arrive pickled, are unpickled where they are checked, and
     # the reported modules are split over forked processes (one module per share here).
-    monkeypatch.setattr(kvref.audit.engine, "MIN_SHARE", 1)
+    monkeypatch.setattr(kvref.audit.pipeline, "MIN_SHARE", 1)
     root_name, search, _ = CASES[name]
     root = PROJECTS / name / root_name
     files = sorted([*root.rglob("*.py"), *root.rglob("*.pyi")])

@@ -7,8 +7,8 @@ import json.encoder
 import sysconfig
 from pathlib import Path
 
-from kvref.audit.resolve import standard_library_files
-from kvref.audit.summary import summarize
+from kvref.audit.resolve.hierarchy import standard_library_files
+from kvref.audit.summarise.summary import summarize
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 

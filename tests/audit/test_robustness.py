@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from kvref.audit.main import EXIT_FINDINGS, main, request_from_argv, run_audit
+from kvref.audit.command import EXIT_FINDINGS, main, request_from_argv, run_audit
 from kvref.audit.model import FileError
-from kvref.audit.parallel import DEFAULT_MAX_FILE_BYTES, summarize_many
-from kvref.audit.summary import ModuleSummary, summarize
+from kvref.audit.runner.parallel import DEFAULT_MAX_FILE_BYTES, summarize_many
+from kvref.audit.summarise.summary import ModuleSummary, summarize
 from tests.audit.test_parallel import class_names
 
 

@@ -12,11 +12,11 @@ from typing import cast
 
 import pytest
 
-import kvref.audit.engine
-import kvref.audit.resolve
-import kvref.audit.scale
-from kvref.audit.cache import SummaryCache
-from kvref.audit.main import main
+import kvref.audit.pipeline
+import kvref.audit.resolve.hierarchy
+import kvref.audit.runner.scale
+from kvref.audit.runner.cache import SummaryCache
+from kvref.audit.command import main
 from kvref.audit.model import DEFAULT_MAX_FILE_BYTES, AnalysisResult
 
 OLD_NS = time.time_ns() - 3_600_000_000_000
@@ -63,7 +63,7 @@ def test_warm_run_reuses_the_stored_result(
     def must_not_run(*args: object, **kwargs: object) -> AnalysisResult:
         raise AssertionError("the warm run analysed again")
 
-    monkeypatch.setattr(kvref.audit.engine, "analyze", must_not_run)
+    monkeypatch.setattr(kvref.audit.pipeline, "analyze", must_not_run)
     assert audit_json(capsys) == cold
 
 
@@ -78,13 +78,13 @@ def test_an_edit_is_seen_and_unchanged_files_come_from_the_summary_cache(
         "    def walk(self) -> None: ...\n"
     )
     summarized: list[str] = []
-    real = kvref.audit.scale.summarize
+    real = kvref.audit.runner.scale.summarize
 
     def counting(path: str, source: bytes) -> object:
         summarized.append(path)
         return real(path, source)
 
-    monkeypatch.setattr(kvref.audit.scale, "summarize", counting)
+    monkeypatch.setattr(kvref.audit.runner.scale, "summarize", counting)
     assert audit_json(capsys, "--jobs", "1") == (0, [])
     assert summarized == ["demo/child.py"]
 
@@ -135,7 +135,7 @@ def test_every_analysis_option_is_part_of_the_result_cache_key() -> None:
 
     from kvref.audit.model import AnalysisOptions
 
-    key = kvref.audit.scale._options_key  # pyright: ignore[reportPrivateUsage]
+    key = kvref.audit.runner.scale._options_key  # pyright: ignore[reportPrivateUsage]
     default = AnalysisOptions()
     changed = {
         "object_dunders": False,
@@ -175,9 +175,9 @@ def test_summaries_made_in_a_forked_checker_are_saved_with_the_parents_cache(
 ) -> None:
     # One module per checker process; the last share (a forked child) is the only one that
     # reaches json.encoder, so its summary reaches the cache only if the child sends it back.
-    monkeypatch.setattr(kvref.audit.engine, "MIN_SHARE", 1)
+    monkeypatch.setattr(kvref.audit.pipeline, "MIN_SHARE", 1)
     # This process may have summarised json.encoder for an earlier test: forget it.
-    monkeypatch.setattr(kvref.audit.resolve, "_FILE_CACHE", {})
+    monkeypatch.setattr(kvref.audit.resolve.hierarchy, "_FILE_CACHE", {})
     (project / "demo" / "zz.py").write_text(
         "import json\n\n\nclass Encoder(json.JSONEncoder):\n    def default(self, o: object) -> object: ...\n"
     )
@@ -186,7 +186,7 @@ def test_summaries_made_in_a_forked_checker_are_saved_with_the_parents_cache(
     assert (code, found) == (1, ["demo/child.py:5:KVR001", "demo/zz.py:5:KVR001"])
     cache = SummaryCache[object](
         project / ".kvref_cache",
-        kvref.audit.scale._summary_stamp(project, DEFAULT_MAX_FILE_BYTES),  # pyright: ignore[reportPrivateUsage]
+        kvref.audit.runner.scale._summary_stamp(project, DEFAULT_MAX_FILE_BYTES),  # pyright: ignore[reportPrivateUsage]
     )
     cache.load()
     encoder = Path(json.__file__).parent / "encoder.py"
@@ -199,8 +199,8 @@ def test_caches_are_on_disk_when_the_command_returns(
 ) -> None:
     # The command line asks for the caches to be written in the background; run_audit must
     # wait for them, and without fork they are written in this process.
-    monkeypatch.setattr(kvref.audit.scale, "fork_available", lambda: fork)
+    monkeypatch.setattr(kvref.audit.runner.scale, "fork_available", lambda: fork)
     assert audit_json(capsys) == (1, ["demo/child.py:5:KVR001"])
     packs = list((project / ".kvref_cache").glob("summaries-*.pack"))
     assert len(packs) == 1 and (project / ".kvref_cache" / "result.bin").is_file()
-    assert not kvref.audit.scale._saving  # pyright: ignore[reportPrivateUsage]
+    assert not kvref.audit.runner.scale._saving  # pyright: ignore[reportPrivateUsage]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvref.audit.engine import analyze
-from kvref.audit.resolve import _import_stdlib_extension  # pyright: ignore[reportPrivateUsage]
+from kvref.audit.pipeline import analyze
+from kvref.audit.resolve.hierarchy import _import_stdlib_extension  # pyright: ignore[reportPrivateUsage]
 
 
 def test_only_top_level_stdlib_extension_modules_are_imported() -> None:

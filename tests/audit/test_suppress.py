@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 
 from kvref.audit.model import Finding
-from kvref.audit.summary import summarize
-from kvref.audit.suppress import (
+from kvref.audit.summarise.summary import summarize
+from kvref.audit.summarise.suppress import (
     SuppressionFilter,
     candidate_lines,
     codes_in_comment,
     suppressions_by_line,
 )
-import kvref.audit.engine
-from kvref.audit.main import main
+import kvref.audit.pipeline
+from kvref.audit.command import main
 from tests.audit.conftest import Project, write_project
 
 
@@ -129,7 +129,7 @@ def test_suppressions_hold_when_the_real_result_comes_from_the_cache(
     outcomes: list[tuple[int, str, str]] = []
     for run in range(2):
         if run == 1:  # the second run must be served from the result cache
-            monkeypatch.setattr(kvref.audit.engine, "analyze", _must_not_run)
+            monkeypatch.setattr(kvref.audit.pipeline, "analyze", _must_not_run)
         code = main(["--output-format", "json"])
         captured = capsys.readouterr()
         outcomes.append((code, captured.out, captured.err))

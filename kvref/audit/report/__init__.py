@@ -12,7 +12,7 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from kvref.audit.baseline import BaselineKey
+from kvref.audit.report.baseline import BaselineKey
 from kvref.audit.catalogue import RuleInfo
 from kvref.audit.model import Applicability, FileError, Finding
 

@@ -12,9 +12,9 @@ import abc
 from collections.abc import Iterator
 from typing import ClassVar
 
-from kvref.audit.context import ModuleContext, make_finding
+from kvref.audit.rules.context import ModuleContext, make_finding
 from kvref.audit.model import Finding, Fix
-from kvref.audit.summary import Span
+from kvref.audit.summarise.summary import Span
 
 __all__ = ["ALL_RULES", "Rule", "get_rule"]
 

@@ -7,14 +7,14 @@ from typing import cast
 
 from typing_extensions import override
 
-from kvref.audit.context import ModuleContext, is_private_name, primary_definition
-from kvref.audit.import_edits import import_edits
+from kvref.audit.rules.context import ModuleContext, is_private_name, primary_definition
+from kvref.audit.fixes.import_edits import import_edits
 from kvref.audit.model import AnalysisOptions, Applicability, Edit, Finding, Fix, RequiredImport
-from kvref.audit.override_spelling import override_spelling
-from kvref.audit.resolve import BUILTINS, MemberHit
+from kvref.audit.fixes.override_spelling import override_spelling
+from kvref.audit.resolve.hierarchy import BUILTINS, MemberHit
 from kvref.audit.rules import Rule
 from kvref.audit.rules._override import marks_override
-from kvref.audit.summary import ClassSummary, FunctionSummary
+from kvref.audit.summarise.summary import ClassSummary, FunctionSummary
 
 __all__ = ["MissingOverride"]
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 from typing_extensions import override
 
-from kvref.audit.context import ModuleContext, is_private_name
+from kvref.audit.rules.context import ModuleContext, is_private_name
 from kvref.audit.model import Finding
 from kvref.audit.rules import Rule
 from kvref.audit.rules._override import marks_override

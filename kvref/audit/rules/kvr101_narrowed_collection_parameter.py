@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 from typing_extensions import override
 
-from kvref.audit.annotations import Relation, report_parameter_pairs
-from kvref.audit.context import ModuleContext
+from kvref.audit.rules.annotations import Relation, report_parameter_pairs
+from kvref.audit.rules.context import ModuleContext
 from kvref.audit.model import Finding
 from kvref.audit.rules import Rule
 

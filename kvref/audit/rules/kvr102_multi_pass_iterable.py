@@ -6,10 +6,10 @@ from collections.abc import Iterator
 
 from typing_extensions import override
 
-from kvref.audit.context import ModuleContext, param_symbol
+from kvref.audit.rules.context import ModuleContext, param_symbol
 from kvref.audit.model import Finding
 from kvref.audit.rules import Rule
-from kvref.audit.summary import FunctionSummary, MultiPass
+from kvref.audit.summarise.summary import FunctionSummary, MultiPass
 
 __all__ = ["MultiPassIterable"]
 

@@ -1,6 +1,6 @@
 """Applying fixes to files: `--fix` writes them, `--diff` prints them.
 
-The edits themselves are made by the engine's fixer (`kvref.audit.fixer.apply_fixes`), which
+The edits themselves are made by the engine's fixer (`kvref.audit.fixes.edits.apply_fixes`), which
 keeps encoding, BOM, line endings and every untouched byte; this module chooses which fixes
 run (safe ones, unsafe ones only with `--unsafe-fixes`), refuses a result the fixer says does
 not parse, and writes atomically: a temporary file in the same directory, then `os.replace`,
@@ -32,7 +32,7 @@ __all__ = [
 
 
 class ApplyFixesFn(Protocol):
-    """The fixer's signature (`kvref.audit.fixer.apply_fixes`)."""
+    """The fixer's signature (`kvref.audit.fixes.edits.apply_fixes`)."""
 
     def __call__(self, source: bytes, fixes: Sequence[Fix]) -> bytes: ...
 

@@ -14,12 +14,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
-from kvref.audit.annotation_imports import required_imports
-from kvref.audit.context import ModuleContext, is_private_name, param_symbol, primary_definition
-from kvref.audit.import_edits import import_edits
+from kvref.audit.fixes.annotation_imports import required_imports
+from kvref.audit.rules.context import ModuleContext, is_private_name, param_symbol, primary_definition
+from kvref.audit.fixes.import_edits import import_edits
 from kvref.audit.model import Applicability, Edit, Finding, Fix
-from kvref.audit.resolve import ClassInfo, MemberHit
-from kvref.audit.summary import FunctionSummary, Param, TypeExpr
+from kvref.audit.resolve.hierarchy import ClassInfo, MemberHit
+from kvref.audit.summarise.summary import FunctionSummary, Param, TypeExpr
 
 if TYPE_CHECKING:
     from kvref.audit.rules import Rule
@@ -216,7 +216,7 @@ def annotation_fix(context: ModuleContext, pair: ParamPair, title: str) -> Fix |
     """The unsafe fix that rewrites the override's annotation to the base's spelling.
 
     It also imports what the new text names and the module lacks; None (no fix) when a
-    name cannot be imported safely (see `kvref.audit.annotation_imports`).
+    name cannot be imported safely (see `kvref.audit.fixes.annotation_imports`).
     """
     span = pair.param.annotation_span
     text = pair.base_annotation.text

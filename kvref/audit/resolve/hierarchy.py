@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from kvref.audit.summary import (
+from kvref.audit.summarise.summary import (
     Binding,
     ClassSummary,
     FunctionSummary,

@@ -4,12 +4,12 @@ environment's installed packages, with a progress bar for long runs.
 `analyze_at_scale` has the engine's inputs plus `ScaleSettings` (`--no-cache`, `--cache-dir`,
 `--python`, `--jobs`) and returns the engine's `AnalysisResult`. In order:
 
-1. the import roots of the target interpreter (`kvref.audit.environment`);
+1. the import roots of the target interpreter (`kvref.audit.discover.environment`);
 2. the previous run's whole result, when no project file, option, import root or engine
    source changed since it was stored (`ResultCache`): a warm run with nothing to do;
 3. otherwise per-file summaries from the summary cache, the rest summarised across processes
-   (`kvref.audit.parallel`), then resolving and checking, split over forked copies of this
-   process (`kvref.audit.forked`) when there are enough modules;
+   (`kvref.audit.runner.parallel`), then resolving and checking, split over forked copies of this
+   process (`kvref.audit.runner.forked`) when there are enough modules;
 4. both caches saved atomically (a read-only checkout just runs uncached), in a forked child
    while the caller reports when it asks for that (`background_save`, `wait_for_saves`).
 """
@@ -22,25 +22,22 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TextIO, cast
 
-from kvref.audit.cache import ResultCache, SummaryCache, default_cache_dir, version_stamp
-from kvref.audit.environment import InterpreterError, discover_environment
-from kvref.audit.forked import fork_available
+from kvref.audit.runner.cache import ResultCache, SummaryCache, default_cache_dir, version_stamp
+from kvref.audit.discover.environment import InterpreterError, discover_environment
+from kvref.audit.runner.forked import fork_available
 from kvref.audit.model import AnalysisOptions, AnalysisResult, FileError
-from kvref.audit.newer_syntax import cache_key as newer_syntax_key
-from kvref.audit.newer_syntax import use_interpreter
-from kvref.audit.paths import absolute_path
-from kvref.audit.parallel import Pickled, available_cpus, summarize_many
-from kvref.audit.progress import ProgressBar
-from kvref.audit.summary import ModuleSummary, summarize
+from kvref.audit.summarise.newer_syntax import cache_key as newer_syntax_key
+from kvref.audit.summarise.newer_syntax import use_interpreter
+from kvref.audit.discover.paths import absolute_path
+from kvref.audit.runner.parallel import Pickled, available_cpus, summarize_many
+from kvref.audit.runner.progress import ProgressBar
+from kvref.audit.summarise.summary import ModuleSummary, summarize
 
 __all__ = ["InterpreterError", "ScaleSettings", "analyze_at_scale", "wait_for_saves"]
 
-_AUDIT_DIR = Path(__file__).resolve().parent
+_AUDIT_DIR = Path(__file__).resolve().parent.parent
 # The summaries' meaning depends on these modules only; the result on the whole engine.
-_SUMMARY_SCHEMA = (
-    _AUDIT_DIR / "summary.py", _AUDIT_DIR / "model.py", _AUDIT_DIR / "passes.py",
-    _AUDIT_DIR / "newer_syntax.py",
-)
+_SUMMARY_SCHEMA = (*sorted((_AUDIT_DIR / "summarise").glob("*.py")), _AUDIT_DIR / "model.py")
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +120,7 @@ class _CachedSummarizer:
         self, paths: Sequence[Path]
     ) -> Mapping[Path, ModuleSummary | FileError | Pickled[ModuleSummary]]:
         # Imported here: a warm run, answered from the result cache, never loads the index.
-        from kvref.audit.resolve import standard_library_files
+        from kvref.audit.resolve.hierarchy import standard_library_files
 
         return summarize_many(
             paths,
@@ -163,7 +160,7 @@ def analyze_at_scale(
     """Run the engine with caching, parallel summarising and the target environment.
 
     Args:
-        project_files, root, report_files, options: as for `kvref.audit.engine.analyze`.
+        project_files, root, report_files, options: as for `kvref.audit.pipeline.analyze`.
         settings: cache, interpreter and parallelism choices.
         progress: a terminal to draw a progress bar on (after a second), or None.
 
@@ -174,7 +171,7 @@ def analyze_at_scale(
         InterpreterError: `settings.python` is not a working interpreter.
         ValueError: `settings.jobs` is below 1.
     """
-    from kvref.audit.engine import analyze
+    from kvref.audit.pipeline import analyze
 
     if settings.jobs is not None and settings.jobs < 1:
         raise ValueError(f"--jobs must be at least 1, got {settings.jobs}")

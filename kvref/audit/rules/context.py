@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kvref.audit.model import AnalysisOptions, Finding, Fix
-from kvref.audit.resolve import ClassInfo, ClassKey, ProjectIndex
-from kvref.audit.summary import FunctionSummary, ModuleSummary, Span
+from kvref.audit.resolve.hierarchy import ClassInfo, ClassKey, ProjectIndex
+from kvref.audit.summarise.summary import FunctionSummary, ModuleSummary, Span
 
 __all__ = [
     "ClassContext",
@@ -42,7 +42,7 @@ class ModuleContext:
             package): only a rule that a known base proves (KVR001) looks at them, through
             `ProjectIndex.find_known_member`.
         derived: facts about the module that several rules need, computed by the first rule
-            that asks and kept here for the others (see `kvref.audit.annotations`).
+            that asks and kept here for the others (see `kvref.audit.rules.annotations`).
     """
 
     path: str

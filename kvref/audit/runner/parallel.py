@@ -1,6 +1,6 @@
 """Summarise many files at once: on-disk cache first, then a process pool for what is left.
 
-`summarize_many(paths, root=...)` is the `summarize_many` hook of `kvref.audit.engine.analyze`.
+`summarize_many(paths, root=...)` is the `summarize_many` hook of `kvref.audit.pipeline.analyze`.
 Parsing is the expensive part of an audit and is independent per file, so it is spread over
 processes; only summaries (small frozen dataclasses, no `ast` objects) travel back to the
 parent, which then resolves and checks in one process. Files are dealt to workers in chunks,
@@ -26,9 +26,9 @@ from multiprocessing.context import BaseContext
 from pathlib import Path
 from typing import Final, Generic, TypeVar, cast
 
-from kvref.audit.cache import SummaryCache, content_digest, dumps, loads
+from kvref.audit.runner.cache import SummaryCache, content_digest, dumps, loads
 from kvref.audit.model import DEFAULT_MAX_FILE_BYTES, FileError
-from kvref.audit.paths import relative_path
+from kvref.audit.discover.paths import relative_path
 
 __all__ = [
     "DEFAULT_MAX_FILE_BYTES",
@@ -49,7 +49,7 @@ Summarizer = Callable[[str, bytes], S]
 """Turns (project-relative path, file bytes) into a summary; raises to reject the file.
 
 It must be a module-level function (it is sent to worker processes by reference). An exception
-carrying `line`, `col` and `message` attributes (such as `kvref.audit.summary.SummaryError`)
+carrying `line`, `col` and `message` attributes (such as `kvref.audit.summarise.summary.SummaryError`)
 becomes a `FileError` at that position.
 """
 
@@ -313,7 +313,7 @@ def _pool_context() -> BaseContext:
 def _default_summarizer() -> Summarizer[object]:
     # Imported on first use: the summariser pulls in `ast` walking code the cache hit path
     # never needs.
-    module = importlib.import_module("kvref.audit.summary")
+    module = importlib.import_module("kvref.audit.summarise.summary")
     return cast(Summarizer[object], module.summarize)
 
 
@@ -345,7 +345,7 @@ def summarize_many(
         root: the project root (summaries and errors name files relative to it).
         jobs: worker processes (default: the CPUs this process may use); 1 runs in-process.
         cache: a loaded `SummaryCache`, updated in place (the caller saves it), or None.
-        summarize: the summariser (default: `kvref.audit.summary.summarize`).
+        summarize: the summariser (default: `kvref.audit.summarise.summary.summarize`).
         max_bytes: files larger than this become a `FileError` instead of being parsed.
         on_progress: called with the number of files just finished (for a progress bar).
         lazy: hand out summaries that arrive pickled (from a worker, or from the cache while

@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import cast
 
 from kvref.audit.catalogue import RuleInfo
-from kvref.audit.discover import DEFAULT_EXCLUDES
+from kvref.audit.discover.files import DEFAULT_EXCLUDES
 from kvref.audit.model import DEFAULT_EXEMPT_NAMES, AnalysisOptions
-from kvref.audit.project import parse_target_version
+from kvref.audit.discover.project import parse_target_version
 from kvref.errors import KVRefError
 
 __all__ = [
@@ -103,7 +103,7 @@ class AuditConfig:
         force_exclude: apply `excludes` to explicitly named files too.
         baseline: the configured baseline file (absolute), if any.
         options: the analysis policy switches and `override-import` (the project facts a
-            fix depends on are added by `kvref.audit.project.with_project_facts`).
+            fix depends on are added by `kvref.audit.discover.project.with_project_facts`).
         target_version: `target-version` as (3, minor), None when not set.
     """
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
-    from kvref.audit.config import AuditConfig
+    from kvref.audit.discover.config import AuditConfig
 
 __all__ = [
     "ProjectFacts",
@@ -242,7 +242,7 @@ def with_project_facts(config: AuditConfig) -> AuditConfig:
     Raises:
         ConfigError: `override-import = "typing"` where the floor is not known to be 3.12+.
     """
-    from kvref.audit.config import ConfigError
+    from kvref.audit.discover.config import ConfigError
 
     facts = load_project_facts(config.root, target_version=config.target_version)
     options = config.options

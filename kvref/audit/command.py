@@ -21,8 +21,8 @@ from typing import Final, NoReturn, Protocol, TextIO
 
 from typing_extensions import override
 
-from kvref.audit.apply import ApplyFixesFn, FixPlan, plan_fixes, unified_diff, write_fixes
-from kvref.audit.baseline import (
+from kvref.audit.fixes.plan import ApplyFixesFn, FixPlan, plan_fixes, unified_diff, write_fixes
+from kvref.audit.report.baseline import (
     BaselineKey,
     BaselineOutcome,
     apply_baseline,
@@ -30,7 +30,7 @@ from kvref.audit.baseline import (
     write_baseline,
 )
 from kvref.audit.catalogue import RuleInfo, find_rule, load_rule_catalogue
-from kvref.audit.config import (
+from kvref.audit.discover.config import (
     AuditConfig,
     ConfigError,
     SelectionLayer,
@@ -40,15 +40,15 @@ from kvref.audit.config import (
     resolve_selection,
     validate_selector,
 )
-from kvref.audit.discover import Discovery, discover, matches_glob
-from kvref.audit.project import with_project_facts
+from kvref.audit.discover.files import Discovery, discover, matches_glob
+from kvref.audit.discover.project import with_project_facts
 from kvref.audit.model import AnalysisOptions, AnalysisResult, FileError, Finding
 from kvref.audit.report import OutputFormat, Report, Summary, render
-from kvref.audit.progress import progress_enabled
+from kvref.audit.runner.progress import progress_enabled
 from kvref.audit.report.text import render_summary, use_color
-from kvref.audit.environment import find_interpreter, start_discovery
-from kvref.audit.scale import ScaleSettings, wait_for_saves
-from kvref.audit.suppress import SuppressionFilter
+from kvref.audit.discover.environment import find_interpreter, start_discovery
+from kvref.audit.runner.scale import ScaleSettings, wait_for_saves
+from kvref.audit.summarise.suppress import SuppressionFilter
 from kvref.errors import KVRefError
 
 __all__ = [
@@ -82,7 +82,7 @@ class UsageError(KVRefError):
 
 
 class AnalyzeFn(Protocol):
-    """The engine's signature (`kvref.audit.engine.analyze`)."""
+    """The engine's signature (`kvref.audit.pipeline.analyze`)."""
 
     def __call__(
         self,
@@ -95,7 +95,7 @@ class AnalyzeFn(Protocol):
 
 
 class ScaledAnalyzeFn(Protocol):
-    """`kvref.audit.scale.analyze_at_scale`."""
+    """`kvref.audit.runner.scale.analyze_at_scale`."""
 
     def __call__(
         self,
@@ -124,15 +124,15 @@ class Backend:
     apply_fixes: ApplyFixesFn
     fix_error: type[Exception]
     rules: tuple[RuleInfo, ...]
-    # The cached, parallel driver of `analyze` (kvref.audit.scale); fakes leave it None.
+    # The cached, parallel driver of `analyze` (kvref.audit.runner.scale); fakes leave it None.
     analyze_at_scale: ScaledAnalyzeFn | None = None
 
 
 def real_backend() -> Backend:
     """The real engine, imported only when an audit runs."""
-    from kvref.audit.engine import analyze
-    from kvref.audit.fixer import FixError, apply_fixes
-    from kvref.audit.scale import analyze_at_scale
+    from kvref.audit.pipeline import analyze
+    from kvref.audit.fixes.edits import FixError, apply_fixes
+    from kvref.audit.runner.scale import analyze_at_scale
 
     return Backend(analyze, apply_fixes, FixError, load_rule_catalogue(), analyze_at_scale)
 

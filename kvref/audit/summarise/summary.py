@@ -30,8 +30,8 @@ from typing import Final, TypeVar, cast
 
 from typing_extensions import dataclass_transform
 
-from kvref.audit.passes import count_passes, target_names
-from kvref.audit.suppress import candidate_lines
+from kvref.audit.summarise.passes import count_passes, target_names
+from kvref.audit.summarise.suppress import candidate_lines
 from kvref.errors import KVRefError
 
 __all__ = [
@@ -311,7 +311,7 @@ class ImportFacts:
             when the statement has a comment the (line, col, end line, end col) of each name,
             comma-separated; columns in characters. "" when there is no block, or when the
             module has no class (only fixes in classes read it). One string: cheap to cache
-            and to hand across processes (`kvref.audit.import_edits.parse_block` reads it).
+            and to hand across processes (`kvref.audit.fixes.import_edits.parse_block` reads it).
         next_line: the first line of the first statement after the block (its first
             decorator's), or the line past the end of the file.
         next_is_definition: that statement is a `def` or `class` (ruff wants two blank lines
@@ -560,7 +560,7 @@ def summarize(path: str, source: bytes) -> ModuleSummary:
         except SyntaxError:
             # Maybe syntax newer than this Python: parsed by a newer interpreter if one is
             # at hand (imported only here: most runs never need it).
-            from kvref.audit.newer_syntax import parse_source
+            from kvref.audit.summarise.newer_syntax import parse_source
 
             tree = parse_source(text, path)
     except SyntaxError as error:

@@ -1,6 +1,6 @@
 """Apply fixes to one file's source, keeping every byte the fixes do not touch.
 
-A fix carries all of its edits, the imports it needs included (`kvref.audit.import_edits`
+A fix carries all of its edits, the imports it needs included (`kvref.audit.fixes.import_edits`
 places them). Edits are applied bottom-up so earlier positions stay valid; two fixes that carry
 the very same edit (the `override` import every KVR001 fix of a file adds) share it, and a fix
 whose edits overlap another accepted fix's differently is skipped whole (the next `--fix` round
@@ -17,8 +17,8 @@ import ast
 from collections.abc import Iterator, Sequence
 
 from kvref.audit.model import Edit, Fix
-from kvref.audit.newer_syntax import parse_source
-from kvref.audit.summary import SummaryError, decode_source, split_lines
+from kvref.audit.summarise.newer_syntax import parse_source
+from kvref.audit.summarise.summary import SummaryError, decode_source, split_lines
 from kvref.errors import KVRefError
 
 __all__ = ["FixError", "apply_fixes"]

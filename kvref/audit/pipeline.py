@@ -16,14 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol, runtime_checkable
 
-from kvref.audit.cache import dumps, loads
-from kvref.audit.context import ClassContext, ModuleContext
-from kvref.audit.forked import run_shares
+from kvref.audit.runner.cache import dumps, loads
+from kvref.audit.rules.context import ClassContext, ModuleContext
+from kvref.audit.runner.forked import run_shares
 from kvref.audit.model import AnalysisOptions, AnalysisResult, FileError, Finding
-from kvref.audit.paths import absolute_path, relative_path
-from kvref.audit.resolve import ClassInfo, ClassKey, ProjectIndex, Unresolved, module_names_for
+from kvref.audit.discover.paths import absolute_path, relative_path
+from kvref.audit.resolve.hierarchy import ClassInfo, ClassKey, ProjectIndex, Unresolved, module_names_for
 from kvref.audit.rules import ALL_RULES
-from kvref.audit.summary import ModuleSummary, SummaryError, summarize
+from kvref.audit.summarise.summary import ModuleSummary, SummaryError, summarize
 
 __all__ = [
     "LazySummary",

@@ -1,0 +1,1 @@
+"""Around the pipeline: the result and summary caches, worker processes, progress."""

@@ -1,0 +1,1 @@
+"""Stage 2, parse and summarise: each file becomes a picklable `ModuleSummary`."""
