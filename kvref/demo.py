@@ -271,9 +271,11 @@ class _ServingLoop:
         handlers: CpuGpuOffloadingHandlers,
         report: DemoReport,
         end_step: Callable[[], None] | None = None,
+        has_pending_work: Callable[[], bool] | None = None,
     ) -> None:
         self.config = config
         self.end_step = end_step
+        self.has_pending_work = has_pending_work
         self.kv = kv
         self.manager = manager
         self.handlers = handlers
@@ -513,6 +515,21 @@ class _ServingLoop:
         if request.pending_stores == 0:
             self.release(request)
         self.step(0)
+        self.settle()
+
+    def settle(self) -> None:
+        """Keep stepping while secondary-tier I/O is in flight, as an idle engine does.
+
+        Without this the outcome would depend on thread timing (a store the primary tier must
+        refuse while a cascade still pins its blocks), and the demo would not replay the same.
+        """
+        if self.has_pending_work is None:
+            return
+        for attempt in range(1, 10_000):
+            if not self.has_pending_work():
+                return
+            self.step(attempt)
+        raise RuntimeError("secondary-tier work did not finish")
 
     def drain(self) -> None:
         for attempt in range(10_000):
@@ -629,7 +646,9 @@ def _tiering_phase(
         except BaseException:
             manager.shutdown()
             raise
-        _run_phase(config, kv, manager, handlers, report, progress, manager.end_step)
+        _run_phase(
+            config, kv, manager, handlers, report, progress, manager.end_step, manager.has_pending_work
+        )
     return report
 
 
@@ -641,9 +660,10 @@ def _run_phase(
     report: DemoReport,
     progress: Callable[[Iterable[int], str], Iterator[int]] | None,
     end_step: Callable[[], None] | None,
+    has_pending_work: Callable[[], bool] | None = None,
 ) -> None:
     started = time.perf_counter()
-    loop = _ServingLoop(config, kv, manager, handlers, report, end_step)
+    loop = _ServingLoop(config, kv, manager, handlers, report, end_step, has_pending_work)
     try:
         requests: Iterable[int] = range(config.requests)
         for index in progress(requests, report.name) if progress else requests:
