@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from kvref.tiering.base import SecondaryTierManager
 from kvref.tiering.fs import FileSystemSecondaryTier
@@ -31,14 +31,29 @@ def register_tier(tier_type: str, factory: TierFactory, *, replace: bool = False
 
     Args:
         tier_type: the name configurations use in their "type" entry.
-        factory: builds the tier from the primary's memoryview and the remaining options.
+        factory: builds the tier from the primary's memoryview and the remaining options (a
+            `SecondaryTierManager` subclass or any callable returning one).
         replace: allow replacing an existing registration.
 
     Raises:
+        TypeError: `tier_type` is not a str, or `factory` is not callable, or is a class that
+            is not a `SecondaryTierManager` subclass.
         ValueError: `tier_type` is empty, or already registered and `replace` is False.
     """
+    # Callers without a type checker pass anything: check what arrives, not what is declared.
+    given_name = cast(object, tier_type)
+    given_factory = cast(object, factory)
+    if not isinstance(given_name, str):
+        raise TypeError(f"tier_type must be a str, got {given_name!r}")
+    if not callable(given_factory) or (
+        isinstance(given_factory, type) and not issubclass(given_factory, SecondaryTierManager)
+    ):
+        raise TypeError(
+            "factory must be a SecondaryTierManager subclass or a callable returning one, "
+            f"got {given_factory!r}"
+        )
     if not tier_type:
-        raise ValueError("tier_type must be a non-empty string")
+        raise ValueError("tier_type must be a non-empty str")
     if tier_type in _registry and not replace:
         raise ValueError(
             f"tier type {tier_type!r} is already registered; pass replace=True to replace it"

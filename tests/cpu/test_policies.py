@@ -17,10 +17,10 @@ from kvref.base import OffloadKey, ReqContext, get_offload_block_hash, make_offl
 from kvref.cpu.policies.arc import ARCCachePolicy
 from kvref.cpu.policies.base import BlockStatus, CachePolicy, is_no_op_hook
 from kvref.cpu.policies.factory import (
-    cache_policy_names,
     create_cache_policy,
     get_cache_policy_class,
     register_cache_policy,
+    registered_cache_policies,
 )
 from kvref.cpu.policies.lru import LRUCachePolicy
 
@@ -428,29 +428,62 @@ def test_arc_clear_resets_the_target() -> None:
 
 
 def test_factory_builds_policies_by_name() -> None:
-    assert cache_policy_names()[:2] == ("lru", "arc")
+    assert registered_cache_policies() == ["arc", "lru"]
     assert get_cache_policy_class("arc") is ARCCachePolicy
     policy = create_cache_policy("lru", 4)
     assert isinstance(policy, LRUCachePolicy)
 
 
-def test_factory_rejects_unknown_and_duplicate_names() -> None:
-    with pytest.raises(ValueError, match=r"cache_policy must be one of 'lru', 'arc'.*'mru'"):
-        get_cache_policy_class("mru")
-    with pytest.raises(ValueError, match=r"name 'lru' is already registered to LRUCachePolicy"):
-        register_cache_policy("lru", ARCCachePolicy)
-
-
-def test_factory_registers_out_of_tree_policies(monkeypatch: pytest.MonkeyPatch) -> None:
-    class NewestFirstPolicy(LRUCachePolicy):
-        """An out-of-tree policy (here simply LRU under another name)."""
-
+@pytest.fixture
+def fresh_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Registrations made by a test vanish with it."""
     monkeypatch.setattr(
         "kvref.cpu.policies.factory._POLICIES", {"lru": LRUCachePolicy, "arc": ARCCachePolicy}
     )
-    register_cache_policy("newest", NewestFirstPolicy)
-    assert cache_policy_names() == ("lru", "arc", "newest")
-    assert isinstance(create_cache_policy("newest", 2), NewestFirstPolicy)
+
+
+# The registry behaves as the tier registry does (tests/tiering/test_base_factory.py asserts the
+# same behaviours of register_tier).
+
+
+@pytest.mark.usefixtures("fresh_registry")
+def test_register_lists_sorted_names_and_builds_them() -> None:
+    class NewestFirstPolicy(LRUCachePolicy):
+        """An out-of-tree policy (here simply LRU under another name)."""
+
+    register_cache_policy("fifo", NewestFirstPolicy)
+    assert registered_cache_policies() == ["arc", "fifo", "lru"]
+    assert isinstance(create_cache_policy("fifo", 2), NewestFirstPolicy)
+
+
+@pytest.mark.parametrize("unknown", ["mru", "", "LRU"])
+def test_unknown_names_fail_listing_the_registered_ones(unknown: str) -> None:
+    with pytest.raises(ValueError, match=rf"{unknown!r} is not registered; .*: arc, lru$"):
+        create_cache_policy(unknown, 4)
+
+
+@pytest.mark.usefixtures("fresh_registry")
+def test_register_refuses_duplicates_unless_replacing() -> None:
+    with pytest.raises(ValueError, match=r"'lru' is already registered; pass replace=True"):
+        register_cache_policy("lru", ARCCachePolicy)
+    assert get_cache_policy_class("lru") is LRUCachePolicy
+    register_cache_policy("lru", ARCCachePolicy, replace=True)
+    assert get_cache_policy_class("lru") is ARCCachePolicy
+
+
+@pytest.mark.usefixtures("fresh_registry")
+def test_register_refuses_an_empty_name() -> None:
+    with pytest.raises(ValueError, match="name must be a non-empty str"):
+        register_cache_policy("", LRUCachePolicy)
+    assert registered_cache_policies() == ["arc", "lru"]
+
+
+@pytest.mark.usefixtures("fresh_registry")
+@pytest.mark.parametrize("not_a_name", [None, 3, b"lru"])
+def test_register_refuses_a_name_that_is_not_a_str(not_a_name: Any) -> None:
+    with pytest.raises(TypeError, match="name must be a str"):
+        register_cache_policy(not_a_name, LRUCachePolicy)
+    assert registered_cache_policies() == ["arc", "lru"]
 
 
 def test_policy_modules_stay_small() -> None:
@@ -470,7 +503,7 @@ def test_policy_modules_stay_small() -> None:
 def test_register_rejects_what_is_not_a_cache_policy(not_a_policy: Any) -> None:
     with pytest.raises(TypeError, match="policy_class must be a CachePolicy subclass"):
         register_cache_policy("not-a-policy", not_a_policy)
-    assert "not-a-policy" not in cache_policy_names()
+    assert "not-a-policy" not in registered_cache_policies()
 
 
 def test_no_op_hooks_are_declared_and_overrides_are_not() -> None:

@@ -96,20 +96,71 @@ def test_bad_configs(config: dict[str, Any], message: str) -> None:
         create_secondary_tier(config, make_view(1))
 
 
-def test_register_custom_tier() -> None:
+@pytest.fixture
+def fresh_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Registrations made by a test vanish with it."""
+    from kvref.tiering import factory
+
+    registry = dict(factory._registry)  # pyright: ignore[reportPrivateUsage]
+    monkeypatch.setattr(factory, "_registry", registry)
+
+
+# The registry behaves as the cache-policy registry does (tests/cpu/test_policies.py asserts the
+# same behaviours of register_cache_policy).
+
+
+@pytest.mark.usefixtures("fresh_registry")
+def test_register_lists_sorted_names_and_builds_them() -> None:
     def build(primary_kv_view: memoryview, *, label: str) -> SecondaryTierManager:
         return InMemorySecondaryTier(primary_kv_view, name=label)
 
-    register_tier("test-custom", build)
-    try:
-        tier = create_secondary_tier({"type": "test-custom", "label": "x"}, make_view(1))
-        assert tier.medium == "x"
-        with pytest.raises(ValueError, match="already registered"):
-            register_tier("test-custom", build)
-        register_tier("test-custom", build, replace=True)
-        with pytest.raises(ValueError, match="non-empty"):
-            register_tier("", build)
-    finally:
-        from kvref.tiering import factory
+    before = registered_tier_types()
+    assert before == sorted(before)
+    register_tier("a-custom", build)
+    assert registered_tier_types() == sorted([*before, "a-custom"])
+    tier = create_secondary_tier({"type": "a-custom", "label": "x"}, make_view(1))
+    assert tier.medium == "x"
 
-        factory._registry.pop("test-custom")  # pyright: ignore[reportPrivateUsage]
+
+@pytest.mark.parametrize("unknown", ["tape", "", "MEMORY"])
+def test_unknown_names_fail_listing_the_registered_ones(unknown: str) -> None:
+    listed = ", ".join(registered_tier_types())
+    with pytest.raises(ValueError, match=rf"{unknown!r}, which is not registered; .*: {listed}$"):
+        create_secondary_tier({"type": unknown}, make_view(1))
+
+
+@pytest.mark.usefixtures("fresh_registry")
+def test_register_refuses_duplicates_unless_replacing(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"'memory' is already registered; pass replace=True"):
+        register_tier("memory", FileSystemSecondaryTier)
+    register_tier("memory", FileSystemSecondaryTier, replace=True)
+    disk = create_secondary_tier({"type": "memory", "root_dir": str(tmp_path)}, make_view(1))
+    try:
+        assert isinstance(disk, FileSystemSecondaryTier)
+    finally:
+        disk.shutdown()
+
+
+@pytest.mark.usefixtures("fresh_registry")
+def test_register_refuses_an_empty_name() -> None:
+    before = registered_tier_types()
+    with pytest.raises(ValueError, match="tier_type must be a non-empty str"):
+        register_tier("", InMemorySecondaryTier)
+    assert registered_tier_types() == before
+
+
+@pytest.mark.usefixtures("fresh_registry")
+@pytest.mark.parametrize("not_a_name", [None, 3, b"memory"])
+def test_register_refuses_a_name_that_is_not_a_str(not_a_name: Any) -> None:
+    before = registered_tier_types()
+    with pytest.raises(TypeError, match="tier_type must be a str"):
+        register_tier(not_a_name, InMemorySecondaryTier)
+    assert registered_tier_types() == before
+
+
+@pytest.mark.usefixtures("fresh_registry")
+@pytest.mark.parametrize("not_a_tier", [dict, object(), "memory", None])
+def test_register_rejects_what_is_not_a_tier_factory(not_a_tier: Any) -> None:
+    with pytest.raises(TypeError, match="factory must be a SecondaryTierManager subclass"):
+        register_tier("not-a-tier", not_a_tier)
+    assert "not-a-tier" not in registered_tier_types()
