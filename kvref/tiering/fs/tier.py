@@ -5,10 +5,10 @@ Layout under `root_dir`:
     kvref_fs_tier.json                  the block size and format the files were written with
     kvref_fs_tier.lock                  held (flock) by the one process using the root
     <ff>/<ff>/<generation>.kvs          a segment: the blocks of one store job, back to back,
-                                        as records (see `kvref.tiering.fs_format`)
+                                        as records (see `kvref.tiering.fs.format`)
 
 This module holds the tier and its in-memory index; the record format is in
-`kvref.tiering.fs_format`, the I/O thread pool in `kvref.tiering.fs_pool`.
+`kvref.tiering.fs.format`, the I/O thread pool in `kvref.tiering.fs.pool`.
 
 A store job's new blocks are written as one segment file (split at `max_segment_bytes`), so a
 file is created per job rather than per block: creating files is the slow part of small writes
@@ -69,7 +69,7 @@ from kvref.base import OffloadingEvent, OffloadKey, ReqContext
 from kvref.errors import KVRefError
 from kvref.tiering._options import check_bool, check_int, check_optional_int, check_path, check_str
 from kvref.tiering.base import JobMetadata, JobResult, PrimaryBlocks, SecondaryTierManager
-from kvref.tiering.fs_format import (
+from kvref.tiering.fs.format import (
     DEAD_MAGIC,
     FORMAT_VERSION,
     MAX_KEY_BYTES,
@@ -81,7 +81,7 @@ from kvref.tiering.fs_format import (
     verify_record,
     write_all,
 )
-from kvref.tiering.fs_pool import DualQueuePool, IOTask
+from kvref.tiering.fs.pool import DualQueuePool, IOTask
 
 __all__ = [
     "FileSystemSecondaryTier",
