@@ -24,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvref.base import OffloadingEvent, OffloadKey, ReqContext, make_offload_key
-from kvref.tiering.fs_pool import DualQueuePool, IOTask
+from kvref.tiering.fs.pool import DualQueuePool, IOTask
 from kvref.tiering.base import JobMetadata, JobResult
 from kvref.errors import KVRefError
 from kvref.tiering.fs import (

@@ -1,101 +1,57 @@
-"""`FileSystemSecondaryTier`: a crash-safe secondary tier of checksummed block files.
-
-Layout under `root_dir`:
-
-    kvref_fs_tier.json                  the block size and format the files were written with
-    kvref_fs_tier.lock                  held (flock) by the one process using the root
-    <ff>/<ff>/<generation>.kvs          a segment: the blocks of one store job, back to back,
-                                        as records (see `kvref.tiering.fs_format`)
-
-This module holds the tier and its in-memory index; the record format is in
-`kvref.tiering.fs_format`, the I/O thread pool in `kvref.tiering.fs_pool`.
-
-A store job's new blocks are written as one segment file (split at `max_segment_bytes`), so a
-file is created per job rather than per block: creating files is the slow part of small writes
-on most filesystems. The two fan-out directory levels come from a hash of the segment's
-generation (a strictly increasing nanosecond clock), which also makes every segment name new,
-so deleting an evicted segment can never remove newer data.
-
-Integrity: a segment is written to `<name>.tmp` (optionally `fsync`ed) and renamed into place
-with `os.replace`, so a final name always holds whole records. Each record's XXH3-64 checksum
-covers its header and key as well as its payload (a damaged key never passes for another
-block's), and a header checksum lets start-up re-indexing check headers and keys without
-reading payloads. A load reads a run of adjacent records with one `preadv` straight into
-the primary slots and verifies each record's header, key and checksum; any mismatch fails the
-job and drops the block from the index (its record is marked dead on disk, or its segment deleted
-once empty), so it is a miss afterwards, restarts included, and wrong bytes are never reported
-as loaded. Records of another format version (format 2 used CRC-32 of the payload only) are
-never read: a root written with another format is refused at start-up. At start-up the tier
-re-indexes the segments already there (blocks survive a restart), deletes stale `.tmp` files
-left by a crash, and skips records that are damaged, truncated or of another block size.
-
-One process per root: the tier holds an exclusive `flock` on `kvref_fs_tier.lock` while it runs;
-a second tier on the same root, in this process or another, is refused with an `OSError` naming
-the holder's pid. (flock is advisory and local: a root on a network filesystem shared between
-hosts is not protected.) Start-up writes nothing it does not need, so a tier restarted on a full
-disk starts and serves the blocks it holds; its stores fail until space is freed.
-
-Threads: the scheduler thread only updates an in-memory index (so `lookup` never touches the
-disk) and queues tasks (one per segment to write, one per up to 8 MiB of a segment's records to
-read, each run of adjacent records of up to 1 MiB with one `preadv`) on a pool of I/O threads
-whose read threads serve loads first. Failures (disk full, permission denied, I/O errors) become
-failed jobs; nothing raises on the scheduler thread.
-
-Capacity: with `capacity_bytes`, storing evicts whole segments, least recently used first (a
-block's `touch`, store or promotion makes its segment recent), skipping segments being written
-or read and segments holding blocks of the storing job; a segment that cannot be placed fails
-its job. Blocks of one segment were stored together by one request, so they tend to be reused
-together. I/O is buffered (through the page cache); `fsync=True` makes stores durable before
-they are reported finished.
-"""
+"""`FileSystemSecondaryTier`: the tier's scheduler-thread API, its capacity and eviction, and
+the work of its I/O threads (the design is in the package docstring, `kvref.tiering.fs`)."""
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import hashlib
-import json
 import logging
 import os
 import time
 from collections import OrderedDict, deque
 from collections.abc import Collection, Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 from typing_extensions import override
 
 from kvref.base import OffloadingEvent, OffloadKey, ReqContext
-from kvref.errors import KVRefError
-from kvref.tiering._options import check_bool, check_int, check_optional_int, check_path, check_str
-from kvref.tiering.base import JobMetadata, JobResult, PrimaryBlocks, SecondaryTierManager
-from kvref.tiering.fs_format import (
+from kvref.tiering._options import (
+    check_bool,
+    check_int,
+    check_optional_int,
+    check_path,
+    check_str,
+)
+from kvref.tiering.base import (
+    JobMetadata,
+    JobResult,
+    PrimaryBlocks,
+    SecondaryTierManager,
+)
+from kvref.tiering.fs.format import (
     DEAD_MAGIC,
-    FORMAT_VERSION,
     MAX_KEY_BYTES,
     RECORD_HEADER_BYTES,
     expected_fields,
     pack_header,
     read_into,
-    scan_segment,
     verify_record,
     write_all,
 )
-from kvref.tiering.fs_pool import DualQueuePool, IOTask
+from kvref.tiering.fs.index import (
+    SEGMENT_SUFFIX,
+    TMP_SUFFIX,
+    Entry,
+    Run,
+    Segment,
+    index_root,
+    unlink_quietly,
+)
+from kvref.tiering.fs.pool import DualQueuePool, IOTask
+from kvref.tiering.fs.root import open_root, release_root
 
-__all__ = [
-    "FileSystemSecondaryTier",
-    "TierRootError",
-    "CONFIG_FILE_NAME",
-    "LOCK_FILE_NAME",
-    "FORMAT_VERSION",
-    "RECORD_HEADER_BYTES",
-]
+__all__ = ["FileSystemSecondaryTier"]
 
 logger = logging.getLogger(__name__)
-
-CONFIG_FILE_NAME = "kvref_fs_tier.json"
-LOCK_FILE_NAME = "kvref_fs_tier.lock"
 
 # A load reads each run of adjacent records of one segment with one preadv. A run holds at most
 # this many bytes (always at least one record), so its checksums are computed while the bytes
@@ -104,50 +60,8 @@ _MAX_READ_RUN_BYTES = 1 << 20
 # One read task (one open of the segment) covers runs of up to this many bytes, so a large job
 # still spreads over several I/O threads.
 _MAX_READ_TASK_BYTES = 8 << 20
-_SEGMENT_SUFFIX = ".kvs"
-_TMP_SUFFIX = ".tmp"
 _WARN_INTERVAL_S = 10.0
 
-
-class TierRootError(KVRefError, OSError):
-    """The tier's `root_dir` cannot be used (missing and not creatable, not a directory, not
-    writable, written with another block size or format, or in use by another process)."""
-
-
-def _root_error(root: Path, reason: str, err: int | None = None) -> TierRootError:
-    text = f"root_dir {str(root)!r} is not usable: {reason}"
-    return TierRootError(err, text) if err is not None else TierRootError(text)
-
-
-_Run = tuple[int, list[tuple[OffloadKey, int]]]
-"""Adjacent records of one segment: (offset of the first, [(key, primary block id)])."""
-
-
-class _Segment:
-    """One segment file and the blocks of it the index still holds."""
-
-    __slots__ = ("path", "size", "keys", "writing", "readers")
-
-    def __init__(self, path: str, size: int, writing: bool) -> None:
-        self.path = path
-        self.size = size
-        self.keys: set[OffloadKey] = set()
-        self.writing = writing
-        self.readers = 0
-
-    @property
-    def idle(self) -> bool:
-        return not self.writing and self.readers == 0
-
-
-class _Entry:
-    """Where one block's record is."""
-
-    __slots__ = ("segment", "offset")
-
-    def __init__(self, segment: _Segment, offset: int) -> None:
-        self.segment = segment
-        self.offset = offset
 
 
 class _Job:
@@ -157,8 +71,8 @@ class _Job:
 
     def __init__(self, meta: JobMetadata) -> None:
         self.meta = meta
-        self.segments: list[_Segment] = []
-        self.reads: list[tuple[OffloadKey, _Entry]] = []
+        self.segments: list[Segment] = []
+        self.reads: list[tuple[OffloadKey, Entry]] = []
         self.remaining = 0
         self.failed = False
         # Blocks whose load failed, and paths of segments whose write failed.
@@ -221,9 +135,9 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         self._capacity = capacity
         self._used_bytes = 0
         self._evicted_blocks = 0
-        self._index: dict[OffloadKey, _Entry] = {}
+        self._index: dict[OffloadKey, Entry] = {}
         # Segments in least-recently-used order.
-        self._segments: OrderedDict[_Segment, None] = OrderedDict()
+        self._segments: OrderedDict[Segment, None] = OrderedDict()
         self._events: list[OffloadingEvent] | None = [] if events else None
         self._last_generation = 0
         self._made_dirs: set[str] = set()
@@ -234,13 +148,12 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         self._completions: deque[tuple[_Job, Sequence[OffloadKey | str]]] = deque()
         self._closed = False
         self._last_warning = 0.0
-        self._lock_fd: int | None = None
         # Key length -> the header fields a record of this tier has (checked on every load; I/O
         # threads fill it, and two racing to fill an entry store the same bytes).
         self._expected_fields: dict[int, bytes] = {}
 
         try:
-            self._open_root()
+            self._lock_fd: int | None = open_root(self.root_dir, self.block_bytes)
         except BaseException:
             self._primary.release()
             raise
@@ -254,165 +167,37 @@ class FileSystemSecondaryTier(SecondaryTierManager):
 
     # --- start-up ---
 
-    def _open_root(self) -> None:
-        root = self.root_dir
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-        except FileExistsError:
-            pass  # something that is not a directory: said below
-        except OSError as exc:
-            raise _root_error(root, exc.strerror or str(exc), exc.errno) from exc
-        if not root.is_dir():
-            raise _root_error(root, "it is not a directory", errno.ENOTDIR)
-        self._lock_root()
-        try:
-            self._check_config()
-        except BaseException:
-            self._release_root()
-            raise
-
-    def _lock_root(self) -> None:
-        root = self.root_dir
-        lock_path = root / LOCK_FILE_NAME
-        try:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError as exc:
-            if exc.errno not in (errno.EACCES, errno.EROFS, errno.EPERM):
-                raise _root_error(root, exc.strerror or str(exc), exc.errno) from exc
-            try:
-                # A read-only root can still be read from: lock it through a read-only fd.
-                fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)
-            except OSError:
-                # No lock file to fall back on: the root is simply not writable.
-                raise _root_error(root, exc.strerror or str(exc), exc.errno) from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
-            os.close(fd)
-            raise _root_error(
-                root,
-                f"another fs tier holds it (pid {holder}, lock {LOCK_FILE_NAME}); one process "
-                "per root_dir",
-                exc.errno,
-            ) from exc
-        try:
-            # Who holds it, for the message above; on a full or read-only disk it stays unknown.
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        except OSError:
-            pass
-        self._lock_fd = fd
-
     def _release_root(self) -> None:
         if self._lock_fd is not None:
-            os.close(self._lock_fd)  # releases the flock
+            release_root(self._lock_fd)
             self._lock_fd = None
-
-    def _check_config(self) -> None:
-        root = self.root_dir
-        config_path = root / CONFIG_FILE_NAME
-        config: dict[str, int] = {"format": FORMAT_VERSION, "block_bytes": self.block_bytes}
-        try:
-            text = config_path.read_text()
-        except FileNotFoundError:
-            text = None
-        except OSError as exc:
-            raise _root_error(root, exc.strerror or str(exc), exc.errno) from exc
-        if text is not None:
-            try:
-                found: object = json.loads(text)
-            except ValueError as exc:
-                raise _root_error(root, f"{CONFIG_FILE_NAME} is not valid JSON ({exc})") from exc
-            if found != config:
-                raise _root_error(
-                    root,
-                    f"it holds blocks written as {found}, this tier needs {config}; use another "
-                    "root_dir or empty this one",
-                )
-            # Already written: start-up writes nothing more (a full disk must not stop it).
-            return
-        # A new root: writing its config also proves it writable.
-        tmp_path = root / f"{CONFIG_FILE_NAME}.{os.getpid()}{_TMP_SUFFIX}"
-        try:
-            tmp_path.write_text(json.dumps(config))
-            os.replace(tmp_path, config_path)
-        except OSError as exc:
-            _unlink_quietly(str(tmp_path))
-            raise _root_error(root, exc.strerror or str(exc), exc.errno) from exc
 
     def _record_bytes(self, key: bytes) -> int:
         return RECORD_HEADER_BYTES + len(key) + self.block_bytes
 
     def _reindex(self) -> None:
-        found: list[tuple[int, float, str, int]] = []  # generation, mtime, path, size
-        stale_tmp = 0
-        for dirpath, _dirnames, filenames in os.walk(self.root_dir):
-            for filename in filenames:
-                path = os.path.join(dirpath, filename)
-                if filename.endswith(_TMP_SUFFIX):
-                    # Left by a crash: this tier holds the root's lock, so no live writer owns it.
-                    stale_tmp += 1
-                    _unlink_quietly(path)
-                elif filename.endswith(_SEGMENT_SUFFIX):
-                    try:
-                        generation = int(filename[: -len(_SEGMENT_SUFFIX)], 16)
-                        stat = os.stat(path)
-                    except (ValueError, OSError):
-                        continue
-                    found.append((generation, stat.st_mtime, path, stat.st_size))
-        skipped = 0
-        # Oldest generation first: a key stored again later (after an eviction that a crash
-        # interrupted) keeps its newest record.
-        segments: list[tuple[float, _Segment]] = []
-        for generation, mtime, path, size in sorted(found):
-            self._last_generation = max(self._last_generation, generation)
-            records, bad = self._scan_segment(path, size)
-            skipped += bad
-            segment = _Segment(path, size, writing=False)
-            for key, offset in records:
-                previous = self._index.get(key)
-                if previous is not None:
-                    previous.segment.keys.discard(key)
-                segment.keys.add(key)
-                self._index[key] = _Entry(segment, offset)
-            segments.append((mtime, segment))
-        for _mtime, segment in sorted(segments, key=lambda item: item[0]):
-            if segment.keys:
-                self._segments[segment] = None
-                self._used_bytes += segment.size
-            else:
-                _unlink_quietly(segment.path)
+        found = index_root(self.root_dir, self.block_bytes)
+        self._index = found.index
+        self._last_generation = found.last_generation
+        for segment in found.segments:
+            self._segments[segment] = None
+            self._used_bytes += segment.size
         if self._capacity is not None:
             while self._used_bytes > self._capacity and self._segments:
                 segment = next(iter(self._segments))
                 self._evict(segment, announce=False)
-                _unlink_quietly(segment.path)
-        if stale_tmp or skipped or self._index:
+                unlink_quietly(segment.path)
+        if found.stale_tmp or found.skipped or self._index:
             logger.info(
                 "fs tier %s: re-indexed %d blocks in %d segments, removed %d stale temporary "
                 "files, skipped %d damaged records",
                 self.root_dir,
                 len(self._index),
                 len(self._segments),
-                stale_tmp,
-                skipped,
+                found.stale_tmp,
+                found.skipped,
             )
 
-    def _scan_segment(self, path: str, size: int) -> tuple[list[tuple[OffloadKey, int]], int]:
-        """(key, offset) of each sound record of a segment, and how many were skipped."""
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            return [], 1
-        try:
-            return scan_segment(fd, size, self.block_bytes)
-        except OSError:
-            return [], 1
-        finally:
-            os.close(fd)
-
-    # --- scheduler-thread API ---
 
     def __len__(self) -> int:
         return len(self._index)
@@ -463,7 +248,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         if self._closed:
             state.failed = True
             new.clear()
-        plans: list[tuple[_Segment, list[tuple[OffloadKey, int]]]] = []
+        plans: list[tuple[Segment, list[tuple[OffloadKey, int]]]] = []
         chunk: list[tuple[OffloadKey, int]] = []
         chunk_bytes = 0
         for key, block_id in new.items():
@@ -487,17 +272,17 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         state: _Job,
         records: list[tuple[OffloadKey, int]],
         size: int,
-        plans: list[tuple[_Segment, list[tuple[OffloadKey, int]]]],
+        plans: list[tuple[Segment, list[tuple[OffloadKey, int]]]],
         protected: Collection[OffloadKey],
     ) -> None:
         if not self._make_room(size, protected):
             state.failed = True
             return
-        segment = _Segment(self._new_path(), size, writing=True)
+        segment = Segment(self._new_path(), size, writing=True)
         offset = 0
         for key, _block_id in records:
             segment.keys.add(key)
-            self._index[key] = _Entry(segment, offset)
+            self._index[key] = Entry(segment, offset)
             offset += self._record_bytes(key)
         self._segments[segment] = None
         self._used_bytes += size
@@ -527,21 +312,21 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             self._pool.submit(self._read_task(state, path, runs), read=True)
 
     def _plan_read_tasks(
-        self, reads: list[tuple[OffloadKey, _Entry]], block_ids: Sequence[int]
-    ) -> list[tuple[str, list[_Run]]]:
+        self, reads: list[tuple[OffloadKey, Entry]], block_ids: Sequence[int]
+    ) -> list[tuple[str, list[Run]]]:
         """Group a load's records into runs of adjacent records, and runs into read tasks.
 
         Returns:
             (segment path, its runs) per task; a run is (offset of its first record,
             [(key, primary block id)]).
         """
-        by_segment: dict[_Segment, list[tuple[int, OffloadKey, int]]] = {}
+        by_segment: dict[Segment, list[tuple[int, OffloadKey, int]]] = {}
         for (key, entry), block_id in zip(reads, block_ids):
             by_segment.setdefault(entry.segment, []).append((entry.offset, key, block_id))
-        tasks: list[tuple[str, list[_Run]]] = []
+        tasks: list[tuple[str, list[Run]]] = []
         for segment, records in by_segment.items():
             records.sort(key=lambda record: record[0])
-            runs: list[_Run] = []
+            runs: list[Run] = []
             run: list[tuple[OffloadKey, int]] = []
             run_start = run_end = task_bytes = 0
             for offset, key, block_id in records:
@@ -617,14 +402,14 @@ class FileSystemSecondaryTier(SecondaryTierManager):
                 self._pool.submit(self._delete_task(segment.path), read=False)
         self._announce_removed(dropped)
 
-    def _forget(self, segment: _Segment) -> None:
+    def _forget(self, segment: Segment) -> None:
         for key in segment.keys:
             del self._index[key]
         segment.keys.clear()
         del self._segments[segment]
         self._used_bytes -= segment.size
 
-    def _evict(self, segment: _Segment, *, announce: bool) -> None:
+    def _evict(self, segment: Segment, *, announce: bool) -> None:
         keys = list(segment.keys)
         self._evicted_blocks += len(keys)
         self._forget(segment)
@@ -644,7 +429,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         if self._capacity is None or self._used_bytes + size <= self._capacity:
             return True
         protected_keys = set(protected)
-        victims: list[_Segment] = []
+        victims: list[Segment] = []
         freed = 0
         for segment in self._segments:
             if self._used_bytes - freed + size <= self._capacity:
@@ -663,7 +448,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         self._last_generation = max(time.time_ns(), self._last_generation + 1)
         name = f"{self._last_generation:016x}"
         digest = hashlib.blake2b(name.encode(), digest_size=2).hexdigest()
-        return os.path.join(self.root_dir, digest[:2], digest[2:], name + _SEGMENT_SUFFIX)
+        return os.path.join(self.root_dir, digest[:2], digest[2:], name + SEGMENT_SUFFIX)
 
     def _finish(self, state: _Job) -> None:
         self._done.append(state)
@@ -703,7 +488,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         self._completions.append((state, failures))
 
     def _write_task(
-        self, state: _Job, segment: _Segment, records: list[tuple[OffloadKey, int]]
+        self, state: _Job, segment: Segment, records: list[tuple[OffloadKey, int]]
     ) -> IOTask:
         def run() -> None:
             ok = self._write_segment(segment.path, records)
@@ -711,7 +496,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
 
         return IOTask(run, lambda: self._task_done(state, (segment.path,)))
 
-    def _read_task(self, state: _Job, path: str, runs: list[_Run]) -> IOTask:
+    def _read_task(self, state: _Job, path: str, runs: list[Run]) -> IOTask:
         def run() -> None:
             self._task_done(state, self._read_runs(path, runs))
 
@@ -719,7 +504,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
 
     def _delete_task(self, path: str) -> IOTask:
         # Run even when cancelled by shutdown: a restart must not find the data again.
-        return IOTask(lambda: _unlink_quietly(path), lambda: _unlink_quietly(path))
+        return IOTask(lambda: unlink_quietly(path), lambda: unlink_quietly(path))
 
     def _mark_dead_task(self, path: str, offset: int) -> IOTask:
         def run() -> None:
@@ -735,7 +520,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         return IOTask(run, run)
 
     def _write_segment(self, path: str, records: list[tuple[OffloadKey, int]]) -> bool:
-        tmp_path = path + _TMP_SUFFIX
+        tmp_path = path + TMP_SUFFIX
         try:
             directory = os.path.dirname(path)
             if directory not in self._made_dirs:
@@ -756,10 +541,10 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             return True
         except Exception as exc:
             self._warn("write", path, exc)
-            _unlink_quietly(tmp_path)
+            unlink_quietly(tmp_path)
             return False
 
-    def _read_runs(self, path: str, runs: list[_Run]) -> list[OffloadKey]:
+    def _read_runs(self, path: str, runs: list[Run]) -> list[OffloadKey]:
         """Read runs of adjacent records of one segment, one `preadv` per run, straight into
         their primary slots, verifying each run right after reading it.
 
@@ -831,11 +616,3 @@ class _CorruptBlock(Exception):
     """A record does not hold what the index promises."""
 
 
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        if exc.errno != errno.ENOENT:
-            logger.debug("could not delete %s: %s", path, exc)
