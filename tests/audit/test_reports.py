@@ -165,6 +165,8 @@ def test_sarif_has_every_field_github_requires() -> None:
     assert rule["shortDescription"]["text"] == "Checks for overrides without it."
     assert "## Why is this bad?" in rule["help"]["text"]
     assert run["tool"]["driver"]["rules"][4]["defaultConfiguration"]["enabled"] is False
+    # kvref has no public home page ([project.urls] is empty), so no URL is guessed.
+    assert "informationUri" not in run["tool"]["driver"]
     result = run["results"][0]
     assert result["locations"][0]["physicalLocation"] == {
         "artifactLocation": {"uri": "sub/pkg/a.py", "uriBaseId": "%SRCROOT%"},

@@ -27,7 +27,6 @@ from kvref.audit.report import Report
 __all__ = ["SARIF_SCHEMA", "SarifLog", "build_sarif", "render_sarif", "fingerprint"]
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
-_INFORMATION_URI = "https://github.com/kvref/kvref#kvref-audit"
 
 Level = Literal["none", "note", "warning", "error"]
 
@@ -59,7 +58,6 @@ class ToolComponent(TypedDict):
     name: str
     version: str
     semanticVersion: str
-    informationUri: str
     rules: list[ReportingDescriptor]
 
 
@@ -254,7 +252,6 @@ def build_sarif(report: Report) -> SarifLog:
                         "name": "kvref",
                         "version": version,
                         "semanticVersion": version,
-                        "informationUri": _INFORMATION_URI,
                         "rules": [_descriptor(rule, report.selected) for rule in rules],
                     }
                 },
