@@ -21,13 +21,13 @@ from typing_extensions import override
 
 from kvref.audit.runner.cache import (
     RACY_WINDOW_NS,
-    ResultCache,
     SummaryCache,
     content_digest,
     dumps,
     loads,
     version_stamp,
 )
+from kvref.audit.runner.results import ResultCache
 from kvref.audit.model import (
     AnalysisResult,
     Applicability,

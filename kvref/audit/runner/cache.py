@@ -46,14 +46,6 @@ from typing import Generic, Protocol, TypeVar, cast
 from typing_extensions import override
 
 from kvref.audit.atomic import write_atomically
-from kvref.audit.model import (
-    AnalysisResult,
-    Applicability,
-    Edit,
-    FileError,
-    Finding,
-    Fix,
-)
 
 __all__ = [
     "CACHE_FORMAT",
@@ -61,9 +53,9 @@ __all__ = [
     "dumps",
     "loads",
     "RACY_WINDOW_NS",
-    "ResultCache",
     "SummaryCache",
     "content_digest",
+    "ensure_directory",
     "default_cache_dir",
     "version_stamp",
 ]
@@ -219,7 +211,7 @@ class _RestrictedUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"refusing {module_name}.{global_name} in a kvref cache")
 
 
-def _ensure_directory(directory: Path) -> None:
+def ensure_directory(directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     ignore = directory / ".gitignore"
     if not ignore.exists():
@@ -486,7 +478,7 @@ class SummaryCache(Generic[T]):
         """
         if not self._dirty:
             return
-        _ensure_directory(self.directory)
+        ensure_directory(self.directory)
         rows: dict[str, tuple[int, int, bytes, bytes]] = {}
         for key, entry in self._entries.items():
             if entry.blob is None:
@@ -495,141 +487,3 @@ class SummaryCache(Generic[T]):
         payload = marshal.dumps((self.stamp, time.time_ns(), rows))
         write_atomically(self.pack_path, _MAGIC + payload, durable=False)
         self._dirty = False
-
-
-# --- whole-run results -----------------------------------------------------------------------
-
-
-def _encode_result(result: AnalysisResult) -> tuple[object, ...]:
-    findings = tuple(
-        (
-            f.path, f.line, f.col, f.end_line, f.end_col, f.code, f.message, f.symbol,
-            None
-            if f.fix is None
-            else (
-                f.fix.applicability.value,
-                tuple(
-                    (e.start_line, e.start_col, e.end_line, e.end_col, e.text)
-                    for e in f.fix.edits
-                ),
-                f.fix.description,
-            ),
-        )
-        for f in result.findings
-    )
-    errors = tuple((e.path, e.line, e.col, e.message) for e in result.errors)
-    suppression = (
-        None if result.suppression_lines is None else tuple(result.suppression_lines.items())
-    )
-    return (
-        findings,
-        errors,
-        tuple(result.unresolved_bases.items()),
-        result.files_analyzed,
-        suppression,
-        result.dependent_paths,
-        tuple(result.missing_modules.items()),
-    )
-
-
-def _decode_result(data: object) -> AnalysisResult:
-    findings_data, errors_data, unresolved, files_analyzed, suppression, dependents, missing = cast(
-        tuple[
-            tuple[tuple[object, ...], ...],
-            tuple[tuple[str, int, int, str], ...],
-            tuple[tuple[str, int], ...],
-            int,
-            tuple[tuple[str, tuple[int, ...]], ...] | None,
-            tuple[str, ...],
-            tuple[tuple[str, int], ...],
-        ],
-        data,
-    )
-    findings: list[Finding] = []
-    for row in findings_data:
-        path, line, col, end_line, end_col, code, message, symbol, fix_data = cast(
-            tuple[str, int, int, int, int, str, str, str, object], row
-        )
-        fix = None
-        if fix_data is not None:
-            applicability, edits, description = cast(
-                tuple[str, tuple[tuple[int, int, int, int, str], ...], str], fix_data
-            )
-            fix = Fix(Applicability(applicability), tuple(Edit(*edit) for edit in edits), description)
-        findings.append(Finding(path, line, col, end_line, end_col, code, message, symbol, fix))
-    return AnalysisResult(
-        findings=findings,
-        errors=[FileError(*row) for row in errors_data],
-        unresolved_bases=dict(unresolved),
-        files_analyzed=files_analyzed,
-        suppression_lines=None if suppression is None else dict(suppression),
-        dependent_paths=tuple(dependents),
-        missing_modules=dict(missing),
-    )
-
-
-class ResultCache:
-    """The last run's whole result, reused when nothing it depends on has changed.
-
-    The key covers the engine's code, the options, the report set, the import roots (and
-    their mtimes, which change when packages are installed or removed) and the size and mtime
-    of every project file; a result is never trusted when a project file was modified within
-    `RACY_WINDOW_NS` of its write. The encoding is `marshal` of plain tuples: it cannot run
-    code, and rebuilding a few thousand findings costs milliseconds.
-
-    Args:
-        directory: the cache directory.
-        stamp: the version stamp (see `version_stamp`, over the whole engine's sources).
-    """
-
-    def __init__(self, directory: Path, stamp: str) -> None:
-        self.directory = directory
-        self.stamp = stamp
-
-    @property
-    def path(self) -> Path:
-        return self.directory / "result.bin"
-
-    def key(
-        self, stats: Iterable[tuple[str, int, int]], context: Iterable[object]
-    ) -> tuple[bytes, int]:
-        """(digest of everything the result depends on, the newest project file mtime)."""
-        digest = hashlib.blake2b(self.stamp.encode(), digest_size=20)
-        for item in context:
-            digest.update(repr(item).encode())
-            digest.update(b"\0")
-        newest = 0
-        for path, size, mtime_ns in stats:
-            # A file name that is not UTF-8 keeps its bytes as lone surrogates (os.fsdecode).
-            digest.update(f"{path}\0{size}\0{mtime_ns}\n".encode("utf-8", "surrogateescape"))
-            newest = max(newest, mtime_ns)
-        return digest.digest(), newest
-
-    def load(self, key: bytes, newest_mtime_ns: int) -> AnalysisResult | None:
-        """The stored result for `key`, or None (absent, another key, racy, corrupt)."""
-        try:
-            data = self.path.read_bytes()
-        except OSError:
-            return None
-        try:
-            stored_key, written_at_ns, payload = cast(
-                tuple[object, object, object], marshal.loads(data)
-            )
-            if stored_key != key or not isinstance(written_at_ns, int):
-                return None
-            if newest_mtime_ns >= written_at_ns - RACY_WINDOW_NS:
-                return None
-            return _decode_result(payload)
-        except (ValueError, TypeError, EOFError, KeyError):
-            return None
-
-    def save(self, key: bytes, result: AnalysisResult) -> None:
-        """Store `result` atomically under `key`.
-
-        Raises:
-            OSError: the directory cannot be written (callers may ignore it).
-        """
-        _ensure_directory(self.directory)
-        record: object = (key, time.time_ns(), _encode_result(result))
-        payload = marshal.dumps(cast(tuple[bytes, int], record))
-        write_atomically(self.path, payload, durable=False)

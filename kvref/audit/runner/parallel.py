@@ -233,8 +233,7 @@ def _summarize_chunk_packed(
     for path, expected in chunk:
         # Each summary is pickled and dropped before the next file is parsed instead of
         # being held to the chunk's end: long-lived objects among the parser's short-lived
-        # ones slow later parses (holding all of vLLM's summaries made parsing 7% slower in
-        # one process).
+        # ones make the garbage collector's later passes over them slow every later parse.
         result, stamp, digest = summarize_path(
             path, root, summarize, expected_digest=expected, max_bytes=max_bytes
         )

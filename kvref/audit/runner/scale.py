@@ -22,7 +22,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TextIO, cast
 
-from kvref.audit.runner.cache import ResultCache, SummaryCache, default_cache_dir, version_stamp
+from kvref.audit.runner.cache import SummaryCache, default_cache_dir, version_stamp
+from kvref.audit.runner.results import ResultCache
 from kvref.audit.discover.environment import InterpreterError, discover_environment
 from kvref.audit.runner.forked import fork_available
 from kvref.audit.model import AnalysisOptions, AnalysisResult, FileError
