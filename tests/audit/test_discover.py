@@ -13,10 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvref.audit.discover import files as discover_module
-from kvref.audit.discover.files import (
-    DiscoveryError,
+from kvref.audit.discover.files import DiscoveryError, discover
+from kvref.audit.discover.gitignore import (
     IgnoreMatcher,
-    discover,
     is_gitignored,
     matches_glob,
     parse_gitignore,
