@@ -7,12 +7,13 @@ from typing import cast
 
 from typing_extensions import override
 
+from kvref.audit.catalogue import FixSafety
 from kvref.audit.rules.context import ModuleContext, is_private_name, primary_definition
 from kvref.audit.fixes.import_edits import import_edits
 from kvref.audit.model import AnalysisOptions, Applicability, Edit, Finding, Fix, RequiredImport
 from kvref.audit.fixes.override_spelling import override_spelling
-from kvref.audit.resolve.hierarchy import BUILTINS, MemberHit
-from kvref.audit.rules import Rule
+from kvref.audit.resolve.targets import BUILTINS, MemberHit
+from kvref.audit.rules.base import Rule
 from kvref.audit.rules._override import marks_override
 from kvref.audit.summarise.summary import ClassSummary, FunctionSummary
 
@@ -40,9 +41,7 @@ class MissingOverride(Rule):
     exempt; overrides of `object`'s methods (`__repr__`, `__eq__`), implementations of
     abstract methods and members of Protocol bases are reported; class-private `__names`
     never override. A class with a base that cannot be resolved (an uninstalled package) is
-    still checked against the bases that do resolve, as the type checkers do with an unknown
-    base: a method that a known base (or `object`) binds overrides it whatever the unknown
-    base holds.
+    still checked against the bases that do resolve, as the type checkers do.
 
     Example:
         class Tier(Base):
@@ -67,8 +66,9 @@ class MissingOverride(Rule):
 
     code = "KVR001"
     name = "missing-override"
+    summary = "Reports a method that overrides a base-class member but is not decorated `@override`."
     message = 'Method "{method}" overrides "{base}" but is not decorated with @override'
-    fixable = True
+    fix_safety = FixSafety.SAFE
     fix_title = "Add @override"
 
     @override

@@ -1,4 +1,4 @@
-"""How an override's parameter annotation relates to its base's (for KVR101 and KVR103).
+"""How an override's parameter annotation relates to its base's (shared by KVR101 and KVR103).
 
 The collection ABCs and builtins form a lattice (`list` < `MutableSequence` < `Sequence` <
 `Collection` < `Iterable`...). An override parameter whose annotation is below or beside the
@@ -12,20 +12,16 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 from kvref.audit.fixes.annotation_imports import required_imports
-from kvref.audit.rules.context import ModuleContext, is_private_name, param_symbol, primary_definition
 from kvref.audit.fixes.import_edits import import_edits
-from kvref.audit.model import Applicability, Edit, Finding, Fix
-from kvref.audit.resolve.hierarchy import ClassInfo, MemberHit
-from kvref.audit.summarise.summary import FunctionSummary, Param, TypeExpr
-
-if TYPE_CHECKING:
-    from kvref.audit.rules import Rule
+from kvref.audit.model import Applicability, Edit, Fix
+from kvref.audit.resolve.targets import ClassInfo, MemberHit
+from kvref.audit.rules.context import ModuleContext, is_private_name, param_symbol, primary_definition
+from kvref.audit.summarise.summary import FunctionSummary, Param, Span, TypeExpr
 
 __all__ = [
-    "report_parameter_pairs",
     "ParamPair",
     "Relation",
     "annotation_fix",
@@ -96,6 +92,26 @@ class ParamPair:
     relation: Relation
     owner: ClassInfo
     base_owner: ClassInfo
+
+    @property
+    def span(self) -> Span:
+        """Where a finding about the parameter points: its annotation."""
+        return self.param.annotation_span or self.param.span
+
+    @property
+    def symbol(self) -> str:
+        """The finding's baseline symbol."""
+        return param_symbol(self.method, self.param.name)
+
+    def fields(self) -> dict[str, str]:
+        """The message fields: param, method, base, annotation, base_annotation."""
+        return {
+            "param": self.param.name,
+            "method": self.method.qualname,
+            "base": self.base_name,
+            "annotation": self.annotation.text,
+            "base_annotation": self.base_annotation.text,
+        }
 
 
 def _ancestors(head: str) -> set[str]:
@@ -237,23 +253,3 @@ def annotation_fix(context: ModuleContext, pair: ParamPair, title: str) -> Fix |
         first_party=options.first_party,
     )
     return Fix(Applicability.UNSAFE, (edit, *added), description=title)
-
-
-def report_parameter_pairs(rule: Rule, context: ModuleContext, *relations: Relation) -> Iterator[Finding]:
-    """Findings of `rule` for each override parameter whose annotation relates as `relations`.
-
-    KVR101 and KVR103 differ only in the relations they report; both messages take the same
-    fields and both offer the same unsafe fix.
-    """
-    for pair in overridden_parameters(context, *relations):
-        yield rule.report(
-            context,
-            pair.param.annotation_span or pair.param.span,
-            param_symbol(pair.method, pair.param.name),
-            annotation_fix(context, pair, rule.fix_title),
-            param=pair.param.name,
-            method=pair.method.qualname,
-            base=pair.base_name,
-            annotation=pair.annotation.text,
-            base_annotation=pair.base_annotation.text,
-        )
