@@ -39,7 +39,6 @@ _PROTOCOL = ("typing", "Protocol")
 # Special forms to type checkers: their runtime helpers (`__class_getitem__`...) are no
 # members a user class overrides.
 _SPECIAL_FORMS = frozenset({("typing", "Protocol"), ("typing", "Generic")})
-# Process-wide cache of parsed standard-library and search-path files (they do not change).
 
 
 class ProjectIndex:

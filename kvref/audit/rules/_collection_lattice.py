@@ -34,30 +34,27 @@ __all__ = [
 _LSP_EXEMPT = frozenset({"__init__", "__new__", "__init_subclass__", "__post_init__"})
 
 _ABC = "collections.abc."
+
+
+def _abc(*names: str) -> tuple[str, ...]:
+    return tuple(_ABC + name for name in names)
+
+
+# Each collection class -> its direct supertypes (the space-separated names are ABCs).
 _SUPERTYPES: dict[str, tuple[str, ...]] = {
-    _ABC + "Iterator": (_ABC + "Iterable",),
-    _ABC + "Generator": (_ABC + "Iterator",),
-    _ABC + "Reversible": (_ABC + "Iterable",),
-    _ABC + "Collection": (_ABC + "Iterable", _ABC + "Container", _ABC + "Sized"),
-    _ABC + "Sequence": (_ABC + "Collection", _ABC + "Reversible"),
-    _ABC + "MutableSequence": (_ABC + "Sequence",),
-    _ABC + "Set": (_ABC + "Collection",),
-    _ABC + "MutableSet": (_ABC + "Set",),
-    _ABC + "Mapping": (_ABC + "Collection",),
-    _ABC + "MutableMapping": (_ABC + "Mapping",),
-    _ABC + "MappingView": (_ABC + "Sized",),
-    _ABC + "KeysView": (_ABC + "MappingView", _ABC + "Set"),
-    _ABC + "ItemsView": (_ABC + "MappingView", _ABC + "Set"),
-    _ABC + "ValuesView": (_ABC + "MappingView", _ABC + "Collection"),
-    "builtins.list": (_ABC + "MutableSequence",),
-    "builtins.tuple": (_ABC + "Sequence",),
-    "builtins.str": (_ABC + "Sequence",),
-    "builtins.bytes": (_ABC + "Sequence",),
-    "builtins.range": (_ABC + "Sequence",),
-    "builtins.set": (_ABC + "MutableSet",),
-    "builtins.frozenset": (_ABC + "Set",),
-    "builtins.dict": (_ABC + "MutableMapping",),
-    "collections.deque": (_ABC + "MutableSequence",),
+    **{_ABC + k: _abc(*v.split()) for k, v in {
+        "Iterator": "Iterable", "Generator": "Iterator", "Reversible": "Iterable",
+        "Collection": "Iterable Container Sized", "Sequence": "Collection Reversible",
+        "MutableSequence": "Sequence", "Set": "Collection", "MutableSet": "Set",
+        "Mapping": "Collection", "MutableMapping": "Mapping", "MappingView": "Sized",
+        "KeysView": "MappingView Set", "ItemsView": "MappingView Set",
+        "ValuesView": "MappingView Collection",
+    }.items()},
+    **{"builtins." + k: _abc(v) for k, v in {
+        "list": "MutableSequence", "tuple": "Sequence", "str": "Sequence", "bytes": "Sequence",
+        "range": "Sequence", "set": "MutableSet", "frozenset": "Set", "dict": "MutableMapping",
+    }.items()},
+    "collections.deque": _abc("MutableSequence"),
     "collections.OrderedDict": ("builtins.dict",),
     "collections.defaultdict": ("builtins.dict",),
 }
@@ -217,14 +214,8 @@ def _related_parameters(context: ModuleContext) -> Iterator[ParamPair]:
                 relation = compare_annotations(base_param.annotation, param.annotation)
                 if relation not in _UNRELATED:
                     yield ParamPair(
-                        method,
-                        param,
-                        param.annotation,
-                        hit.dotted(name),
-                        base_param.annotation,
-                        relation,
-                        cls.info,
-                        hit.owner,
+                        method, param, param.annotation, hit.dotted(name), base_param.annotation,
+                        relation, cls.info, hit.owner,
                     )
 
 
@@ -246,10 +237,7 @@ def annotation_fix(context: ModuleContext, pair: ParamPair, title: str) -> Fix |
     edit = Edit(span.line, span.col, span.end_line, span.end_col, text)
     options = context.options
     added = import_edits(
-        context.summary.import_facts,
-        imports,
-        newline=context.summary.newline,
-        line_length=options.import_line_length,
-        first_party=options.first_party,
+        context.summary.import_facts, imports, newline=context.summary.newline,
+        line_length=options.import_line_length, first_party=options.first_party,
     )
     return Fix(Applicability.UNSAFE, (edit, *added), description=title)

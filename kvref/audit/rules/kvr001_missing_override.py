@@ -53,15 +53,12 @@ class MissingOverride(Rule):
             def lookup(self, keys): ...
 
     Fix safety:
-        Safe: `@override` is inserted as the innermost decorator with the def's indentation
-        (it only sets `__override__` on the function) and the import is added or merged
-        where ruff's isort puts it. The decorator always means `typing_extensions.override`
-        (or `typing.override` where the project's Python floor, from `target-version` or
-        `requires-python`, is 3.12+): a name the module or class already binds to something
-        else is never reused; the import then gets an alias (`override as
-        typing_override`). Unsafe where it would import `typing_extensions` and the project
-        does not declare it (the fixed module would not import where it is not installed):
-        `--unsafe-fixes` applies it anyway, and the fix's description says what to add.
+        Safe: `@override` (which only sets `__override__`) becomes the innermost decorator
+        and its import is merged where ruff's isort puts it: `typing_extensions.override`, or
+        `typing.override` on a Python 3.12+ floor (`target-version`, `requires-python`),
+        aliased (`override as typing_override`) when the name is bound to something else.
+        Unsafe where it would import `typing_extensions` and the project does not declare
+        it; the fix's description says what to add.
     """
 
     code = "KVR001"
