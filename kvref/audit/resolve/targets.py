@@ -83,11 +83,6 @@ class MemberHit:
     definitions: tuple[FunctionSummary, ...]
 
     @property
-    def is_method(self) -> bool:
-        """The base binds the name with `def` (not an attribute)."""
-        return bool(self.definitions)
-
-    @property
     def is_abstract(self) -> bool:
         """The base declares it abstract."""
         return any(d.is_abstract for d in self.definitions)
