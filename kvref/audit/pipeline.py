@@ -21,7 +21,9 @@ from kvref.audit.rules.context import ClassContext, ModuleContext
 from kvref.audit.runner.forked import run_shares
 from kvref.audit.model import AnalysisOptions, AnalysisResult, FileError, Finding
 from kvref.audit.discover.paths import absolute_path, relative_path
-from kvref.audit.resolve.hierarchy import ClassInfo, ClassKey, ProjectIndex, Unresolved, module_names_for
+from kvref.audit.resolve.hierarchy import ProjectIndex
+from kvref.audit.resolve.modules import module_names_for
+from kvref.audit.resolve.targets import ClassInfo, ClassKey, Unresolved
 from kvref.audit.rules import ALL_RULES
 from kvref.audit.summarise.summary import ModuleSummary, SummaryError, summarize
 

@@ -16,7 +16,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvref.audit.catalogue import RuleInfo
+from kvref.audit.catalogue import FixSafety, RuleInfo
 from kvref.audit.command import Backend
 from kvref.audit.model import (
     AnalysisOptions,
@@ -41,11 +41,11 @@ def _doc(what: str, safety: str = "Safe: only adds a decorator.") -> str:
 
 
 FAKE_RULES: tuple[RuleInfo, ...] = (
-    RuleInfo("KVR001", "missing-override", True, True, _doc("Checks for overrides without it.")),
-    RuleInfo("KVR002", "stale-override", True, True, _doc("Checks for stale @override.")),
-    RuleInfo("KVR101", "narrowed-collection-parameter", True, True, _doc("Checks narrowing.", "Unsafe: the body may index.")),
-    RuleInfo("KVR102", "multi-pass-iterable", True, False, _doc("Checks double iteration.")),
-    RuleInfo("KVR103", "override-annotation-drift", False, True, _doc("Checks drift.", "Unsafe: narrows.")),
+    RuleInfo("KVR001", "missing-override", True, FixSafety.SAFE, "Checks for overrides without it.", _doc("Checks for overrides without it.")),
+    RuleInfo("KVR002", "stale-override", True, FixSafety.SAFE, "Checks for stale @override.", _doc("Checks for stale @override.")),
+    RuleInfo("KVR101", "narrowed-collection-parameter", True, FixSafety.UNSAFE, "Checks narrowing.", _doc("Checks narrowing.", "Unsafe: the body may index.")),
+    RuleInfo("KVR102", "multi-pass-iterable", True, FixSafety.NONE, "Checks double iteration.", _doc("Checks double iteration.")),
+    RuleInfo("KVR103", "override-annotation-drift", False, FixSafety.UNSAFE, "Checks drift.", _doc("Checks drift.", "Unsafe: narrows.")),
 )
 
 

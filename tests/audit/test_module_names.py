@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvref.audit import analyze
-from kvref.audit.resolve.hierarchy import module_names_for
+from kvref.audit.resolve.modules import module_names_for
 
 BASE = "class Base:\n    def run(self) -> None: ...\n"
 

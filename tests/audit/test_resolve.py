@@ -7,7 +7,7 @@ import json.encoder
 import sysconfig
 from pathlib import Path
 
-from kvref.audit.resolve.hierarchy import standard_library_files
+from kvref.audit.resolve.stdlib import standard_library_files
 from kvref.audit.summarise.summary import summarize
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])

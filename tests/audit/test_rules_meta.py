@@ -11,6 +11,7 @@ import pytest
 
 import kvref.audit.rules as rules_package
 from kvref.audit import ALL_RULES, Rule, get_rule
+from kvref.audit.catalogue import FixSafety, doc_section
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RULES_DIR = Path(rules_package.__file__).parent
@@ -72,3 +73,13 @@ def test_messages_are_templates_not_f_strings_in_checks() -> None:
                 assert not any(isinstance(n, ast.JoinedStr) for n in ast.walk(node)), module.name
     for rule in ALL_RULES:
         assert "{" in rule.message
+
+
+@pytest.mark.parametrize("rule", ALL_RULES, ids=lambda r: r.code)
+def test_declared_fix_safety_and_summary_agree_with_the_docstring(rule: Rule) -> None:
+    doc = inspect.getdoc(type(rule)) or ""
+    prose = doc_section(doc, "Fix safety").split(":", 1)[0].strip().lower()
+    expected = {"safe": FixSafety.SAFE, "unsafe": FixSafety.UNSAFE, "no fix": FixSafety.NONE}
+    assert expected[prose] is rule.fix_safety
+    assert (rule.fix_title != "") == rule.fixable
+    assert " ".join(doc.split("\n\n", 1)[0].split()) == rule.summary

@@ -13,7 +13,7 @@ from typing import cast
 import pytest
 
 import kvref.audit.pipeline
-import kvref.audit.resolve.hierarchy
+import kvref.audit.resolve.modules
 import kvref.audit.runner.scale
 from kvref.audit.runner.cache import SummaryCache
 from kvref.audit.command import main
@@ -177,7 +177,7 @@ def test_summaries_made_in_a_forked_checker_are_saved_with_the_parents_cache(
     # reaches json.encoder, so its summary reaches the cache only if the child sends it back.
     monkeypatch.setattr(kvref.audit.pipeline, "MIN_SHARE", 1)
     # This process may have summarised json.encoder for an earlier test: forget it.
-    monkeypatch.setattr(kvref.audit.resolve.hierarchy, "_FILE_CACHE", {})
+    monkeypatch.setattr(kvref.audit.resolve.modules, "FILE_CACHE", {})
     (project / "demo" / "zz.py").write_text(
         "import json\n\n\nclass Encoder(json.JSONEncoder):\n    def default(self, o: object) -> object: ...\n"
     )

@@ -5,15 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvref.audit.pipeline import analyze
-from kvref.audit.resolve.hierarchy import _import_stdlib_extension  # pyright: ignore[reportPrivateUsage]
+from kvref.audit.resolve.stdlib import import_stdlib_extension
 
 
 def test_only_top_level_stdlib_extension_modules_are_imported() -> None:
-    assert _import_stdlib_extension("_pickle") is not None
-    assert _import_stdlib_extension("_ctypes") is not None
-    assert _import_stdlib_extension("json") is None  # Python source: read, never imported
-    assert _import_stdlib_extension("os.path") is None
-    assert _import_stdlib_extension("hypothesis") is None  # not the standard library
+    assert import_stdlib_extension("_pickle") is not None
+    assert import_stdlib_extension("_ctypes") is not None
+    assert import_stdlib_extension("json") is None  # Python source: read, never imported
+    assert import_stdlib_extension("os.path") is None
+    assert import_stdlib_extension("hypothesis") is None  # not the standard library
 
 
 def test_a_class_over_a_c_extension_base_is_resolved(tmp_path: Path) -> None:

@@ -21,7 +21,8 @@ import sys
 from collections.abc import Iterator, Sequence
 
 from kvref.audit.model import RequiredImport
-from kvref.audit.resolve.hierarchy import ClassInfo, ModuleTarget, ProjectIndex
+from kvref.audit.resolve.hierarchy import ProjectIndex
+from kvref.audit.resolve.targets import ClassInfo, ModuleTarget
 from kvref.audit.summarise.summary import Binding, ModuleSummary, dotted_name
 
 __all__ = ["annotation_names", "required_imports"]

@@ -20,7 +20,7 @@ from collections import Counter
 from typing import Literal, NotRequired, TypedDict
 from urllib.parse import quote
 
-from kvref.audit.catalogue import RuleInfo, doc_section
+from kvref.audit.catalogue import FixSafety, RuleInfo, doc_section
 from kvref.audit.model import Applicability, Fix
 from kvref.audit.report import Report
 
@@ -203,7 +203,7 @@ def build_sarif(report: Report) -> SarifLog:
     known = {rule.code for rule in rules}
     # A finding whose rule the catalogue does not list still needs a descriptor.
     for code in sorted({finding.code for finding in report.findings} - known):
-        rules.append(RuleInfo(code=code, name=code.lower(), default_enabled=True, fixable=False, doc=code))
+        rules.append(RuleInfo(code, code.lower(), True, FixSafety.NONE, "", code))
     index = {rule.code: position for position, rule in enumerate(rules)}
     occurrences: Counter[tuple[str, str, str]] = Counter()
     results: list[Result] = []

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from kvref.audit.resolve.hierarchy import ClassKey, ModuleTarget, ProjectIndex, Unresolved
+from kvref.audit.resolve.hierarchy import ProjectIndex
+from kvref.audit.resolve.targets import ClassKey, ModuleTarget, Unresolved
 from kvref.audit.summarise.summary import FunctionSummary
 
 __all__ = ["OVERRIDE_FUNCTIONS", "marks_override"]

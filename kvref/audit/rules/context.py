@@ -5,15 +5,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kvref.audit.model import AnalysisOptions, Finding, Fix
-from kvref.audit.resolve.hierarchy import ClassInfo, ClassKey, ProjectIndex
-from kvref.audit.summarise.summary import FunctionSummary, ModuleSummary, Span
+from kvref.audit.model import AnalysisOptions
+from kvref.audit.resolve.hierarchy import ProjectIndex
+from kvref.audit.resolve.targets import ClassInfo, ClassKey
+from kvref.audit.summarise.summary import FunctionSummary, ModuleSummary
 
 __all__ = [
     "ClassContext",
     "ModuleContext",
     "is_private_name",
-    "make_finding",
     "param_symbol",
     "primary_definition",
 ]
@@ -42,7 +42,7 @@ class ModuleContext:
             package): only a rule that a known base proves (KVR001) looks at them, through
             `ProjectIndex.find_known_member`.
         derived: facts about the module that several rules need, computed by the first rule
-            that asks and kept here for the others (see `kvref.audit.rules.annotations`).
+            that asks and kept here for the others (see `kvref.audit.rules._collection_lattice`).
     """
 
     path: str
@@ -72,23 +72,6 @@ def primary_definition(definitions: Sequence[FunctionSummary]) -> FunctionSummar
         getters = [d for d in implementations if d.is_property]
         return getters[0] if getters else implementations[-1]
     return candidates[0]
-
-
-def make_finding(
-    path: str, code: str, message: str, span: Span, symbol: str, fix: Fix | None = None
-) -> Finding:
-    """A finding at a 0-based-column span (findings carry 1-based columns)."""
-    return Finding(
-        path=path,
-        line=span.line,
-        col=span.col + 1,
-        end_line=span.end_line,
-        end_col=span.end_col + 1,
-        code=code,
-        message=message,
-        symbol=symbol,
-        fix=fix,
-    )
 
 
 def param_symbol(function: FunctionSummary, param: str) -> str:

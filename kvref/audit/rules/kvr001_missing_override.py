@@ -7,12 +7,13 @@ from typing import cast
 
 from typing_extensions import override
 
+from kvref.audit.catalogue import FixSafety
 from kvref.audit.rules.context import ModuleContext, is_private_name, primary_definition
 from kvref.audit.fixes.import_edits import import_edits
 from kvref.audit.model import AnalysisOptions, Applicability, Edit, Finding, Fix, RequiredImport
 from kvref.audit.fixes.override_spelling import override_spelling
-from kvref.audit.resolve.hierarchy import BUILTINS, MemberHit
-from kvref.audit.rules import Rule
+from kvref.audit.resolve.targets import BUILTINS, MemberHit
+from kvref.audit.rules.base import Rule
 from kvref.audit.rules._override import marks_override
 from kvref.audit.summarise.summary import ClassSummary, FunctionSummary
 
@@ -40,9 +41,7 @@ class MissingOverride(Rule):
     exempt; overrides of `object`'s methods (`__repr__`, `__eq__`), implementations of
     abstract methods and members of Protocol bases are reported; class-private `__names`
     never override. A class with a base that cannot be resolved (an uninstalled package) is
-    still checked against the bases that do resolve, as the type checkers do with an unknown
-    base: a method that a known base (or `object`) binds overrides it whatever the unknown
-    base holds.
+    still checked against the bases that do resolve, as the type checkers do.
 
     Example:
         class Tier(Base):
@@ -54,21 +53,19 @@ class MissingOverride(Rule):
             def lookup(self, keys): ...
 
     Fix safety:
-        Safe: `@override` is inserted as the innermost decorator with the def's indentation
-        (it only sets `__override__` on the function) and the import is added or merged
-        where ruff's isort puts it. The decorator always means `typing_extensions.override`
-        (or `typing.override` where the project's Python floor, from `target-version` or
-        `requires-python`, is 3.12+): a name the module or class already binds to something
-        else is never reused; the import then gets an alias (`override as
-        typing_override`). Unsafe where it would import `typing_extensions` and the project
-        does not declare it (the fixed module would not import where it is not installed):
-        `--unsafe-fixes` applies it anyway, and the fix's description says what to add.
+        Safe: `@override` (which only sets `__override__`) becomes the innermost decorator
+        and its import is merged where ruff's isort puts it: `typing_extensions.override`, or
+        `typing.override` on a Python 3.12+ floor (`target-version`, `requires-python`),
+        aliased (`override as typing_override`) when the name is bound to something else.
+        Unsafe where it would import `typing_extensions` and the project does not declare
+        it; the fix's description says what to add.
     """
 
     code = "KVR001"
     name = "missing-override"
+    summary = "Reports a method that overrides a base-class member but is not decorated `@override`."
     message = 'Method "{method}" overrides "{base}" but is not decorated with @override'
-    fixable = True
+    fix_safety = FixSafety.SAFE
     fix_title = "Add @override"
 
     @override

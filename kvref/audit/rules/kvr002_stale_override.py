@@ -8,7 +8,7 @@ from typing_extensions import override
 
 from kvref.audit.rules.context import ModuleContext, is_private_name
 from kvref.audit.model import Finding
-from kvref.audit.rules import Rule
+from kvref.audit.rules.base import Rule
 from kvref.audit.rules._override import marks_override
 
 __all__ = ["StaleOverride"]
@@ -48,6 +48,7 @@ class StaleOverride(Rule):
 
     code = "KVR002"
     name = "stale-override"
+    summary = "Reports `@override` on a method whose name no class in the MRO binds."
     message = 'Method "{method}" is decorated with @override but no base class of "{cls}" defines "{name}"'
 
     @override

@@ -6,10 +6,11 @@ from collections.abc import Iterator
 
 from typing_extensions import override
 
-from kvref.audit.rules.annotations import Relation, report_parameter_pairs
-from kvref.audit.rules.context import ModuleContext
+from kvref.audit.catalogue import FixSafety
 from kvref.audit.model import Finding
-from kvref.audit.rules import Rule
+from kvref.audit.rules._collection_lattice import Relation, annotation_fix, overridden_parameters
+from kvref.audit.rules.base import Rule
+from kvref.audit.rules.context import ModuleContext
 
 __all__ = ["NarrowedCollectionParameter"]
 
@@ -51,13 +52,17 @@ class NarrowedCollectionParameter(Rule):
 
     code = "KVR101"
     name = "narrowed-collection-parameter"
+    summary = "Reports an override parameter annotated with a narrower collection than the base's."
     message = (
         'Parameter "{param}" of "{method}" narrows "{base_annotation}" of "{base}" to '
         '"{annotation}": callers of the base may pass values the override cannot take'
     )
-    fixable = True
+    fix_safety = FixSafety.UNSAFE
     fix_title = "Annotate the parameter as the base method does"
 
     @override
     def check(self, context: ModuleContext) -> Iterator[Finding]:
-        return report_parameter_pairs(self, context, Relation.NARROWED, Relation.INCOMPATIBLE)
+        # Narrower or unrelated: callers of the base may pass what the override cannot take.
+        for pair in overridden_parameters(context, Relation.NARROWED, Relation.INCOMPATIBLE):
+            fix = annotation_fix(context, pair, self.fix_title)
+            yield self.report(context, pair.span, pair.symbol, fix, **pair.fields())

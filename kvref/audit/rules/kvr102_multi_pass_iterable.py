@@ -8,7 +8,7 @@ from typing_extensions import override
 
 from kvref.audit.rules.context import ModuleContext, param_symbol
 from kvref.audit.model import Finding
-from kvref.audit.rules import Rule
+from kvref.audit.rules.base import Rule
 from kvref.audit.summarise.summary import FunctionSummary, MultiPass
 
 __all__ = ["MultiPassIterable"]
@@ -49,6 +49,7 @@ class MultiPassIterable(Rule):
 
     code = "KVR102"
     name = "multi-pass-iterable"
+    summary = "Reports a parameter annotated `Iterable[...]`/`Iterator[...]` that the body consumes twice."
     message = (
         'Parameter "{param}" of "{function}" is annotated "{annotation}" but consumed more '
         "than once ({where}); a generator is empty on the second pass: annotate it Collection"

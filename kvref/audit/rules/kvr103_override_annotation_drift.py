@@ -6,10 +6,11 @@ from collections.abc import Iterator
 
 from typing_extensions import override
 
-from kvref.audit.rules.annotations import Relation, report_parameter_pairs
-from kvref.audit.rules.context import ModuleContext
+from kvref.audit.catalogue import FixSafety
 from kvref.audit.model import Finding
-from kvref.audit.rules import Rule
+from kvref.audit.rules._collection_lattice import Relation, annotation_fix, overridden_parameters
+from kvref.audit.rules.base import Rule
+from kvref.audit.rules.context import ModuleContext
 
 __all__ = ["OverrideAnnotationDrift"]
 
@@ -49,14 +50,18 @@ class OverrideAnnotationDrift(Rule):
 
     code = "KVR103"
     name = "override-annotation-drift"
+    summary = "Reports an override parameter whose collection annotation legally differs from the base's."
     message = (
         'Parameter "{param}" of "{method}" is annotated "{annotation}" but "{base}" '
         'declares "{base_annotation}"'
     )
     default_enabled = False
-    fixable = True
+    fix_safety = FixSafety.UNSAFE
     fix_title = "Annotate the parameter as the base method does"
 
     @override
     def check(self, context: ModuleContext) -> Iterator[Finding]:
-        return report_parameter_pairs(self, context, Relation.WIDENED, Relation.RESPELLED)
+        # Legal but not uniform: a wider collection, or the same one spelled differently.
+        for pair in overridden_parameters(context, Relation.WIDENED, Relation.RESPELLED):
+            fix = annotation_fix(context, pair, self.fix_title)
+            yield self.report(context, pair.span, pair.symbol, fix, **pair.fields())

@@ -121,7 +121,7 @@ class _CachedSummarizer:
         self, paths: Sequence[Path]
     ) -> Mapping[Path, ModuleSummary | FileError | Pickled[ModuleSummary]]:
         # Imported here: a warm run, answered from the result cache, never loads the index.
-        from kvref.audit.resolve.hierarchy import standard_library_files
+        from kvref.audit.resolve.stdlib import standard_library_files
 
         return summarize_many(
             paths,

@@ -1,4 +1,4 @@
-"""How an override's parameter annotation relates to its base's (for KVR101 and KVR103).
+"""How an override's parameter annotation relates to its base's (shared by KVR101 and KVR103).
 
 The collection ABCs and builtins form a lattice (`list` < `MutableSequence` < `Sequence` <
 `Collection` < `Iterable`...). An override parameter whose annotation is below or beside the
@@ -12,20 +12,16 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 from kvref.audit.fixes.annotation_imports import required_imports
-from kvref.audit.rules.context import ModuleContext, is_private_name, param_symbol, primary_definition
 from kvref.audit.fixes.import_edits import import_edits
-from kvref.audit.model import Applicability, Edit, Finding, Fix
-from kvref.audit.resolve.hierarchy import ClassInfo, MemberHit
-from kvref.audit.summarise.summary import FunctionSummary, Param, TypeExpr
-
-if TYPE_CHECKING:
-    from kvref.audit.rules import Rule
+from kvref.audit.model import Applicability, Edit, Fix
+from kvref.audit.resolve.targets import ClassInfo, MemberHit
+from kvref.audit.rules.context import ModuleContext, is_private_name, param_symbol, primary_definition
+from kvref.audit.summarise.summary import FunctionSummary, Param, Span, TypeExpr
 
 __all__ = [
-    "report_parameter_pairs",
     "ParamPair",
     "Relation",
     "annotation_fix",
@@ -38,30 +34,27 @@ __all__ = [
 _LSP_EXEMPT = frozenset({"__init__", "__new__", "__init_subclass__", "__post_init__"})
 
 _ABC = "collections.abc."
+
+
+def _abc(*names: str) -> tuple[str, ...]:
+    return tuple(_ABC + name for name in names)
+
+
+# Each collection class -> its direct supertypes (the space-separated names are ABCs).
 _SUPERTYPES: dict[str, tuple[str, ...]] = {
-    _ABC + "Iterator": (_ABC + "Iterable",),
-    _ABC + "Generator": (_ABC + "Iterator",),
-    _ABC + "Reversible": (_ABC + "Iterable",),
-    _ABC + "Collection": (_ABC + "Iterable", _ABC + "Container", _ABC + "Sized"),
-    _ABC + "Sequence": (_ABC + "Collection", _ABC + "Reversible"),
-    _ABC + "MutableSequence": (_ABC + "Sequence",),
-    _ABC + "Set": (_ABC + "Collection",),
-    _ABC + "MutableSet": (_ABC + "Set",),
-    _ABC + "Mapping": (_ABC + "Collection",),
-    _ABC + "MutableMapping": (_ABC + "Mapping",),
-    _ABC + "MappingView": (_ABC + "Sized",),
-    _ABC + "KeysView": (_ABC + "MappingView", _ABC + "Set"),
-    _ABC + "ItemsView": (_ABC + "MappingView", _ABC + "Set"),
-    _ABC + "ValuesView": (_ABC + "MappingView", _ABC + "Collection"),
-    "builtins.list": (_ABC + "MutableSequence",),
-    "builtins.tuple": (_ABC + "Sequence",),
-    "builtins.str": (_ABC + "Sequence",),
-    "builtins.bytes": (_ABC + "Sequence",),
-    "builtins.range": (_ABC + "Sequence",),
-    "builtins.set": (_ABC + "MutableSet",),
-    "builtins.frozenset": (_ABC + "Set",),
-    "builtins.dict": (_ABC + "MutableMapping",),
-    "collections.deque": (_ABC + "MutableSequence",),
+    **{_ABC + k: _abc(*v.split()) for k, v in {
+        "Iterator": "Iterable", "Generator": "Iterator", "Reversible": "Iterable",
+        "Collection": "Iterable Container Sized", "Sequence": "Collection Reversible",
+        "MutableSequence": "Sequence", "Set": "Collection", "MutableSet": "Set",
+        "Mapping": "Collection", "MutableMapping": "Mapping", "MappingView": "Sized",
+        "KeysView": "MappingView Set", "ItemsView": "MappingView Set",
+        "ValuesView": "MappingView Collection",
+    }.items()},
+    **{"builtins." + k: _abc(v) for k, v in {
+        "list": "MutableSequence", "tuple": "Sequence", "str": "Sequence", "bytes": "Sequence",
+        "range": "Sequence", "set": "MutableSet", "frozenset": "Set", "dict": "MutableMapping",
+    }.items()},
+    "collections.deque": _abc("MutableSequence"),
     "collections.OrderedDict": ("builtins.dict",),
     "collections.defaultdict": ("builtins.dict",),
 }
@@ -96,6 +89,26 @@ class ParamPair:
     relation: Relation
     owner: ClassInfo
     base_owner: ClassInfo
+
+    @property
+    def span(self) -> Span:
+        """Where a finding about the parameter points: its annotation."""
+        return self.param.annotation_span or self.param.span
+
+    @property
+    def symbol(self) -> str:
+        """The finding's baseline symbol."""
+        return param_symbol(self.method, self.param.name)
+
+    def fields(self) -> dict[str, str]:
+        """The message fields: param, method, base, annotation, base_annotation."""
+        return {
+            "param": self.param.name,
+            "method": self.method.qualname,
+            "base": self.base_name,
+            "annotation": self.annotation.text,
+            "base_annotation": self.base_annotation.text,
+        }
 
 
 def _ancestors(head: str) -> set[str]:
@@ -201,14 +214,8 @@ def _related_parameters(context: ModuleContext) -> Iterator[ParamPair]:
                 relation = compare_annotations(base_param.annotation, param.annotation)
                 if relation not in _UNRELATED:
                     yield ParamPair(
-                        method,
-                        param,
-                        param.annotation,
-                        hit.dotted(name),
-                        base_param.annotation,
-                        relation,
-                        cls.info,
-                        hit.owner,
+                        method, param, param.annotation, hit.dotted(name), base_param.annotation,
+                        relation, cls.info, hit.owner,
                     )
 
 
@@ -230,30 +237,7 @@ def annotation_fix(context: ModuleContext, pair: ParamPair, title: str) -> Fix |
     edit = Edit(span.line, span.col, span.end_line, span.end_col, text)
     options = context.options
     added = import_edits(
-        context.summary.import_facts,
-        imports,
-        newline=context.summary.newline,
-        line_length=options.import_line_length,
-        first_party=options.first_party,
+        context.summary.import_facts, imports, newline=context.summary.newline,
+        line_length=options.import_line_length, first_party=options.first_party,
     )
     return Fix(Applicability.UNSAFE, (edit, *added), description=title)
-
-
-def report_parameter_pairs(rule: Rule, context: ModuleContext, *relations: Relation) -> Iterator[Finding]:
-    """Findings of `rule` for each override parameter whose annotation relates as `relations`.
-
-    KVR101 and KVR103 differ only in the relations they report; both messages take the same
-    fields and both offer the same unsafe fix.
-    """
-    for pair in overridden_parameters(context, *relations):
-        yield rule.report(
-            context,
-            pair.param.annotation_span or pair.param.span,
-            param_symbol(pair.method, pair.param.name),
-            annotation_fix(context, pair, rule.fix_title),
-            param=pair.param.name,
-            method=pair.method.qualname,
-            base=pair.base_name,
-            annotation=pair.annotation.text,
-            base_annotation=pair.base_annotation.text,
-        )
