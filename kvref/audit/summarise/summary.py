@@ -21,22 +21,20 @@ from __future__ import annotations
 import ast
 import bisect
 import builtins
-import io
 import re
-import tokenize
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Final, TypeVar, cast
 
 from typing_extensions import dataclass_transform
 
+from kvref.audit.source import SummaryError, decode_source, detect_newline, line_char_col, split_lines
 from kvref.audit.summarise.passes import count_passes, target_names
 from kvref.audit.summarise.suppress import candidate_lines
-from kvref.errors import KVRefError
 
 __all__ = [
-    "Binding",
     "BaseRef",
+    "Binding",
     "ClassSummary",
     "FunctionSummary",
     "ImportFacts",
@@ -79,7 +77,6 @@ _BUILTIN_NAMES = frozenset(dir(builtins))
 _ITERATION_HEADS = frozenset({"collections.abc.Iterable", "collections.abc.Iterator"})
 _STARRED_KINDS = frozenset({"vararg", "kwarg"})
 _DEF_NAME = re.compile(r"(?:async\s+)?def\s+|class\s+")
-_LINE_BREAK = re.compile(r"\r\n|\r|\n")
 _CLASS_WORD = re.compile(r"class\b")
 
 
@@ -97,21 +94,6 @@ def _record(cls: type[_R]) -> type[_R]:
     reads `frozen_default`) still rejects any assignment to a field.
     """
     return dataclass(slots=True, unsafe_hash=True)(cls)
-
-
-class SummaryError(KVRefError):
-    """A file that cannot be summarized: undecodable or not valid Python.
-
-    Attributes:
-        line, col: 1-based position of the problem (1, 1 when unknown).
-        message: what went wrong, one line.
-    """
-
-    def __init__(self, message: str, line: int = 1, col: int = 1) -> None:
-        super().__init__(f"{line}:{col}: {message}")
-        self.message = message
-        self.line = line
-        self.col = col
 
 
 @_record
@@ -357,55 +339,6 @@ class ModuleSummary:
     suppression_lines: tuple[int, ...] = ()
 
 
-def split_lines(text: str) -> list[str]:
-    """Split on the line breaks Python's tokenizer knows (not form feeds or U+2028)."""
-    if "\r" not in text:
-        return text.split("\n")
-    return _LINE_BREAK.split(text)
-
-
-def detect_newline(text: str) -> str:
-    """The file's line ending: that of its first line ("\n" when it has none)."""
-    match = _LINE_BREAK.search(text)
-    return match.group() if match else "\n"
-
-
-def decode_source(source: bytes) -> tuple[str, str, bool]:
-    """Decode per PEP 263 (BOM, coding cookie, else UTF-8): returns (text, encoding, bom)."""
-    # Most files: ASCII first two lines without a cookie are UTF-8 whatever follows, which is
-    # what `detect_encoding` would conclude after more work.
-    first_break = source.find(b"\n")
-    second_break = source.find(b"\n", first_break + 1) if first_break >= 0 else -1
-    head = source if second_break < 0 else source[:second_break]
-    if head.isascii() and b"coding" not in head:
-        try:
-            return source.decode("utf-8"), "utf-8", False
-        except UnicodeDecodeError:
-            pass  # reported with its position below
-    try:
-        encoding, _ = tokenize.detect_encoding(io.BytesIO(source).readline)
-    except SyntaxError as error:
-        # Either a bad cookie, or a first line that is not UTF-8: find which, and where.
-        encoding = "utf-8"
-        message = error.msg.partition(" for ")[0]
-        try:
-            source.decode(encoding)
-        except UnicodeDecodeError:
-            pass
-        else:
-            raise SummaryError(f"cannot decode: {message}", error.lineno or 1, 1) from None
-    bom = encoding == "utf-8-sig"
-    try:
-        text = source.decode(encoding)
-    except UnicodeDecodeError as error:
-        line = source.count(b"\n", 0, error.start) + 1
-        col = error.start - (source.rfind(b"\n", 0, error.start) + 1) + 1
-        raise SummaryError(f"cannot decode as {encoding}: {error.reason}", line, col) from None
-    except LookupError:
-        raise SummaryError(f"unknown encoding {encoding!r}") from None
-    return text, ("utf-8" if bom else encoding), bom
-
-
 def canonical_type_name(dotted: str) -> str:
     """Map typing spellings to the runtime classes: `typing.List` -> `builtins.list`."""
     module, _, name = dotted.rpartition(".")
@@ -504,7 +437,7 @@ def import_facts(tree: ast.Module, lines: Sequence[str], *, with_block: bool = T
 def _encode_import(statement: ast.Import | ast.ImportFrom, lines: Sequence[str]) -> str:
     """One line of `ImportFacts.block`."""
     end_line = statement.end_lineno or statement.lineno
-    head = f"{statement.lineno}\t{end_line}\t{_char_col(lines, end_line, statement.end_col_offset or 0)}"
+    head = f"{statement.lineno}\t{end_line}\t{line_char_col(lines, end_line, statement.end_col_offset or 0)}"
     if isinstance(statement, ast.Import):
         return f"{head}\t{statement.names[0].name}\t\t"
     module = "." * statement.level + (statement.module or "")
@@ -516,20 +449,12 @@ def _encode_import(statement: ast.Import | ast.ImportFrom, lines: Sequence[str])
             for a in statement.names
             for value in (
                 a.lineno,
-                _char_col(lines, a.lineno, a.col_offset),
+                line_char_col(lines, a.lineno, a.col_offset),
                 a.end_lineno or a.lineno,
-                _char_col(lines, a.end_lineno or a.lineno, a.end_col_offset or 0),
+                line_char_col(lines, a.end_lineno or a.lineno, a.end_col_offset or 0),
             )
         )
     return f"{head}\t{module}\t{names}\t{positions}"
-
-
-def _char_col(lines: Sequence[str], line: int, byte_col: int) -> int:
-    """The character column of a UTF-8 byte column (what `ast` reports)."""
-    text = lines[line - 1] if 0 < line <= len(lines) else ""
-    if text.isascii():
-        return byte_col
-    return len(text.encode("utf-8")[:byte_col].decode("utf-8", "replace"))
 
 
 def _is_docstring(statement: ast.stmt) -> bool:
@@ -1011,12 +936,7 @@ class _ModuleWalker:
     # --- positions ------------------------------------------------------------------------
 
     def _char_col(self, line: int, byte_col: int) -> int:
-        if self.ascii_only:
-            return byte_col
-        text = self.lines[line - 1] if 0 < line <= len(self.lines) else ""
-        if text.isascii():  # most lines even of a file with some non-ASCII text
-            return byte_col
-        return len(text.encode("utf-8")[:byte_col].decode("utf-8", "replace"))
+        return byte_col if self.ascii_only else line_char_col(self.lines, line, byte_col)
 
     def _col(self, node: ast.expr | ast.arg) -> int:
         return node.col_offset if self.ascii_only else self._char_col(node.lineno, node.col_offset)
