@@ -14,6 +14,9 @@ from collections.abc import Sequence
 from kvref.errors import KVRefError
 
 __all__ = [
+    "TYPING_ALIASES",
+    "TYPING_MODULES",
+    "TYPING_RUNTIME_CLASSES",
     "SummaryError",
     "char_col",
     "decode_lenient",
@@ -22,6 +25,45 @@ __all__ = [
     "line_char_col",
     "split_lines",
 ]
+
+# The modules whose names type checkers treat as `typing`'s (`override` among them).
+TYPING_MODULES: frozenset[str] = frozenset({"typing", "typing_extensions"})
+# typing spellings of classes, to the class a type checker takes them for, so that
+# `typing.Sequence` and `collections.abc.Sequence` compare equal.
+TYPING_ALIASES: dict[str, str] = {
+    **{
+        name: f"collections.abc.{name}"
+        for name in (
+            "AsyncGenerator", "AsyncIterable", "AsyncIterator", "Awaitable", "ByteString",
+            "Callable", "Collection", "Container", "Coroutine", "Generator", "Hashable",
+            "ItemsView", "Iterable", "Iterator", "KeysView", "Mapping", "MappingView",
+            "MutableMapping", "MutableSequence", "MutableSet", "Reversible", "Sequence",
+            "Sized", "ValuesView",
+        )
+    },
+    "AbstractSet": "collections.abc.Set",
+    "List": "builtins.list",
+    "Dict": "builtins.dict",
+    "Set": "builtins.set",
+    "FrozenSet": "builtins.frozenset",
+    "Tuple": "builtins.tuple",
+    "Type": "builtins.type",
+    "Text": "builtins.str",
+}  # fmt: skip
+# typing names whose runtime class lives elsewhere (`typing.Mapping` is an alias object): the
+# aliases, and the names that are no aliases to a type checker but are classes at run time.
+TYPING_RUNTIME_CLASSES: dict[str, str] = {
+    **TYPING_ALIASES,
+    "NamedTuple": "builtins.tuple",
+    "TypedDict": "builtins.dict",
+    "DefaultDict": "collections.defaultdict",
+    "OrderedDict": "collections.OrderedDict",
+    "Counter": "collections.Counter",
+    "ChainMap": "collections.ChainMap",
+    "Deque": "collections.deque",
+    "ContextManager": "contextlib.AbstractContextManager",
+    "AsyncContextManager": "contextlib.AbstractAsyncContextManager",
+}
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from kvref.audit.source import TYPING_RUNTIME_CLASSES
 from kvref.audit.summarise.summary import (
     Binding,
     ClassSummary,
@@ -53,35 +54,8 @@ _STDLIB = Path(sysconfig.get_paths()["stdlib"])
 _STDLIB_NAMES = frozenset(sys.stdlib_module_names)
 _DOTTED_NAME = re.compile(r"[^\W\d]\w*(?:\.[^\W\d]\w*)*")
 _OBJECT_RUNTIME_ONLY = frozenset({"__lt__", "__le__", "__gt__", "__ge__"})
-# typing names whose runtime class lives elsewhere (`typing.Mapping` is an alias object).
 _TYPING_REDIRECTS: dict[str, tuple[str, str]] = {
-    **{
-        name: ("collections.abc", name)
-        for name in (
-            "AsyncGenerator", "AsyncIterable", "AsyncIterator", "Awaitable", "ByteString",
-            "Callable", "Collection", "Container", "Coroutine", "Generator", "Hashable",
-            "ItemsView", "Iterable", "Iterator", "KeysView", "Mapping", "MappingView",
-            "MutableMapping", "MutableSequence", "MutableSet", "Reversible", "Sequence",
-            "Sized", "ValuesView",
-        )
-    },
-    "AbstractSet": ("collections.abc", "Set"),
-    "List": (BUILTINS, "list"),
-    "Dict": (BUILTINS, "dict"),
-    "Set": (BUILTINS, "set"),
-    "FrozenSet": (BUILTINS, "frozenset"),
-    "Tuple": (BUILTINS, "tuple"),
-    "Type": (BUILTINS, "type"),
-    "Text": (BUILTINS, "str"),
-    "NamedTuple": (BUILTINS, "tuple"),
-    "TypedDict": (BUILTINS, "dict"),
-    "DefaultDict": ("collections", "defaultdict"),
-    "OrderedDict": ("collections", "OrderedDict"),
-    "Counter": ("collections", "Counter"),
-    "ChainMap": ("collections", "ChainMap"),
-    "Deque": ("collections", "deque"),
-    "ContextManager": ("contextlib", "AbstractContextManager"),
-    "AsyncContextManager": ("contextlib", "AbstractAsyncContextManager"),
+    name: (target.rpartition(".")[0], target.rpartition(".")[2]) for name, target in TYPING_RUNTIME_CLASSES.items()
 }
 _PROTOCOL = ("typing", "Protocol")
 # Special forms to type checkers: their runtime helpers (`__class_getitem__`...) are no

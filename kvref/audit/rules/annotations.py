@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, cast
 from kvref.audit.fixes.annotation_imports import required_imports
 from kvref.audit.rules.context import ModuleContext, is_private_name, param_symbol, primary_definition
 from kvref.audit.fixes.import_edits import import_edits
-from kvref.audit.model import Applicability, Edit, Finding, Fix
+from kvref.audit.model import CONSTRUCTOR_NAMES, Applicability, Edit, Finding, Fix
 from kvref.audit.resolve.hierarchy import ClassInfo, MemberHit
 from kvref.audit.summarise.summary import FunctionSummary, Param, TypeExpr
 
@@ -34,8 +34,6 @@ __all__ = [
     "paired_parameters",
 ]
 
-# Constructors are not called through a base-class reference: their signatures may differ.
-_LSP_EXEMPT = frozenset({"__init__", "__new__", "__init_subclass__", "__post_init__"})
 
 _ABC = "collections.abc."
 _SUPERTYPES: dict[str, tuple[str, ...]] = {
@@ -190,7 +188,7 @@ _UNRELATED = frozenset({Relation.SAME, Relation.UNKNOWN})
 def _related_parameters(context: ModuleContext) -> Iterator[ParamPair]:
     for cls in context.classes:
         for name, definitions in cls.info.methods.items():
-            if is_private_name(name) or name in _LSP_EXEMPT:
+            if is_private_name(name) or name in CONSTRUCTOR_NAMES:
                 continue
             hit = context.index.find_member(cls.info.key, name)
             if hit is None:

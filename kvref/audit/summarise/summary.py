@@ -28,7 +28,7 @@ from typing import Final, TypeVar, cast
 
 from typing_extensions import dataclass_transform
 
-from kvref.audit.source import SummaryError, decode_source, detect_newline, line_char_col, split_lines
+from kvref.audit.source import TYPING_ALIASES, TYPING_MODULES, SummaryError, decode_source, detect_newline, line_char_col, split_lines
 from kvref.audit.summarise.passes import count_passes, target_names
 from kvref.audit.summarise.suppress import candidate_lines
 
@@ -53,26 +53,10 @@ __all__ = [
     "summarize",
 ]
 
-OVERRIDE_MODULES = frozenset({"typing", "typing_extensions"})
+OVERRIDE_MODULES = TYPING_MODULES
 _ABSTRACT_DECORATORS = frozenset(
     {"abstractmethod", "abstractproperty", "abstractclassmethod", "abstractstaticmethod"}
 )
-# typing spellings of the collection ABCs and builtins, so `typing.Sequence` and
-# `collections.abc.Sequence` compare equal.
-_TYPING_ABCS = frozenset(
-    {
-        "AbstractSet", "AsyncGenerator", "AsyncIterable", "AsyncIterator", "Awaitable",
-        "ByteString", "Callable", "Collection", "Container", "Coroutine", "Generator",
-        "Hashable", "ItemsView", "Iterable", "Iterator", "KeysView", "Mapping", "MappingView",
-        "MutableMapping", "MutableSequence", "MutableSet", "Reversible", "Sequence", "Sized",
-        "ValuesView",
-    }
-)
-_TYPING_BUILTINS = {
-    "List": "builtins.list", "Dict": "builtins.dict", "Set": "builtins.set",
-    "FrozenSet": "builtins.frozenset", "Tuple": "builtins.tuple", "Type": "builtins.type",
-    "Text": "builtins.str",
-}
 _BUILTIN_NAMES = frozenset(dir(builtins))
 _ITERATION_HEADS = frozenset({"collections.abc.Iterable", "collections.abc.Iterator"})
 _STARRED_KINDS = frozenset({"vararg", "kwarg"})
@@ -343,11 +327,7 @@ def canonical_type_name(dotted: str) -> str:
     """Map typing spellings to the runtime classes: `typing.List` -> `builtins.list`."""
     module, _, name = dotted.rpartition(".")
     if module in OVERRIDE_MODULES:
-        if name in _TYPING_ABCS:
-            return "collections.abc.Set" if name == "AbstractSet" else f"collections.abc.{name}"
-        if name in _TYPING_BUILTINS:
-            return _TYPING_BUILTINS[name]
-        return f"typing.{name}"
+        return TYPING_ALIASES.get(name) or f"typing.{name}"
     if module == "collections.abc" and name == "AbstractSet":
         return "collections.abc.Set"
     return dotted
