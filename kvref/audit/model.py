@@ -21,6 +21,7 @@ __all__ = [
     "FileError",
     "AnalysisOptions",
     "AnalysisResult",
+    "CONSTRUCTOR_NAMES",
     "DEFAULT_EXEMPT_NAMES",
     "DEFAULT_MAX_FILE_BYTES",
 ]
@@ -123,9 +124,10 @@ class FileError:
     message: str
 
 
-DEFAULT_EXEMPT_NAMES: frozenset[str] = frozenset(
-    {"__init__", "__new__", "__init_subclass__", "__post_init__"}
-)
+# Constructors are not called through a base-class reference: their signatures may differ,
+# and KVR001 exempts them by default.
+CONSTRUCTOR_NAMES: frozenset[str] = frozenset({"__init__", "__new__", "__init_subclass__", "__post_init__"})
+DEFAULT_EXEMPT_NAMES: frozenset[str] = CONSTRUCTOR_NAMES
 
 
 # Larger files are reported ("skipped: ... over the limit") instead of parsed: parsing 16 MiB

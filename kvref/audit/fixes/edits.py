@@ -17,8 +17,8 @@ import ast
 from collections.abc import Iterator, Sequence
 
 from kvref.audit.model import Edit, Fix
+from kvref.audit.source import SummaryError, char_col, decode_source, split_lines
 from kvref.audit.summarise.newer_syntax import parse_source
-from kvref.audit.summarise.summary import SummaryError, decode_source, split_lines
 from kvref.errors import KVRefError
 
 __all__ = ["FixError", "apply_fixes"]
@@ -150,7 +150,7 @@ def _removals(
     lines = split_lines(text)
 
     def offset(line: int, byte_col: int) -> int:
-        return starts[line - 1] + len(lines[line - 1].encode("utf-8")[:byte_col].decode("utf-8", "replace"))
+        return starts[line - 1] + char_col(lines[line - 1], byte_col)
 
     for statement in tree.body:
         if not isinstance(statement, ast.Import | ast.ImportFrom):

@@ -10,8 +10,6 @@ keeping the file's permission bits, so an interrupted run never leaves half a fi
 from __future__ import annotations
 
 import difflib
-import io
-import tokenize
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -20,14 +18,15 @@ from typing import Protocol
 
 from kvref.audit.atomic import write_atomically
 from kvref.audit.model import Applicability, FileError, Finding, Fix
+from kvref.audit.source import decode_lenient
 
 __all__ = [
     "ApplyFixesFn",
     "FileFix",
     "FixPlan",
     "plan_fixes",
-    "write_fixes",
     "unified_diff",
+    "write_fixes",
 ]
 
 
@@ -134,20 +133,7 @@ def write_fixes(root: Path, files: Sequence[FileFix]) -> tuple[list[FileFix], li
     return written, errors
 
 
-def _decode(source: bytes) -> str:
-    try:
-        encoding, _ = tokenize.detect_encoding(io.BytesIO(source).readline)
-    except SyntaxError:
-        encoding = "utf-8"
-    if encoding == "utf-8-sig":
-        encoding = "utf-8"  # keep the BOM visible in the diff rather than hiding the change
-    try:
-        return source.decode(encoding, errors="replace")
-    except LookupError:
-        return source.decode("utf-8", errors="replace")
-
-
-def unified_diff(file: FileFix, *, decode: Callable[[bytes], str] = _decode) -> str:
+def unified_diff(file: FileFix, *, decode: Callable[[bytes], str] = decode_lenient) -> str:
     """The change to one file as a unified diff (`a/path`, `b/path` headers)."""
     before = decode(file.original).splitlines(keepends=True)
     after = decode(file.fixed).splitlines(keepends=True)

@@ -12,6 +12,7 @@ import sysconfig
 import types
 from pathlib import Path
 
+from kvref.audit.source import TYPING_RUNTIME_CLASSES
 from kvref.audit.summarise.summary import ModuleSummary
 
 __all__ = [
@@ -29,33 +30,7 @@ STDLIB = Path(sysconfig.get_paths()["stdlib"])
 STDLIB_NAMES = frozenset(sys.stdlib_module_names)
 # typing names whose runtime class lives elsewhere (`typing.Mapping` is an alias object).
 TYPING_REDIRECTS: dict[str, tuple[str, str]] = {
-    **{
-        name: ("collections.abc", name)
-        for name in (
-            "AsyncGenerator", "AsyncIterable", "AsyncIterator", "Awaitable", "ByteString",
-            "Callable", "Collection", "Container", "Coroutine", "Generator", "Hashable",
-            "ItemsView", "Iterable", "Iterator", "KeysView", "Mapping", "MappingView",
-            "MutableMapping", "MutableSequence", "MutableSet", "Reversible", "Sequence",
-            "Sized", "ValuesView",
-        )
-    },
-    "AbstractSet": ("collections.abc", "Set"),
-    "List": ("builtins", "list"),
-    "Dict": ("builtins", "dict"),
-    "Set": ("builtins", "set"),
-    "FrozenSet": ("builtins", "frozenset"),
-    "Tuple": ("builtins", "tuple"),
-    "Type": ("builtins", "type"),
-    "Text": ("builtins", "str"),
-    "NamedTuple": ("builtins", "tuple"),
-    "TypedDict": ("builtins", "dict"),
-    "DefaultDict": ("collections", "defaultdict"),
-    "OrderedDict": ("collections", "OrderedDict"),
-    "Counter": ("collections", "Counter"),
-    "ChainMap": ("collections", "ChainMap"),
-    "Deque": ("collections", "deque"),
-    "ContextManager": ("contextlib", "AbstractContextManager"),
-    "AsyncContextManager": ("contextlib", "AbstractAsyncContextManager"),
+    name: (target.rpartition(".")[0], target.rpartition(".")[2]) for name, target in TYPING_RUNTIME_CLASSES.items()
 }
 
 

@@ -16,7 +16,7 @@ from typing import cast
 
 from kvref.audit.fixes.annotation_imports import required_imports
 from kvref.audit.fixes.import_edits import import_edits
-from kvref.audit.model import Applicability, Edit, Fix
+from kvref.audit.model import CONSTRUCTOR_NAMES, Applicability, Edit, Fix
 from kvref.audit.resolve.targets import ClassInfo, MemberHit
 from kvref.audit.rules.context import ModuleContext, is_private_name, param_symbol, primary_definition
 from kvref.audit.summarise.summary import FunctionSummary, Param, Span, TypeExpr
@@ -29,9 +29,6 @@ __all__ = [
     "overridden_parameters",
     "paired_parameters",
 ]
-
-# Constructors are not called through a base-class reference: their signatures may differ.
-_LSP_EXEMPT = frozenset({"__init__", "__new__", "__init_subclass__", "__post_init__"})
 
 _ABC = "collections.abc."
 
@@ -203,7 +200,7 @@ _UNRELATED = frozenset({Relation.SAME, Relation.UNKNOWN})
 def _related_parameters(context: ModuleContext) -> Iterator[ParamPair]:
     for cls in context.classes:
         for name, definitions in cls.info.methods.items():
-            if is_private_name(name) or name in _LSP_EXEMPT:
+            if is_private_name(name) or name in CONSTRUCTOR_NAMES:
                 continue
             hit = context.index.find_member(cls.info.key, name)
             if hit is None:

@@ -72,7 +72,7 @@ _SAFE_BUILTINS = frozenset(
     {"frozenset", "set", "tuple", "list", "dict", "bytes", "str", "int", "float", "bool", "complex"}
 )
 _SAFE_MODULE_PREFIXES = ("kvref.audit.",)
-_FAST_MODULES = ("kvref.audit.model", "kvref.audit.summarise.summary", "kvref.audit.runner.parallel")
+_FAST_MODULES = ("kvref.audit.model", "kvref.audit.summarise.records", "kvref.audit.runner.parallel")
 
 T = TypeVar("T")
 

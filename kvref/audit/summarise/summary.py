@@ -21,22 +21,33 @@ from __future__ import annotations
 import ast
 import bisect
 import builtins
-import io
 import re
-import tokenize
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Final, TypeVar, cast
+from typing import Final
 
-from typing_extensions import dataclass_transform
-
+from kvref.audit.source import SummaryError, decode_source, detect_newline, line_char_col, split_lines
+from kvref.audit.summarise.imports import OVERRIDE_MODULES, canonical_type_name, dotted_name, import_facts
 from kvref.audit.summarise.passes import count_passes, target_names
+from kvref.audit.summarise.records import (
+    BaseRef,
+    Binding,
+    ClassSummary,
+    FunctionSummary,
+    ImportFacts,
+    ModuleSummary,
+    MultiPass,
+    Param,
+    ParamRow,
+    Span,
+    TypeExpr,
+)
 from kvref.audit.summarise.suppress import candidate_lines
-from kvref.errors import KVRefError
 
 __all__ = [
-    "Binding",
+    "OVERRIDE_MODULES",
     "BaseRef",
+    "Binding",
     "ClassSummary",
     "FunctionSummary",
     "ImportFacts",
@@ -48,6 +59,7 @@ __all__ = [
     "SummaryError",
     "TypeExpr",
     "canonical_type_name",
+    "dotted_name",
     "decode_source",
     "detect_newline",
     "import_facts",
@@ -55,489 +67,18 @@ __all__ = [
     "summarize",
 ]
 
-OVERRIDE_MODULES = frozenset({"typing", "typing_extensions"})
 _ABSTRACT_DECORATORS = frozenset(
     {"abstractmethod", "abstractproperty", "abstractclassmethod", "abstractstaticmethod"}
 )
-# typing spellings of the collection ABCs and builtins, so `typing.Sequence` and
-# `collections.abc.Sequence` compare equal.
-_TYPING_ABCS = frozenset(
-    {
-        "AbstractSet", "AsyncGenerator", "AsyncIterable", "AsyncIterator", "Awaitable",
-        "ByteString", "Callable", "Collection", "Container", "Coroutine", "Generator",
-        "Hashable", "ItemsView", "Iterable", "Iterator", "KeysView", "Mapping", "MappingView",
-        "MutableMapping", "MutableSequence", "MutableSet", "Reversible", "Sequence", "Sized",
-        "ValuesView",
-    }
-)
-_TYPING_BUILTINS = {
-    "List": "builtins.list", "Dict": "builtins.dict", "Set": "builtins.set",
-    "FrozenSet": "builtins.frozenset", "Tuple": "builtins.tuple", "Type": "builtins.type",
-    "Text": "builtins.str",
-}
 _BUILTIN_NAMES = frozenset(dir(builtins))
 _ITERATION_HEADS = frozenset({"collections.abc.Iterable", "collections.abc.Iterator"})
 _STARRED_KINDS = frozenset({"vararg", "kwarg"})
 _DEF_NAME = re.compile(r"(?:async\s+)?def\s+|class\s+")
-_LINE_BREAK = re.compile(r"\r\n|\r|\n")
 _CLASS_WORD = re.compile(r"class\b")
 
 
-_R = TypeVar("_R")
-
-
-@dataclass_transform(frozen_default=True)
-def _record(cls: type[_R]) -> type[_R]:
-    """Make `cls` a summary record: a frozen dataclass to the type checker, cheap to build.
-
-    A cold audit of a large project builds, pickles and unpickles a few hundred thousand of
-    these. A frozen dataclass's `__init__` sets every field through `object.__setattr__`,
-    twice as slow as a plain slotted one, on each side of the pickle. So at run time they
-    are plain slotted dataclasses that hash by value like frozen ones, while pyright (which
-    reads `frozen_default`) still rejects any assignment to a field.
-    """
-    return dataclass(slots=True, unsafe_hash=True)(cls)
-
-
-class SummaryError(KVRefError):
-    """A file that cannot be summarized: undecodable or not valid Python.
-
-    Attributes:
-        line, col: 1-based position of the problem (1, 1 when unknown).
-        message: what went wrong, one line.
-    """
-
-    def __init__(self, message: str, line: int = 1, col: int = 1) -> None:
-        super().__init__(f"{line}:{col}: {message}")
-        self.message = message
-        self.line = line
-        self.col = col
-
-
-@_record
-class Span:
-    """A source range: 1-based lines, 0-based character columns, end exclusive."""
-
-    line: int
-    col: int
-    end_line: int
-    end_col: int
-
-
-@_record
-class TypeExpr:
-    """A normalized annotation: a head name and its subscript arguments.
-
-    `head` is canonical where the name is known (`collections.abc.Sequence` for both
-    `typing.Sequence` and `collections.abc.Sequence`, `builtins.list` for `List` and `list`,
-    `typing.Union` for `X | Y` and `Optional[X]`, `None`), else the dotted name as written,
-    or "" for an expression that is not a name. `text` is the source spelling (kept for the
-    annotation and its direct arguments only; "" deeper down).
-    """
-
-    head: str
-    args: tuple[TypeExpr, ...] = ()
-    text: str = ""
-
-
-@_record
-class Param:
-    """One parameter: kind is `posonly`, `arg`, `vararg`, `kwonly` or `kwarg`.
-
-    Positions are kept as plain ints (`line`, `col` of the name; `annotation_position` as
-    (line, col, end_line, end_col)) and offered as `Span`s by properties: a big project has
-    ~10^5 parameters, and a `Span` object each, built, pickled and unpickled, cost more than
-    the rest of the parameter.
-    """
-
-    name: str
-    kind: str
-    line: int
-    col: int
-    annotation: TypeExpr | None = None
-    annotation_position: tuple[int, int, int, int] | None = None
-
-    @property
-    def span(self) -> Span:
-        """The parameter's name."""
-        return Span(self.line, self.col, self.line, self.col + len(self.name))
-
-    @property
-    def annotation_span(self) -> Span | None:
-        """The annotation expression, or None without one."""
-        position = self.annotation_position
-        return None if position is None else Span(*position)
-
-
-ParamRow = tuple[str, str, int, int, "TypeExpr | None", "tuple[int, int, int, int] | None"]
-"""A `Param`'s fields in order: name, kind, line, col, annotation, annotation_position."""
-
-
-@_record
-class MultiPass:
-    """A parameter annotated Iterable/Iterator that one path through the body consumes twice.
-
-    Attributes:
-        first_line, second_line: the lines of the first two passes (equal when both are on
-            one line: `zip(xs, xs)`, or one expression run again by a loop).
-        loop_line: nonzero when the second pass is the first one again, on a later iteration
-            of the loop or comprehension that starts on that line.
-    """
-
-    param: str
-    annotation: str
-    first_line: int
-    second_line: int
-    loop_line: int = 0
-
-
-@_record
-class FunctionSummary:
-    """One `def` (a method, or a module-level function).
-
-    Attributes:
-        name_col: the column of the function's name on the `def` line (see `name_span`).
-        def_line: the line of `def` (a new innermost decorator is inserted before it).
-        indent: the text before `def` on that line, or None when it is not only whitespace
-            (then no decorator can be inserted).
-        decorators: each decorator as a dotted name (a call `@f(x)` gives `f`; "" when the
-            expression is not a name).
-        has_override: one decorator is `override` from typing/typing_extensions, imported
-            under any alias or used as a module attribute (`te.override`).
-        parameters: the parameters as plain rows (see `ParamRow`); `params` gives them as
-            `Param`s. ~10^5 parameter objects would be built, pickled and unpickled on a
-            large project where only the pairs the rules compare are ever looked at.
-    """
-
-    name: str
-    qualname: str
-    name_col: int
-    def_line: int
-    indent: str | None
-    decorators: tuple[str, ...]
-    has_override: bool
-    is_overload: bool
-    is_property: bool
-    is_accessor: bool
-    is_staticmethod: bool
-    is_classmethod: bool
-    is_abstract: bool
-    parameters: tuple[ParamRow, ...]
-    multi_pass: tuple[MultiPass, ...] = ()
-
-    @property
-    def name_span(self) -> Span:
-        """The function's name (on the `def` line)."""
-        return Span(self.def_line, self.name_col, self.def_line, self.name_col + len(self.name))
-
-    @property
-    def params(self) -> tuple[Param, ...]:
-        """The parameters in order (built from `parameters` at each access)."""
-        return tuple(Param(*row) for row in self.parameters)
-
-
-@_record
-class BaseRef:
-    """One base-class expression: its dotted name (subscripts stripped), "" if not a name."""
-
-    dotted: str
-    text: str
-
-
-@_record
-class ClassSummary:
-    """One class statement at module level or nested in a class body.
-
-    Attributes:
-        scope: the qualified name of the enclosing class ("" at module level): the scope its
-            base expressions are evaluated in before the module's globals.
-        attributes: names the class body binds other than by `def` (assignments, annotated
-            declarations, nested classes, `__slots__` entries), so `__hash__ = None` counts.
-        metaclass: the dotted `metaclass=` keyword, if any.
-        declares_protocol: a base is spelled `Protocol`/`Protocol[...]` (a syntactic hint;
-            the index decides by resolving the base).
-        declares_abstract: the class looks like an ABC: an `ABC` base, an `ABCMeta`
-            metaclass or an abstract method.
-    """
-
-    name: str
-    qualname: str
-    scope: str
-    name_span: Span
-    bases: tuple[BaseRef, ...]
-    metaclass: str | None
-    decorators: tuple[str, ...]
-    methods: tuple[FunctionSummary, ...]
-    attributes: tuple[str, ...]
-    declares_protocol: bool = False
-    declares_abstract: bool = False
-
-
-@_record
-class Binding:
-    """What a module-level name is bound to.
-
-    kind: `class` (target = qualname), `import` (`from module import target`, with the
-    relative `level`), `module` (`import module [as name]`: target = module), `alias`
-    (`Name = dotted.name`: target = the dotted text) or `other`. `type_only` marks a binding
-    made under `if TYPE_CHECKING:` (absent at run time).
-    """
-
-    kind: str
-    target: str = ""
-    module: str = ""
-    level: int = 0
-    type_only: bool = False
-
-
-# Most bindings are "something other than a class or import": one shared object each (a
-# pickle then stores it once per file, not once per name).
 _OTHER: Final = Binding("other")
 _OTHER_TYPE_ONLY: Final = Binding("other", type_only=True)
-
-
-@_record
-class ImportFacts:
-    """Where the fixer can put an import.
-
-    Attributes:
-        insert_line: the line a new import statement goes before (after the module
-            docstring and `from __future__` imports).
-        block: the leading import block: the top-level import statements that follow the
-            docstring with no other statement between them (`from __future__` imports
-            included), one line per statement, fields separated by tabs: first line, last
-            line, end column, module (`from` imports: with its leading dots; plain imports:
-            the first module), the imported names of a `from` import (`a,b as c`), and only
-            when the statement has a comment the (line, col, end line, end col) of each name,
-            comma-separated; columns in characters. "" when there is no block, or when the
-            module has no class (only fixes in classes read it). One string: cheap to cache
-            and to hand across processes (`kvref.audit.fixes.import_edits.parse_block` reads it).
-        next_line: the first line of the first statement after the block (its first
-            decorator's), or the line past the end of the file.
-        next_is_definition: that statement is a `def` or `class` (ruff wants two blank lines
-            before it, one before anything else).
-        bound_override: the local name under which `override` is already importable at run
-            time ("" if none), e.g. `override`, `ovr`, `te.override`.
-    """
-
-    insert_line: int
-    block: str
-    next_line: int
-    next_is_definition: bool
-    bound_override: str
-
-
-@_record
-class ModuleSummary:
-    """Everything the audit needs from one file; see the module docstring.
-
-    Attributes:
-        symbols: each module-level name with its bindings, the one to try first first.
-        star_imports: `(module, level)` of each `from module import *`.
-        all_names: a literal `__all__`, else None.
-        classes: module-level and nested classes, in source order.
-        functions: the module-level functions with KVR102 facts (no other rule looks at
-            module functions, so the rest are not kept).
-        suppression_lines: the lines that mention `noqa` or `kvref` in any case (only they
-            can carry a suppression comment).
-    """
-
-    path: str
-    encoding: str
-    bom: bool
-    newline: str
-    is_stub: bool
-    symbols: tuple[tuple[str, tuple[Binding, ...]], ...]
-    star_imports: tuple[tuple[str, int], ...]
-    all_names: tuple[str, ...] | None
-    classes: tuple[ClassSummary, ...]
-    functions: tuple[FunctionSummary, ...]
-    import_facts: ImportFacts
-    line_count: int = 0
-    suppression_lines: tuple[int, ...] = ()
-
-
-def split_lines(text: str) -> list[str]:
-    """Split on the line breaks Python's tokenizer knows (not form feeds or U+2028)."""
-    if "\r" not in text:
-        return text.split("\n")
-    return _LINE_BREAK.split(text)
-
-
-def detect_newline(text: str) -> str:
-    """The file's line ending: that of its first line ("\n" when it has none)."""
-    match = _LINE_BREAK.search(text)
-    return match.group() if match else "\n"
-
-
-def decode_source(source: bytes) -> tuple[str, str, bool]:
-    """Decode per PEP 263 (BOM, coding cookie, else UTF-8): returns (text, encoding, bom)."""
-    # Most files: ASCII first two lines without a cookie are UTF-8 whatever follows, which is
-    # what `detect_encoding` would conclude after more work.
-    first_break = source.find(b"\n")
-    second_break = source.find(b"\n", first_break + 1) if first_break >= 0 else -1
-    head = source if second_break < 0 else source[:second_break]
-    if head.isascii() and b"coding" not in head:
-        try:
-            return source.decode("utf-8"), "utf-8", False
-        except UnicodeDecodeError:
-            pass  # reported with its position below
-    try:
-        encoding, _ = tokenize.detect_encoding(io.BytesIO(source).readline)
-    except SyntaxError as error:
-        # Either a bad cookie, or a first line that is not UTF-8: find which, and where.
-        encoding = "utf-8"
-        message = error.msg.partition(" for ")[0]
-        try:
-            source.decode(encoding)
-        except UnicodeDecodeError:
-            pass
-        else:
-            raise SummaryError(f"cannot decode: {message}", error.lineno or 1, 1) from None
-    bom = encoding == "utf-8-sig"
-    try:
-        text = source.decode(encoding)
-    except UnicodeDecodeError as error:
-        line = source.count(b"\n", 0, error.start) + 1
-        col = error.start - (source.rfind(b"\n", 0, error.start) + 1) + 1
-        raise SummaryError(f"cannot decode as {encoding}: {error.reason}", line, col) from None
-    except LookupError:
-        raise SummaryError(f"unknown encoding {encoding!r}") from None
-    return text, ("utf-8" if bom else encoding), bom
-
-
-def canonical_type_name(dotted: str) -> str:
-    """Map typing spellings to the runtime classes: `typing.List` -> `builtins.list`."""
-    module, _, name = dotted.rpartition(".")
-    if module in OVERRIDE_MODULES:
-        if name in _TYPING_ABCS:
-            return "collections.abc.Set" if name == "AbstractSet" else f"collections.abc.{name}"
-        if name in _TYPING_BUILTINS:
-            return _TYPING_BUILTINS[name]
-        return f"typing.{name}"
-    if module == "collections.abc" and name == "AbstractSet":
-        return "collections.abc.Set"
-    return dotted
-
-
-def dotted_name(node: ast.expr) -> str:
-    """`a.b.c` for a Name/Attribute chain, the callee of a call, the value of `X[T]`."""
-    parts: list[str] = []
-    while True:
-        if isinstance(node, ast.Attribute):
-            parts.append(node.attr)
-            node = node.value
-        elif isinstance(node, ast.Name):
-            parts.append(node.id)
-            return ".".join(reversed(parts))
-        elif isinstance(node, ast.Call | ast.Subscript) and not parts:
-            node = node.func if isinstance(node, ast.Call) else node.value
-        else:
-            return ""
-
-
-def import_facts(tree: ast.Module, lines: Sequence[str], *, with_block: bool = True) -> ImportFacts:
-    """Find where imports go, the leading import block and any `override` binding (top level).
-
-    Args:
-        tree: the parsed module.
-        lines: its source lines (from `split_lines`), to turn byte columns into characters.
-        with_block: describe the import block (only fixes in classes use it: a module
-            without classes skips the work and the bytes in its cached summary).
-    """
-    body = tree.body
-    insert_line = 1
-    index = 0
-    if body and _is_docstring(body[0]):
-        insert_line = (body[0].end_lineno or body[0].lineno) + 1
-        index = 1
-    while index < len(body):
-        statement = body[index]
-        if not (isinstance(statement, ast.ImportFrom) and statement.module == "__future__"):
-            break
-        insert_line = (statement.end_lineno or statement.lineno) + 1
-        index += 1
-    if index == 0 and body:
-        first = body[0]
-        decorators: list[ast.expr] = getattr(first, "decorator_list", [])
-        insert_line = min([first.lineno, *(d.lineno for d in decorators)])
-    elif index == 0:
-        insert_line = len(lines) + 1  # an empty module: append
-    start = position = 1 if body and _is_docstring(body[0]) else 0
-    while with_block and position < len(body) and isinstance(body[position], ast.Import | ast.ImportFrom):
-        position += 1
-    block = "\n".join(
-        _encode_import(cast("ast.Import | ast.ImportFrom", statement), lines) for statement in body[start:position]
-    )
-    if position < len(body):
-        following = body[position]
-        decorators = cast("list[ast.expr]", getattr(following, "decorator_list", []))
-        next_line = min([following.lineno, *(d.lineno for d in decorators)])
-        definition = isinstance(following, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
-    else:
-        next_line, definition = len(lines) + 1, False
-    bound = attribute = ""
-    statements = list(body)
-    for statement in body:
-        if isinstance(statement, ast.Try):  # try: from typing import override / except: ...
-            statements.extend(statement.body)
-    for statement in statements:
-        if isinstance(statement, ast.ImportFrom) and statement.level == 0:
-            if (statement.module or "") not in OVERRIDE_MODULES:
-                continue
-            for alias in statement.names:
-                if alias.name == "override" and not bound:
-                    bound = alias.asname or "override"
-        elif isinstance(statement, ast.Import) and not attribute:
-            for alias in statement.names:
-                if alias.name in OVERRIDE_MODULES:
-                    attribute = f"{alias.asname or alias.name}.override"
-    return ImportFacts(
-        insert_line,
-        block,
-        next_line,
-        definition,
-        bound or attribute,  # a plain name reads best: prefer it to `te.override`
-    )
-
-
-def _encode_import(statement: ast.Import | ast.ImportFrom, lines: Sequence[str]) -> str:
-    """One line of `ImportFacts.block`."""
-    end_line = statement.end_lineno or statement.lineno
-    head = f"{statement.lineno}\t{end_line}\t{_char_col(lines, end_line, statement.end_col_offset or 0)}"
-    if isinstance(statement, ast.Import):
-        return f"{head}\t{statement.names[0].name}\t\t"
-    module = "." * statement.level + (statement.module or "")
-    names = ",".join(f"{a.name} as {a.asname}" if a.asname else a.name for a in statement.names)
-    positions = ""
-    if any("#" in lines[n - 1] for n in range(statement.lineno, min(end_line, len(lines)) + 1)):
-        positions = ",".join(
-            str(value)
-            for a in statement.names
-            for value in (
-                a.lineno,
-                _char_col(lines, a.lineno, a.col_offset),
-                a.end_lineno or a.lineno,
-                _char_col(lines, a.end_lineno or a.lineno, a.end_col_offset or 0),
-            )
-        )
-    return f"{head}\t{module}\t{names}\t{positions}"
-
-
-def _char_col(lines: Sequence[str], line: int, byte_col: int) -> int:
-    """The character column of a UTF-8 byte column (what `ast` reports)."""
-    text = lines[line - 1] if 0 < line <= len(lines) else ""
-    if text.isascii():
-        return byte_col
-    return len(text.encode("utf-8")[:byte_col].decode("utf-8", "replace"))
-
-
-def _is_docstring(statement: ast.stmt) -> bool:
-    return (
-        isinstance(statement, ast.Expr)
-        and isinstance(statement.value, ast.Constant)
-        and isinstance(statement.value.value, str)
-    )
 
 
 def summarize(path: str, source: bytes) -> ModuleSummary:
@@ -1011,12 +552,7 @@ class _ModuleWalker:
     # --- positions ------------------------------------------------------------------------
 
     def _char_col(self, line: int, byte_col: int) -> int:
-        if self.ascii_only:
-            return byte_col
-        text = self.lines[line - 1] if 0 < line <= len(self.lines) else ""
-        if text.isascii():  # most lines even of a file with some non-ASCII text
-            return byte_col
-        return len(text.encode("utf-8")[:byte_col].decode("utf-8", "replace"))
+        return byte_col if self.ascii_only else line_char_col(self.lines, line, byte_col)
 
     def _col(self, node: ast.expr | ast.arg) -> int:
         return node.col_offset if self.ascii_only else self._char_col(node.lineno, node.col_offset)
