@@ -17,8 +17,8 @@ How a job runs, on CUDA:
 * Each copy is `dst[a:b].copy_(src[c:d], non_blocking=True)` between a 1-D byte view of a GPU
   tensor and one of pinned host memory: torch issues that as one `cudaMemcpyAsync`, which the
   GPU's copy engines (DMA) carry out without using SMs, so offloading does not slow the model's
-  kernels (vLLM's blog measured DMA beating copy kernels end to end for this reason). Merged
-  runs make the number of these calls (about 3-10 us of CPU each) small for consecutive blocks.
+  kernels. Each call costs host time, so consecutive blocks are merged into runs to keep the
+  number of calls small (the cost per call is measured in BENCHMARKS.md, "Transfer").
 * Start and end `torch.cuda.Event`s (timing-enabled, pooled and reused) bracket the job:
   `end.query()` polls completion, `start.elapsed_time(end)` is the measured transfer time.
 
