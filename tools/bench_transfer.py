@@ -19,6 +19,7 @@ submission until the last job's completion is observed, the way the engine exper
 from __future__ import annotations
 
 import argparse
+import importlib
 import random
 import sys
 import time
@@ -26,6 +27,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message=".*NumPy.*")
@@ -33,8 +35,6 @@ with warnings.catch_warnings():
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from _png_plot import Series, line_plot  # noqa: E402
 
 from kvref.base import GPULoadStoreSpec  # noqa: E402
 from kvref.cpu.common import CPULoadStoreSpec  # noqa: E402
@@ -310,28 +310,52 @@ def main(argv: Sequence[str] | None = None) -> int:
     if rows:
         _summarise(rows, ceilings, device)
     if args.plot and rows:
-        series = [
-            Series(
-                f"{direction} {pattern}",
-                [(r.block_bytes, r.gbps[direction]) for r in rows if r.pattern == pattern],
-            )
+        series = {
+            f"{direction} {pattern}": [(r.block_bytes, r.gbps[direction]) for r in rows if r.pattern == pattern]
             for direction in ("store", "load")
             for pattern in ("consecutive", "random")
-        ]
-        series += [Series("both random", [(r.block_bytes, r.gbps["both"]) for r in rows if r.pattern == "random"])]
-        series += [
-            Series(f"ceiling {direction}", [(b, c[direction]) for b, c in ceilings.items()])
-            for direction in ("store", "load")
-        ]
-        path = line_plot(
-            args.plot,
+        }
+        series["both random"] = [(r.block_bytes, r.gbps["both"]) for r in rows if r.pattern == "random"]
+        for direction in ("store", "load"):
+            series[f"ceiling {direction}"] = [(b, c[direction]) for b, c in ceilings.items()]
+        path = _plot(
+            Path(args.plot),
             series,
             title=f"kvref GPU<->CPU transfer ({'CUDA' if device.type == 'cuda' else 'CPU fallback'})",
-            x_label="block size (bytes)",
-            y_label="GB/s",
         )
         print(f"plot: {path}")
     return 0
+
+
+def _plot(out: Path, series: dict[str, list[tuple[int, float]]], *, title: str) -> Path:
+    """Draw GB/s against block size (log2 axis) to `out` with matplotlib's Agg backend.
+
+    Returns:
+        The path written.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    # matplotlib's annotations leave **kwargs untyped, which strict pyright rejects at every call.
+    plt: Any = importlib.import_module("matplotlib.pyplot")
+    figure, axes = plt.subplots(figsize=(8, 4.8), dpi=110)
+    for label, points in series.items():
+        style = "--" if label.startswith("ceiling") else "-"
+        axes.plot([x for x, _ in points], [y for _, y in points], style, marker="o", label=label)
+    sizes = sorted({x for points in series.values() for x, _ in points})
+    axes.set_xscale("log", base=2)
+    axes.set_xticks(sizes, [_label(size) for size in sizes])
+    axes.set_ylim(bottom=0)
+    axes.set_xlabel("block size")
+    axes.set_ylabel("GB/s")
+    axes.set_title(title)
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize="small")
+    figure.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out, format="png")
+    plt.close(figure)
+    return out
 
 
 def _summarise(rows: list[Row], ceilings: dict[int, dict[str, float]], device: torch.device) -> None:
