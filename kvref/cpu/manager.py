@@ -21,7 +21,7 @@ import logging
 import operator
 from itertools import filterfalse
 from typing import NoReturn, cast
-from collections.abc import Collection, Iterator, Mapping, Sequence, Set
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence, Set
 
 from typing_extensions import override
 
@@ -119,6 +119,39 @@ class _PolicyBlocks(Mapping[OffloadKey, BlockStatus]):
         raise TypeError("a policy's blocks cannot be counted through get()")
 
 
+def _no_lookups() -> tuple[int, int, int]:
+    return 0, 0, 0
+
+
+
+def _make_lookup(
+    blocks: Mapping[OffloadKey, BlockStatus], hits: int, pending: int, misses: int
+) -> tuple[Callable[[OffloadKey, ReqContext], bool | None], Callable[[], tuple[int, int, int]]]:
+    """Return a manager's lookup over `blocks` and the reader of its counters (hits, pending,
+    misses), which start at the values given.
+
+    A closure rather than a method: no bound method per call, and the map and counters are
+    cell variables rather than instance attributes, on the path every request ends with.
+    """
+
+    def lookup(key: OffloadKey, req_context: ReqContext) -> bool | None:
+        nonlocal hits, pending, misses
+        # Every request's lookups end with a miss: it costs one containment test and no call.
+        if key in blocks:
+            if blocks[key].ref_cnt >= 0:
+                hits += 1
+                return True
+            pending += 1
+            return None
+        misses += 1
+        return False
+
+    def counts() -> tuple[int, int, int]:
+        return hits, pending, misses
+
+    return lookup, counts
+
+
 class CPUOffloadingManager(OffloadingManager):
     """Offloads blocks to `num_blocks` CPU slots, evicting idle blocks as the policy chooses.
 
@@ -149,12 +182,13 @@ class CPUOffloadingManager(OffloadingManager):
         # Blocks with ref_cnt 0: what eviction can reclaim, counted so a hopeless prepare_store
         # fails without asking the policy.
         self._num_idle_blocks: int = 0
+        self._lookup_counts: Callable[[], tuple[int, int, int]] = _no_lookups
         self._policy = create_cache_policy(cache_policy, self._num_blocks)
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
         # Bumped by reset_cache, so access records of requests from before are started afresh.
         self._generation: int = 0
-        # Counters for get_stats: one increment per call on the hot paths.
-        self._hits = self._pending = self._misses = 0
+        # Counters for get_stats: one increment per call on the hot paths (lookup's are kept by
+        # its closure).
         self._blocks_stored = self._blocks_loaded = self._blocks_evicted = 0
         self._stores_refused = 0
 
@@ -172,6 +206,11 @@ class CPUOffloadingManager(OffloadingManager):
         self._hook_non_evictable = not is_no_op_hook(policy, "mark_non_evictable")
         self._hook_access = not is_no_op_hook(policy, "on_request_access")
         self._hook_store_miss = not is_no_op_hook(policy, "on_store_miss")
+        self._policy_touch = policy.touch
+        self._lookup, self._lookup_counts = _make_lookup(self._blocks, *self._lookup_counts())
+        if type(self).lookup is CPUOffloadingManager.lookup:
+            # An instance attribute: callers reach the closure without binding a method.
+            vars(self)["lookup"] = self._lookup
 
     @override
     def __repr__(self) -> str:
@@ -206,11 +245,12 @@ class CPUOffloadingManager(OffloadingManager):
     @override
     def get_stats(self) -> OffloadingStats:
         """Return the cumulative counters and the slot usage (see `OffloadingStats`)."""
+        hits, pending, misses = self._lookup_counts()
         return OffloadingStats(
-            lookups=self._hits + self._pending + self._misses,
-            hits=self._hits,
-            pending=self._pending,
-            misses=self._misses,
+            lookups=hits + pending + misses,
+            hits=hits,
+            pending=pending,
+            misses=misses,
             blocks_stored=self._blocks_stored,
             blocks_loaded=self._blocks_loaded,
             blocks_evicted=self._blocks_evicted,
@@ -272,7 +312,7 @@ class CPUOffloadingManager(OffloadingManager):
             new_keys = [key for key in named if key not in seen]
             if new_keys:
                 seen.update(named)
-                self._policy.on_request_access(new_keys, req_context)
+                self._the_policy.on_request_access(new_keys, req_context)
         else:
             seen.update(named)
         if reused_keys:
@@ -288,15 +328,8 @@ class CPUOffloadingManager(OffloadingManager):
 
     @override
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
-        # Every request's lookups end with a miss: it costs one containment test and no call.
-        if key in self._blocks:
-            if self._blocks[key].ref_cnt >= 0:
-                self._hits += 1
-                return True
-            self._pending += 1
-            return None
-        self._misses += 1
-        return False
+        # Instances call the closure directly (see _make_lookup); this serves subclasses' super().
+        return self._lookup(key, req_context)
 
     @override
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> CPULoadStoreSpec:
@@ -312,7 +345,7 @@ class CPUOffloadingManager(OffloadingManager):
         blocks = cast(list[BlockStatus], found)
         # Validated every key: from here on nothing can fail half-way.
         pinned = 0
-        hook = self._policy.mark_non_evictable if self._hook_non_evictable else None
+        hook = self._the_policy.mark_non_evictable if self._hook_non_evictable else None
         for key, block in zip(keys, blocks):
             if block.ref_cnt == 0:
                 pinned += 1
@@ -328,7 +361,7 @@ class CPUOffloadingManager(OffloadingManager):
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         if isinstance(keys, _SINGLE_KEY_TYPES):
             check_key_collection(keys, "touch")
-        self._policy.touch(keys)
+        self._policy_touch(keys)
 
     @override
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
@@ -352,7 +385,7 @@ class CPUOffloadingManager(OffloadingManager):
             self._refuse_release(keys, found)
         self._num_idle_blocks += released
         if self._hook_evictable:
-            mark_evictable, held = self._policy.mark_evictable, self._blocks
+            mark_evictable, held = self._the_policy.mark_evictable, self._blocks
             for key in dict.fromkeys(keys):
                 if held[key].ref_cnt == 0:
                     mark_evictable(key)
@@ -414,7 +447,7 @@ class CPUOffloadingManager(OffloadingManager):
                 new_misses = [key for key in keys_to_store if key not in inserted and key not in refused]
             if new_misses:
                 # ARC learns from b1/b2 before insert removes the ghost entries; once per request.
-                self._policy.on_store_miss(new_misses, req_context)
+                self._the_policy.on_store_miss(new_misses, req_context)
         self._record_access(state, named, req_context, reused_keys=ready_keys)
         if not keys_to_store:
             return PrepareStoreOutput([], CPULoadStoreSpec(()), [])
@@ -426,7 +459,7 @@ class CPUOffloadingManager(OffloadingManager):
         if num_to_evict > 0:
             # Keys named by this call must survive it, stored ones included.
             evicted = (
-                self._policy.evict(num_to_evict, requested.keys())
+                self._the_policy.evict(num_to_evict, requested.keys())
                 if num_to_evict <= self._num_idle_blocks
                 else None
             )
@@ -443,7 +476,7 @@ class CPUOffloadingManager(OffloadingManager):
                 self._emit(evicted_keys, removed=True)
 
         new_blocks = self._allocate_blocks(len(keys_to_store))
-        self._policy.insert_for_request(keys_to_store, new_blocks, req_context)
+        self._the_policy.insert_for_request(keys_to_store, new_blocks, req_context)
         state.inserted_keys.update(keys_to_store)
         return PrepareStoreOutput(
             keys_to_store, CPULoadStoreSpec(list(map(_BLOCK_ID, new_blocks))), evicted_keys
@@ -463,7 +496,7 @@ class CPUOffloadingManager(OffloadingManager):
             and protected.isdisjoint(map(_FIRST, evicted))
         ):
             return True
-        policy = self._policy
+        policy = self._the_policy
         logger.warning(
             "cache policy %s returned %d blocks (idle and unprotected expected) for %d "
             "evictions; the store is refused",
@@ -486,7 +519,7 @@ class CPUOffloadingManager(OffloadingManager):
             check_key_collection(keys, "complete_store")
         get = self._blocks.get
         if not success:
-            policy = self._policy
+            policy = self._the_policy
             for key in keys:
                 block = get(key)
                 if block is not None and block.ref_cnt < 0:
@@ -501,7 +534,7 @@ class CPUOffloadingManager(OffloadingManager):
                 block.ref_cnt = 0
                 stored_keys.append(key)
         if self._hook_evictable:
-            mark_evictable = self._policy.mark_evictable
+            mark_evictable = self._the_policy.mark_evictable
             for key in stored_keys:
                 mark_evictable(key)
         self._num_idle_blocks += len(stored_keys)
@@ -553,7 +586,7 @@ class CPUOffloadingManager(OffloadingManager):
                     keys.sort(key=recorded.__getitem__)
                 except KeyError:
                     pass
-        self._policy.on_request_finished(
+        self._the_policy.on_request_finished(
             tuple(key_groups),
             state.inserted_keys - state.reused_keys,
             state.reused_keys,
@@ -575,7 +608,7 @@ class CPUOffloadingManager(OffloadingManager):
         `AllBlocksCleared`), and events still buffered would describe blocks that no longer exist,
         so they are dropped rather than delivered after the reset.
         """
-        self._policy.clear()
+        self._the_policy.clear()
         self._generation += 1
         self._num_idle_blocks = 0
         self._free_list.clear()
