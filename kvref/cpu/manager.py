@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import operator
-from itertools import filterfalse
+from itertools import filterfalse, repeat
 from typing import NoReturn, cast
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence, Set
 
@@ -453,34 +453,50 @@ class CPUOffloadingManager(OffloadingManager):
             return PrepareStoreOutput([], CPULoadStoreSpec(()), [])
 
         evicted_keys: list[OffloadKey] = []
-        num_to_evict = len(keys_to_store) - (
-            len(self._free_list) + self._num_blocks - self._num_allocated_blocks
-        )
+        free_list = self._free_list
+        num_wanted = len(keys_to_store)
+        num_to_evict = num_wanted - (len(free_list) + self._num_blocks - self._num_allocated_blocks)
         if num_to_evict > 0:
             # Keys named by this call must survive it, stored ones included.
+            protected = requested.keys()
             evicted = (
-                self._the_policy.evict(num_to_evict, requested.keys())
+                self._the_policy.evict(num_to_evict, protected)
                 if num_to_evict <= self._num_idle_blocks
                 else None
             )
-            if evicted is None or not self._valid_eviction(evicted, num_to_evict, requested.keys()):
+            # The policy's answer is checked in C (the right count, every block idle, none
+            # protected); _valid_eviction repeats the checks only to report and undo a bad one.
+            if evicted is None or not (
+                (
+                    len(evicted) == num_to_evict
+                    and not any(map(_REF_CNT, map(_SECOND, evicted)))
+                    and protected.isdisjoint(map(_FIRST, evicted))
+                )
+                or self._valid_eviction(evicted, num_to_evict, protected)
+            ):
                 self._stores_refused += 1
                 if new_misses:
                     state.refused_misses.update(new_misses)
                 return None
-            self._num_idle_blocks -= len(evicted)
-            self._blocks_evicted += len(evicted)
+            self._num_idle_blocks -= num_to_evict
+            self._blocks_evicted += num_to_evict
             evicted_keys = list(map(_FIRST, evicted))
-            self._free_list.extend(map(_SECOND, evicted))
+            free_list.extend(map(_SECOND, evicted))
             if self._events is not None:
                 self._emit(evicted_keys, removed=True)
 
-        new_blocks = self._allocate_blocks(len(keys_to_store))
+        if self._num_allocated_blocks == self._num_blocks:
+            # Every slot was handed out once: all come from the free list, last freed first.
+            new_blocks = free_list[-num_wanted:]
+            del free_list[-num_wanted:]
+            new_blocks.reverse()
+            for block in new_blocks:
+                block.ref_cnt = -1
+        else:
+            new_blocks = self._allocate_blocks(num_wanted)
         self._the_policy.insert_for_request(keys_to_store, new_blocks, req_context)
         state.inserted_keys.update(keys_to_store)
-        return PrepareStoreOutput(
-            keys_to_store, CPULoadStoreSpec(list(map(_BLOCK_ID, new_blocks))), evicted_keys
-        )
+        return PrepareStoreOutput(keys_to_store, CPULoadStoreSpec(map(_BLOCK_ID, new_blocks)), evicted_keys)
 
     def _valid_eviction(
         self,
@@ -489,7 +505,6 @@ class CPUOffloadingManager(OffloadingManager):
         protected: Set[OffloadKey],
     ) -> bool:
         """Check a policy's answer; put back what a misbehaving policy took, and say so."""
-        # In C: the right count, every block idle (no ref_cnt is non-zero), none protected.
         if (
             len(evicted) == wanted
             and not any(map(_REF_CNT, map(_SECOND, evicted)))
@@ -564,14 +579,14 @@ class CPUOffloadingManager(OffloadingManager):
             return
         state.finished = True
         seen = state.seen_keys
-        suffixes = list(map(_GROUP_SUFFIX, seen))
         recorded = req_context.offload_key_positions
         key_groups: list[list[OffloadKey]]
-        if not suffixes or suffixes.count(suffixes[0]) == len(suffixes):
-            key_groups = [list(seen)]  # one KV-cache group: the common case
+        first_suffix = _GROUP_SUFFIX(next(iter(seen))) if seen else b""
+        if all(map(bytes.endswith, seen, repeat(first_suffix))):
+            key_groups = [list(seen)]  # one KV-cache group: the common case, checked in C
         else:
             groups: dict[bytes, list[OffloadKey]] = {}
-            for key, suffix in zip(seen, suffixes):
+            for key, suffix in zip(seen, map(_GROUP_SUFFIX, seen)):
                 group = groups.get(suffix)
                 if group is None:
                     groups[suffix] = [key]
