@@ -309,7 +309,7 @@ class CPUOffloadingManager(OffloadingManager):
             return
         seen = state.seen_keys
         if self._hook_access:
-            new_keys = [key for key in named if key not in seen]
+            new_keys = list(filterfalse(seen.__contains__, named))
             if new_keys:
                 seen.update(named)
                 self._the_policy.on_request_access(new_keys, req_context)
@@ -335,27 +335,34 @@ class CPUOffloadingManager(OffloadingManager):
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> CPULoadStoreSpec:
         if isinstance(keys, _SINGLE_KEY_TYPES):
             check_key_collection(keys, "prepare_load")
-        get = self._blocks.get
-        found = list(map(get, keys))
+        found = list(map(self._blocks.get, keys))
         # Validated in C first (absent, then pending); the loop below only names the culprit.
-        if None in found or (found and min(map(_REF_CNT, cast(list[BlockStatus], found))) < 0):
+        ref_cnts: list[int] = [] if None in found else list(map(_REF_CNT, cast(list[BlockStatus], found)))
+        if len(ref_cnts) != len(found) or (ref_cnts and min(ref_cnts) < 0):
             for key, block in zip(keys, found):
                 if block is None or block.ref_cnt < 0:
                     raise self._protocol_error("prepare_load", key, "only stored blocks can be loaded")
         blocks = cast(list[BlockStatus], found)
         # Validated every key: from here on nothing can fail half-way.
-        pinned = 0
-        hook = self._the_policy.mark_non_evictable if self._hook_non_evictable else None
-        for key, block in zip(keys, blocks):
-            if block.ref_cnt == 0:
-                pinned += 1
-                if hook is not None:
-                    hook(key)
-            block.ref_cnt += 1
+        named = dict.fromkeys(keys)
+        if self._hook_non_evictable or len(named) != len(blocks):
+            # A hook to call per pinned key, or a key listed twice (pinned once).
+            pinned = 0
+            hook = self._the_policy.mark_non_evictable if self._hook_non_evictable else None
+            for key, block in zip(keys, blocks):
+                if block.ref_cnt == 0:
+                    pinned += 1
+                    if hook is not None:
+                        hook(key)
+                block.ref_cnt += 1
+        else:
+            pinned = ref_cnts.count(0)
+            for block in blocks:
+                block.ref_cnt += 1
         self._num_idle_blocks -= pinned
         self._blocks_loaded += len(blocks)
-        self._record_access(self._request_access(req_context), dict.fromkeys(keys), req_context, reused_keys=keys)
-        return CPULoadStoreSpec(list(map(_BLOCK_ID, blocks)))
+        self._record_access(self._request_access(req_context), named, req_context, reused_keys=keys)
+        return CPULoadStoreSpec(map(_BLOCK_ID, blocks))
 
     @override
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:

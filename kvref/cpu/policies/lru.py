@@ -173,11 +173,16 @@ class LRUCachePolicy(CachePolicy):
         positions = req_context.offload_key_positions
         if not positions:
             return
+        # Only held keys can move: those a store names are mostly absent, filtered out in C.
+        held_keys = list(filter(self.blocks.__contains__, keys))
+        if not held_keys:
+            return
         rank = bucket.rank
-        blocks, ranks, bucket_of, order = self.blocks, self.ranks, self.bucket_of, self.order
+        ranks, bucket_of, order = self.ranks, self.bucket_of, self.order
         joined = bucket.keys
-        for key in keys:
-            if key not in blocks or (end := positions.get(key)) is None:
+        joined_before = len(joined)
+        for key in held_keys:
+            if (end := positions.get(key)) is None:
                 continue
             # Only ever younger: a later position of the same request ranks below an earlier one.
             # (r, 0) >= (rank, -end) for a fresh rank r; pairs compared for a bucketed key.
@@ -193,6 +198,7 @@ class LRUCachePolicy(CachePolicy):
                 held.ordered = None
             bucket_of[key] = bucket
             joined[key] = -end
+        if len(joined) != joined_before:
             bucket.ordered = None
 
     @override
