@@ -129,16 +129,18 @@ class ARCCachePolicy(CachePolicy):
 
     @override
     def touch(self, keys: Collection[OffloadKey]) -> None:
-        t1, t2, b1, b2, blocks = self.t1, self.t2, self.b1, self.b2, self.blocks
+        # Probed in the order keys are most often found (t2, t1, the ghosts): each probe of
+        # another large table is a likely cache miss, the main cost per key.
+        t1, t2, b1, b2 = self.t1, self.t2, self.b1, self.b2
         for key in reversed(list(keys)):
-            if key in blocks:
-                if key in t2:
-                    t2.move_to_end(key)
-                elif blocks[key].ref_cnt >= 0:
+            if key in t2:
+                t2.move_to_end(key)
+            elif key in t1:
+                if t1[key].ref_cnt >= 0:
                     t2[key] = t1.pop(key)
                 else:
                     t1.move_to_end(key)
-            elif key in b1 or key in b2:
+            elif key in b1 or (b2 and key in b2):
                 self._adapt_to_ghost_hit(key)
 
     @override

@@ -94,19 +94,30 @@ class LRUCachePolicy(CachePolicy):
 
     def _use(self, keys: Iterable[OffloadKey]) -> None:
         """Give each held key a fresh rank, in iteration order (the last ends most recent)."""
-        blocks, ranks, order, bucket_of = self.blocks, self.ranks, self.order, self.bucket_of
+        held_keys = list(filter(self.blocks.__contains__, keys))  # absent keys: dropped in C
+        if not held_keys:
+            return
+        ranks, order, bucket_of = self.ranks, self.order, self.bucket_of
         rank = self._next_rank
-        for key in keys:
-            if key in blocks:
+        if bucket_of and not bucket_of.keys().isdisjoint(held_keys):
+            for key in held_keys:
                 rank += 1
                 ranks[key] = rank
-                if key in bucket_of:  # _detach, inlined: this loop runs per key per request
-                    bucket = bucket_of.pop(key)
+                bucket = bucket_of.pop(key, None)
+                if bucket is None:
+                    order.move_to_end(key)
+                else:  # _detach, inlined: this loop runs per key per request
                     del bucket.keys[key]
                     bucket.ordered = None
                     order[key] = None
-                else:
-                    order.move_to_end(key)
+        else:
+            # No key holds a request's rank: ranks in C (a repeated key keeps its last), then
+            # the moves in order.
+            ranks.update(zip(held_keys, range(rank + 1, rank + 1 + len(held_keys))))
+            rank += len(held_keys)
+            move_to_end = order.move_to_end
+            for key in held_keys:
+                move_to_end(key)
         self._next_rank = rank
 
     @override
