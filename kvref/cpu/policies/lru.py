@@ -94,30 +94,19 @@ class LRUCachePolicy(CachePolicy):
 
     def _use(self, keys: Iterable[OffloadKey]) -> None:
         """Give each held key a fresh rank, in iteration order (the last ends most recent)."""
-        held_keys = list(filter(self.blocks.__contains__, keys))  # absent keys: dropped in C
-        if not held_keys:
-            return
-        ranks, order, bucket_of = self.ranks, self.order, self.bucket_of
+        blocks, ranks, order, bucket_of = self.blocks, self.ranks, self.order, self.bucket_of
         rank = self._next_rank
-        if bucket_of and not bucket_of.keys().isdisjoint(held_keys):
-            for key in held_keys:
+        for key in keys:
+            if key in blocks:
                 rank += 1
                 ranks[key] = rank
-                bucket = bucket_of.pop(key, None)
-                if bucket is None:
-                    order.move_to_end(key)
-                else:  # _detach, inlined: this loop runs per key per request
+                if key in bucket_of:  # _detach, inlined: this loop runs per key per request
+                    bucket = bucket_of.pop(key)
                     del bucket.keys[key]
                     bucket.ordered = None
                     order[key] = None
-        else:
-            # No key holds a request's rank: ranks in C (a repeated key keeps its last), then
-            # the moves in order.
-            ranks.update(zip(held_keys, range(rank + 1, rank + 1 + len(held_keys))))
-            rank += len(held_keys)
-            move_to_end = order.move_to_end
-            for key in held_keys:
-                move_to_end(key)
+                else:
+                    order.move_to_end(key)
         self._next_rank = rank
 
     @override
@@ -184,16 +173,11 @@ class LRUCachePolicy(CachePolicy):
         positions = req_context.offload_key_positions
         if not positions:
             return
-        # Only held keys can move: those a store names are mostly absent, filtered out in C.
-        held_keys = list(filter(self.blocks.__contains__, keys))
-        if not held_keys:
-            return
         rank = bucket.rank
-        ranks, bucket_of, order = self.ranks, self.bucket_of, self.order
+        blocks, ranks, bucket_of, order = self.blocks, self.ranks, self.bucket_of, self.order
         joined = bucket.keys
-        joined_before = len(joined)
-        for key in held_keys:
-            if (end := positions.get(key)) is None:
+        for key in keys:
+            if key not in blocks or (end := positions.get(key)) is None:
                 continue
             # Only ever younger: a later position of the same request ranks below an earlier one.
             # (r, 0) >= (rank, -end) for a fresh rank r; pairs compared for a bucketed key.
@@ -209,7 +193,6 @@ class LRUCachePolicy(CachePolicy):
                 held.ordered = None
             bucket_of[key] = bucket
             joined[key] = -end
-        if len(joined) != joined_before:
             bucket.ordered = None
 
     @override
