@@ -213,6 +213,22 @@ class CPUOffloadingManager(OffloadingManager):
             vars(self)["lookup"] = self._lookup
 
     @override
+    def __getstate__(self) -> dict[str, object]:
+        # The lookup closure is bound to this manager's block map: copies and unpickled managers
+        # get their own (see __setstate__), starting from this one's counts.
+        state = dict(vars(self))
+        for name in ("lookup", "_lookup", "_lookup_counts"):
+            state.pop(name, None)
+        state["_lookup_totals"] = self._lookup_counts()
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        totals = cast(tuple[int, int, int], state.pop("_lookup_totals"))
+        vars(self).update(state)
+        self._lookup_counts = lambda: totals
+        self._policy = self._the_policy
+
+    @override
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(num_blocks={self._num_blocks}, "
