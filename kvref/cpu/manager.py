@@ -53,6 +53,8 @@ _REF_CNT = operator.attrgetter("ref_cnt")
 _BLOCK_ID = operator.attrgetter("block_id")
 _FIRST = operator.itemgetter(0)
 _SECOND = operator.itemgetter(1)
+# on_new_request's answer, the same for every request (frozen: one instance serves them all).
+_BLOCK_LEVEL = RequestOffloadingContext()
 
 
 def describe_block(block: BlockStatus | None) -> str:
@@ -583,7 +585,7 @@ class CPUOffloadingManager(OffloadingManager):
     @override
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         self._request_access(req_context)
-        return RequestOffloadingContext()
+        return _BLOCK_LEVEL
 
     @override
     def on_request_finished(self, req_context: ReqContext) -> None:
