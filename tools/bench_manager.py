@@ -20,6 +20,8 @@ Traces (each scaled to the cache size, `--sizes`):
 Printed per policy and trace: ns per key-operation of each (every key passed to any manager
 call is one operation), and kvref's time divided by vLLM's: the median over `--repeat` pairs of
 runs, each pair timed back to back in alternating order (A B, B A, ...) so load spikes hit both.
+Times are this process's CPU time (`time.process_time`), so the time other processes of a shared
+machine take from it counts for neither side.
 Then bytes of Python memory per resident block (tracemalloc while the prefix trace fills the
 cache; keys and request contexts are built before and excluded), and whether both took the same
 decisions: the same lookups hit and every `prepare_store` stored and evicted the same keys.
@@ -260,9 +262,9 @@ class Result:
 
 def _timed(run: Callable[[], object]) -> float:
     gc.collect()
-    start = time.perf_counter()
+    start = time.process_time()
     run()
-    return time.perf_counter() - start
+    return time.process_time() - start
 
 
 def _pairs(runs: Sequence[Callable[[], float]], repeat_count: int) -> list[tuple[float, float]]:

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import logging
 import operator
-from itertools import filterfalse
+from itertools import filterfalse, repeat
 from typing import NoReturn, cast
-from collections.abc import Collection, Iterator, Mapping, Sequence, Set
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence, Set
 
 from typing_extensions import override
 
@@ -53,6 +53,8 @@ _REF_CNT = operator.attrgetter("ref_cnt")
 _BLOCK_ID = operator.attrgetter("block_id")
 _FIRST = operator.itemgetter(0)
 _SECOND = operator.itemgetter(1)
+# on_new_request's answer, the same for every request (frozen: one instance serves them all).
+_BLOCK_LEVEL = RequestOffloadingContext()
 
 
 def describe_block(block: BlockStatus | None) -> str:
@@ -119,6 +121,39 @@ class _PolicyBlocks(Mapping[OffloadKey, BlockStatus]):
         raise TypeError("a policy's blocks cannot be counted through get()")
 
 
+def _no_lookups() -> tuple[int, int, int]:
+    return 0, 0, 0
+
+
+
+def _make_lookup(
+    blocks: Mapping[OffloadKey, BlockStatus], hits: int, pending: int, misses: int
+) -> tuple[Callable[[OffloadKey, ReqContext], bool | None], Callable[[], tuple[int, int, int]]]:
+    """Return a manager's lookup over `blocks` and the reader of its counters (hits, pending,
+    misses), which start at the values given.
+
+    A closure rather than a method: no bound method per call, and the map and counters are
+    cell variables rather than instance attributes, on the path every request ends with.
+    """
+
+    def lookup(key: OffloadKey, req_context: ReqContext) -> bool | None:
+        nonlocal hits, pending, misses
+        # Every request's lookups end with a miss: it costs one containment test and no call.
+        if key in blocks:
+            if blocks[key].ref_cnt >= 0:
+                hits += 1
+                return True
+            pending += 1
+            return None
+        misses += 1
+        return False
+
+    def counts() -> tuple[int, int, int]:
+        return hits, pending, misses
+
+    return lookup, counts
+
+
 class CPUOffloadingManager(OffloadingManager):
     """Offloads blocks to `num_blocks` CPU slots, evicting idle blocks as the policy chooses.
 
@@ -149,12 +184,13 @@ class CPUOffloadingManager(OffloadingManager):
         # Blocks with ref_cnt 0: what eviction can reclaim, counted so a hopeless prepare_store
         # fails without asking the policy.
         self._num_idle_blocks: int = 0
+        self._lookup_counts: Callable[[], tuple[int, int, int]] = _no_lookups
         self._policy = create_cache_policy(cache_policy, self._num_blocks)
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
         # Bumped by reset_cache, so access records of requests from before are started afresh.
         self._generation: int = 0
-        # Counters for get_stats: one increment per call on the hot paths.
-        self._hits = self._pending = self._misses = 0
+        # Counters for get_stats: one increment per call on the hot paths (lookup's are kept by
+        # its closure).
         self._blocks_stored = self._blocks_loaded = self._blocks_evicted = 0
         self._stores_refused = 0
 
@@ -172,6 +208,27 @@ class CPUOffloadingManager(OffloadingManager):
         self._hook_non_evictable = not is_no_op_hook(policy, "mark_non_evictable")
         self._hook_access = not is_no_op_hook(policy, "on_request_access")
         self._hook_store_miss = not is_no_op_hook(policy, "on_store_miss")
+        self._policy_touch = policy.touch
+        self._lookup, self._lookup_counts = _make_lookup(self._blocks, *self._lookup_counts())
+        if type(self).lookup is CPUOffloadingManager.lookup:
+            # An instance attribute: callers reach the closure without binding a method.
+            vars(self)["lookup"] = self._lookup
+
+    @override
+    def __getstate__(self) -> dict[str, object]:
+        # The lookup closure is bound to this manager's block map: copies and unpickled managers
+        # get their own (see __setstate__), starting from this one's counts.
+        state = dict(vars(self))
+        for name in ("lookup", "_lookup", "_lookup_counts"):
+            state.pop(name, None)
+        state["_lookup_totals"] = self._lookup_counts()
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        totals = cast(tuple[int, int, int], state.pop("_lookup_totals"))
+        vars(self).update(state)
+        self._lookup_counts = lambda: totals
+        self._policy = self._the_policy
 
     @override
     def __repr__(self) -> str:
@@ -206,11 +263,12 @@ class CPUOffloadingManager(OffloadingManager):
     @override
     def get_stats(self) -> OffloadingStats:
         """Return the cumulative counters and the slot usage (see `OffloadingStats`)."""
+        hits, pending, misses = self._lookup_counts()
         return OffloadingStats(
-            lookups=self._hits + self._pending + self._misses,
-            hits=self._hits,
-            pending=self._pending,
-            misses=self._misses,
+            lookups=hits + pending + misses,
+            hits=hits,
+            pending=pending,
+            misses=misses,
             blocks_stored=self._blocks_stored,
             blocks_loaded=self._blocks_loaded,
             blocks_evicted=self._blocks_evicted,
@@ -269,10 +327,10 @@ class CPUOffloadingManager(OffloadingManager):
             return
         seen = state.seen_keys
         if self._hook_access:
-            new_keys = [key for key in named if key not in seen]
+            new_keys = list(filterfalse(seen.__contains__, named))
             if new_keys:
                 seen.update(named)
-                self._policy.on_request_access(new_keys, req_context)
+                self._the_policy.on_request_access(new_keys, req_context)
         else:
             seen.update(named)
         if reused_keys:
@@ -288,47 +346,47 @@ class CPUOffloadingManager(OffloadingManager):
 
     @override
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
-        # Every request's lookups end with a miss: it costs one containment test and no call.
-        if key in self._blocks:
-            if self._blocks[key].ref_cnt >= 0:
-                self._hits += 1
-                return True
-            self._pending += 1
-            return None
-        self._misses += 1
-        return False
+        # Instances call the closure directly (see _make_lookup); this serves subclasses' super().
+        return self._lookup(key, req_context)
 
     @override
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> CPULoadStoreSpec:
         if isinstance(keys, _SINGLE_KEY_TYPES):
             check_key_collection(keys, "prepare_load")
-        get = self._blocks.get
-        found = list(map(get, keys))
+        found = list(map(self._blocks.get, keys))
         # Validated in C first (absent, then pending); the loop below only names the culprit.
-        if None in found or (found and min(map(_REF_CNT, cast(list[BlockStatus], found))) < 0):
+        ref_cnts: list[int] = [] if None in found else list(map(_REF_CNT, cast(list[BlockStatus], found)))
+        if len(ref_cnts) != len(found) or (ref_cnts and min(ref_cnts) < 0):
             for key, block in zip(keys, found):
                 if block is None or block.ref_cnt < 0:
                     raise self._protocol_error("prepare_load", key, "only stored blocks can be loaded")
         blocks = cast(list[BlockStatus], found)
         # Validated every key: from here on nothing can fail half-way.
-        pinned = 0
-        hook = self._policy.mark_non_evictable if self._hook_non_evictable else None
-        for key, block in zip(keys, blocks):
-            if block.ref_cnt == 0:
-                pinned += 1
-                if hook is not None:
-                    hook(key)
-            block.ref_cnt += 1
+        named = dict.fromkeys(keys)
+        if self._hook_non_evictable or len(named) != len(blocks):
+            # A hook to call per pinned key, or a key listed twice (pinned once).
+            pinned = 0
+            hook = self._the_policy.mark_non_evictable if self._hook_non_evictable else None
+            for key, block in zip(keys, blocks):
+                if block.ref_cnt == 0:
+                    pinned += 1
+                    if hook is not None:
+                        hook(key)
+                block.ref_cnt += 1
+        else:
+            pinned = ref_cnts.count(0)
+            for block in blocks:
+                block.ref_cnt += 1
         self._num_idle_blocks -= pinned
         self._blocks_loaded += len(blocks)
-        self._record_access(self._request_access(req_context), dict.fromkeys(keys), req_context, reused_keys=keys)
-        return CPULoadStoreSpec(list(map(_BLOCK_ID, blocks)))
+        self._record_access(self._request_access(req_context), named, req_context, reused_keys=keys)
+        return CPULoadStoreSpec(map(_BLOCK_ID, blocks))
 
     @override
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         if isinstance(keys, _SINGLE_KEY_TYPES):
             check_key_collection(keys, "touch")
-        self._policy.touch(keys)
+        self._policy_touch(keys)
 
     @override
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
@@ -352,7 +410,7 @@ class CPUOffloadingManager(OffloadingManager):
             self._refuse_release(keys, found)
         self._num_idle_blocks += released
         if self._hook_evictable:
-            mark_evictable, held = self._policy.mark_evictable, self._blocks
+            mark_evictable, held = self._the_policy.mark_evictable, self._blocks
             for key in dict.fromkeys(keys):
                 if held[key].ref_cnt == 0:
                     mark_evictable(key)
@@ -414,40 +472,56 @@ class CPUOffloadingManager(OffloadingManager):
                 new_misses = [key for key in keys_to_store if key not in inserted and key not in refused]
             if new_misses:
                 # ARC learns from b1/b2 before insert removes the ghost entries; once per request.
-                self._policy.on_store_miss(new_misses, req_context)
+                self._the_policy.on_store_miss(new_misses, req_context)
         self._record_access(state, named, req_context, reused_keys=ready_keys)
         if not keys_to_store:
             return PrepareStoreOutput([], CPULoadStoreSpec(()), [])
 
         evicted_keys: list[OffloadKey] = []
-        num_to_evict = len(keys_to_store) - (
-            len(self._free_list) + self._num_blocks - self._num_allocated_blocks
-        )
+        free_list = self._free_list
+        num_wanted = len(keys_to_store)
+        num_to_evict = num_wanted - (len(free_list) + self._num_blocks - self._num_allocated_blocks)
         if num_to_evict > 0:
             # Keys named by this call must survive it, stored ones included.
+            protected = requested.keys()
             evicted = (
-                self._policy.evict(num_to_evict, requested.keys())
+                self._the_policy.evict(num_to_evict, protected)
                 if num_to_evict <= self._num_idle_blocks
                 else None
             )
-            if evicted is None or not self._valid_eviction(evicted, num_to_evict, requested.keys()):
+            # The policy's answer is checked in C (the right count, every block idle, none
+            # protected); _valid_eviction repeats the checks only to report and undo a bad one.
+            if evicted is None or not (
+                (
+                    len(evicted) == num_to_evict
+                    and not any(map(_REF_CNT, map(_SECOND, evicted)))
+                    and protected.isdisjoint(map(_FIRST, evicted))
+                )
+                or self._valid_eviction(evicted, num_to_evict, protected)
+            ):
                 self._stores_refused += 1
                 if new_misses:
                     state.refused_misses.update(new_misses)
                 return None
-            self._num_idle_blocks -= len(evicted)
-            self._blocks_evicted += len(evicted)
+            self._num_idle_blocks -= num_to_evict
+            self._blocks_evicted += num_to_evict
             evicted_keys = list(map(_FIRST, evicted))
-            self._free_list.extend(map(_SECOND, evicted))
+            free_list.extend(map(_SECOND, evicted))
             if self._events is not None:
                 self._emit(evicted_keys, removed=True)
 
-        new_blocks = self._allocate_blocks(len(keys_to_store))
-        self._policy.insert_for_request(keys_to_store, new_blocks, req_context)
+        if self._num_allocated_blocks == self._num_blocks:
+            # Every slot was handed out once: all come from the free list, last freed first.
+            new_blocks = free_list[-num_wanted:]
+            del free_list[-num_wanted:]
+            new_blocks.reverse()
+            for block in new_blocks:
+                block.ref_cnt = -1
+        else:
+            new_blocks = self._allocate_blocks(num_wanted)
+        self._the_policy.insert_for_request(keys_to_store, new_blocks, req_context)
         state.inserted_keys.update(keys_to_store)
-        return PrepareStoreOutput(
-            keys_to_store, CPULoadStoreSpec(list(map(_BLOCK_ID, new_blocks))), evicted_keys
-        )
+        return PrepareStoreOutput(keys_to_store, CPULoadStoreSpec(map(_BLOCK_ID, new_blocks)), evicted_keys)
 
     def _valid_eviction(
         self,
@@ -456,14 +530,13 @@ class CPUOffloadingManager(OffloadingManager):
         protected: Set[OffloadKey],
     ) -> bool:
         """Check a policy's answer; put back what a misbehaving policy took, and say so."""
-        # In C: the right count, every block idle (no ref_cnt is non-zero), none protected.
         if (
             len(evicted) == wanted
             and not any(map(_REF_CNT, map(_SECOND, evicted)))
             and protected.isdisjoint(map(_FIRST, evicted))
         ):
             return True
-        policy = self._policy
+        policy = self._the_policy
         logger.warning(
             "cache policy %s returned %d blocks (idle and unprotected expected) for %d "
             "evictions; the store is refused",
@@ -486,7 +559,7 @@ class CPUOffloadingManager(OffloadingManager):
             check_key_collection(keys, "complete_store")
         get = self._blocks.get
         if not success:
-            policy = self._policy
+            policy = self._the_policy
             for key in keys:
                 block = get(key)
                 if block is not None and block.ref_cnt < 0:
@@ -501,7 +574,7 @@ class CPUOffloadingManager(OffloadingManager):
                 block.ref_cnt = 0
                 stored_keys.append(key)
         if self._hook_evictable:
-            mark_evictable = self._policy.mark_evictable
+            mark_evictable = self._the_policy.mark_evictable
             for key in stored_keys:
                 mark_evictable(key)
         self._num_idle_blocks += len(stored_keys)
@@ -512,7 +585,7 @@ class CPUOffloadingManager(OffloadingManager):
     @override
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         self._request_access(req_context)
-        return RequestOffloadingContext()
+        return _BLOCK_LEVEL
 
     @override
     def on_request_finished(self, req_context: ReqContext) -> None:
@@ -531,14 +604,14 @@ class CPUOffloadingManager(OffloadingManager):
             return
         state.finished = True
         seen = state.seen_keys
-        suffixes = list(map(_GROUP_SUFFIX, seen))
         recorded = req_context.offload_key_positions
         key_groups: list[list[OffloadKey]]
-        if not suffixes or suffixes.count(suffixes[0]) == len(suffixes):
-            key_groups = [list(seen)]  # one KV-cache group: the common case
+        first_suffix = _GROUP_SUFFIX(next(iter(seen))) if seen else b""
+        if all(map(bytes.endswith, seen, repeat(first_suffix))):
+            key_groups = [list(seen)]  # one KV-cache group: the common case, checked in C
         else:
             groups: dict[bytes, list[OffloadKey]] = {}
-            for key, suffix in zip(seen, suffixes):
+            for key, suffix in zip(seen, map(_GROUP_SUFFIX, seen)):
                 group = groups.get(suffix)
                 if group is None:
                     groups[suffix] = [key]
@@ -553,7 +626,7 @@ class CPUOffloadingManager(OffloadingManager):
                     keys.sort(key=recorded.__getitem__)
                 except KeyError:
                     pass
-        self._policy.on_request_finished(
+        self._the_policy.on_request_finished(
             tuple(key_groups),
             state.inserted_keys - state.reused_keys,
             state.reused_keys,
@@ -575,7 +648,7 @@ class CPUOffloadingManager(OffloadingManager):
         `AllBlocksCleared`), and events still buffered would describe blocks that no longer exist,
         so they are dropped rather than delivered after the reset.
         """
-        self._policy.clear()
+        self._the_policy.clear()
         self._generation += 1
         self._num_idle_blocks = 0
         self._free_list.clear()

@@ -684,3 +684,21 @@ def test_a_slot_keeps_its_block_status_and_a_reused_slot_starts_pending() -> Non
     assert isinstance(output.store_spec, CPULoadStoreSpec)
     assert (first.block_id, first.ref_cnt) == (output.store_spec.block_ids.tolist()[0], -1)
     assert manager.lookup(to_key(3), REQ) is None  # pending, as a fresh block would be
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+def test_a_copied_or_unpickled_manager_looks_up_its_own_blocks(policy: CachePolicyName) -> None:
+    import pickle
+
+    manager = CPUOffloadingManager(4, policy)
+    output = manager.prepare_store(to_keys([1]), REQ)
+    assert output is not None
+    manager.complete_store(to_keys([1]), REQ)
+    assert manager.lookup(to_key(1), REQ) is True
+    stats = manager.get_stats()
+    for twin in (copy.deepcopy(manager), pickle.loads(pickle.dumps(manager))):
+        assert twin.get_stats() == stats  # the lookup counts come along
+        twin.reset_cache()
+        assert twin.lookup(to_key(1), REQ) is False  # its own (now empty) blocks
+        assert manager.lookup(to_key(1), REQ) is True  # the original keeps its own
+        assert twin.get_stats().misses == 1

@@ -129,16 +129,18 @@ class ARCCachePolicy(CachePolicy):
 
     @override
     def touch(self, keys: Collection[OffloadKey]) -> None:
-        t1, t2, b1, b2, blocks = self.t1, self.t2, self.b1, self.b2, self.blocks
+        # Probed in the order keys are most often found (t2, t1, the ghosts): each probe of
+        # another large table is a likely cache miss, the main cost per key.
+        t1, t2, b1, b2 = self.t1, self.t2, self.b1, self.b2
         for key in reversed(list(keys)):
-            if key in blocks:
-                if key in t2:
-                    t2.move_to_end(key)
-                elif blocks[key].ref_cnt >= 0:
+            if key in t2:
+                t2.move_to_end(key)
+            elif key in t1:
+                if t1[key].ref_cnt >= 0:
                     t2[key] = t1.pop(key)
                 else:
                     t1.move_to_end(key)
-            elif key in b1 or key in b2:
+            elif key in b1 or (b2 and key in b2):
                 self._adapt_to_ghost_hit(key)
 
     @override
@@ -150,22 +152,71 @@ class ARCCachePolicy(CachePolicy):
         req_context: ReqContext,
     ) -> None:
         t1, t2 = self.t1, self.t2
-        for key in reversed(order_request_keys(key_groups, req_context)):
-            # The two sets are disjoint. A store is not a frequency hit: the block keeps its
-            # list, and takes its recency; a reuse promotes to t2 (or refreshes there).
-            if key in t2:
-                if key in reused_keys or key in insertion_only_keys:
-                    t2.move_to_end(key)
-            elif key in t1:
-                if key in reused_keys:
-                    t2[key] = t1.pop(key)
-                elif key in insertion_only_keys:
+        # One group is already head to tail (the contract): only several need merging.
+        keys = key_groups[0] if len(key_groups) == 1 else order_request_keys(key_groups, req_context)
+        for key in reversed(keys):
+            # The request's small sets first, then the list the key most likely is in. A store
+            # is not a frequency hit: the block keeps its list, and takes its recency; a reuse
+            # promotes to t2 (or refreshes there). The two sets are disjoint.
+            if key in insertion_only_keys:
+                if key in t1:
                     t1.move_to_end(key)
+                elif key in t2:
+                    t2.move_to_end(key)
+            elif key in reused_keys:
+                if key in t2:
+                    t2.move_to_end(key)
+                elif key in t1:
+                    t2[key] = t1.pop(key)
 
     @override
     def evict(self, n: int, protected: Set[OffloadKey]) -> list[tuple[OffloadKey, BlockStatus]] | None:
         if n <= 0:
             return []
+        t1, t2 = self.t1, self.t2
+        target = int(self.target_t1_size)
+        # Step 5 takes every victim from one list when that list has enough candidates: from t1
+        # while its running size stays >= target, from t2 when t1 is below target already.
+        if len(t1) - n + 1 >= target:
+            victims = self._oldest_idle(t1, n, protected)
+            if victims is not None:
+                self._commit(victims, t1, self.b1)
+                return victims
+        elif len(t1) < target:
+            victims = self._oldest_idle(t2, n, protected)
+            if victims is not None:
+                self._commit(victims, t2, self.b2)
+                return victims
+        return self._evict_from_both(n, protected)
+
+    @staticmethod
+    def _oldest_idle(
+        entries: OrderedDict[OffloadKey, BlockStatus], n: int, protected: Set[OffloadKey]
+    ) -> list[tuple[OffloadKey, BlockStatus]] | None:
+        """The `n` oldest idle, unprotected entries of one list, or None if it has fewer."""
+        found: list[tuple[OffloadKey, BlockStatus]] = []
+        for entry in entries.items():
+            if entry[1].ref_cnt == 0 and entry[0] not in protected:
+                found.append(entry)
+                if len(found) == n:
+                    return found
+        return None
+
+    def _commit(
+        self,
+        victims: list[tuple[OffloadKey, BlockStatus]],
+        entries: OrderedDict[OffloadKey, BlockStatus],
+        ghosts: OrderedDict[OffloadKey, None],
+    ) -> None:
+        """Step 6 for victims of one list."""
+        blocks = self.blocks
+        for key, _ in victims:
+            del blocks[key], entries[key]
+            ghosts[key] = None
+        for _ in range(len(ghosts) - self.cache_capacity):
+            ghosts.popitem(last=False)
+
+    def _evict_from_both(self, n: int, protected: Set[OffloadKey]) -> list[tuple[OffloadKey, BlockStatus]] | None:
         # Monotonic iterators: each list is walked at most once per call, never restarted.
         t1_idle: _Entries = (e for e in self.t1.items() if e[1].ref_cnt == 0 and e[0] not in protected)
         t2_idle: _Entries = (e for e in self.t2.items() if e[1].ref_cnt == 0 and e[0] not in protected)

@@ -10,8 +10,8 @@ provisional rank, taken when the request first names a block, ordered by token p
 the request's tail is evicted before its head; `on_request_finished` then gives every key of the
 request a fresh rank, tail first, so its head ends most recent. A rank is vLLM's pair
 `(rank, -position)` (a fresh rank's position is 0), kept as two small ints: the counter value
-(in `ranks`, or the bucket's) and, in a bucket, `-position`; equal ranks (one position in several
-KV-cache groups) are ordered by key, as in vLLM's heap.
+(the block's value in the order, or the bucket's) and, in a bucket, `-position`; equal ranks
+(one position in several KV-cache groups) are ordered by key, as in vLLM's heap.
 
 vLLM keeps idle blocks in a lazily invalidated heap. kvref keeps every block in one
 `OrderedDict` in rank order instead: a fresh rank is the highest, so it is a `move_to_end`; a
@@ -38,8 +38,8 @@ class LRUCachePolicy(CachePolicy):
 
     State:
         blocks: every held block.
-        ranks: the rank counter value of each block with a fresh rank.
-        order: held blocks with a fresh rank, and request buckets, oldest first.
+        order: held blocks with a fresh rank (each with its rank counter value: one table to
+            probe per use), and request buckets (with theirs), oldest first.
         bucket_of: the bucket of each block that holds a request's provisional rank (its rank
             is in the bucket).
     """
@@ -48,8 +48,7 @@ class LRUCachePolicy(CachePolicy):
     def __init__(self, cache_capacity: int) -> None:
         # cache_capacity is unused: the manager bounds the blocks; LRU keeps no ghosts.
         self.blocks: dict[OffloadKey, BlockStatus] = {}
-        self.ranks: dict[OffloadKey, int] = {}
-        self.order: OrderedDict[OffloadKey | Bucket, None] = OrderedDict()
+        self.order: OrderedDict[OffloadKey | Bucket, int] = OrderedDict()
         self.bucket_of: dict[OffloadKey, Bucket] = {}
         self._next_rank = 0
         # Bumped by clear(), so ranks kept in request contexts from before are not reused.
@@ -70,16 +69,21 @@ class LRUCachePolicy(CachePolicy):
         """Put a bucket (new, or dropped once empty) at its rank's place in the order."""
         order = self.order
         if not order or self._rank_of(next(reversed(order))) < bucket.rank:
-            order[bucket] = None  # the common case: the newest entry
+            order[bucket] = bucket.rank  # the common case: the newest entry
             return
         # A request that emptied its bucket (finished) stores again: rare, rebuilt in O(n).
         entries = [*order, bucket]
         entries.sort(key=self._rank_of)
-        self.order = OrderedDict.fromkeys(entries)
+        self.order = OrderedDict((entry, self._rank_of(entry)) for entry in entries)
 
     def _rank_of(self, entry: OffloadKey | Bucket) -> int:
         # Counter values are unique (keys and buckets draw from one counter): no ties.
-        return entry.rank if isinstance(entry, Bucket) else self.ranks[entry]
+        return entry.rank if isinstance(entry, Bucket) else self.order[entry]
+
+    @property
+    def ranks(self) -> dict[OffloadKey, int]:
+        """The rank counter value of each block with a fresh rank (a copy, for inspection)."""
+        return {key: rank for key, rank in self.order.items() if not isinstance(key, Bucket)}
 
     def _detach(self, key: OffloadKey) -> None:
         """Take a held key out of the order (from its bucket, or its own entry)."""
@@ -94,18 +98,18 @@ class LRUCachePolicy(CachePolicy):
 
     def _use(self, keys: Iterable[OffloadKey]) -> None:
         """Give each held key a fresh rank, in iteration order (the last ends most recent)."""
-        blocks, ranks, order, bucket_of = self.blocks, self.ranks, self.order, self.bucket_of
+        blocks, order, bucket_of = self.blocks, self.order, self.bucket_of
         rank = self._next_rank
         for key in keys:
             if key in blocks:
                 rank += 1
-                ranks[key] = rank
                 if key in bucket_of:  # _detach, inlined: this loop runs per key per request
                     bucket = bucket_of.pop(key)
                     del bucket.keys[key]
                     bucket.ordered = None
-                    order[key] = None
+                    order[key] = rank
                 else:
+                    order[key] = rank
                     order.move_to_end(key)
         self._next_rank = rank
 
@@ -121,8 +125,7 @@ class LRUCachePolicy(CachePolicy):
     def insert(self, key: OffloadKey, block: BlockStatus) -> None:
         self._next_rank += 1
         self.blocks[key] = block
-        self.ranks[key] = self._next_rank
-        self.order[key] = None
+        self.order[key] = self._next_rank
 
     @override
     def insert_for_request(
@@ -130,12 +133,11 @@ class LRUCachePolicy(CachePolicy):
     ) -> None:
         positions = req_context.offload_key_positions
         if not positions:  # the common case without positions: fresh ranks, inlined
-            rank, all_blocks, ranks, order = self._next_rank, self.blocks, self.ranks, self.order
+            rank, all_blocks, order = self._next_rank, self.blocks, self.order
             for key, block in zip(keys, blocks):
                 rank += 1
                 all_blocks[key] = block
-                ranks[key] = rank
-                order[key] = None
+                order[key] = rank
             self._next_rank = rank
             return
         bucket: Bucket | None = None
@@ -156,7 +158,6 @@ class LRUCachePolicy(CachePolicy):
     def remove(self, key: OffloadKey) -> None:
         if self.blocks.pop(key, None) is not None:
             self._detach(key)
-            self.ranks.pop(key, None)
 
     @override
     def touch(self, keys: Collection[OffloadKey]) -> None:
@@ -174,7 +175,7 @@ class LRUCachePolicy(CachePolicy):
         if not positions:
             return
         rank = bucket.rank
-        blocks, ranks, bucket_of, order = self.blocks, self.ranks, self.bucket_of, self.order
+        blocks, bucket_of, order = self.blocks, self.bucket_of, self.order
         joined = bucket.keys
         for key in keys:
             if key not in blocks or (end := positions.get(key)) is None:
@@ -183,9 +184,9 @@ class LRUCachePolicy(CachePolicy):
             # (r, 0) >= (rank, -end) for a fresh rank r; pairs compared for a bucketed key.
             held = bucket_of.get(key)
             if held is None:
-                if ranks[key] >= rank:
+                if order[key] >= rank:
                     continue
-                del order[key], ranks[key]
+                del order[key]
             else:
                 if held.rank > rank or (held.rank == rank and held.keys[key] >= -end):
                     continue
@@ -234,18 +235,16 @@ class LRUCachePolicy(CachePolicy):
             del self.order[bucket]
         if len(victims) < n:
             return None
-        blocks, ranks = self.blocks, self.ranks
+        blocks = self.blocks
         evicted: list[tuple[OffloadKey, BlockStatus]] = []
         for key in victims:
             self._detach(key)
-            ranks.pop(key, None)
             evicted.append((key, blocks.pop(key)))
         return evicted
 
     @override
     def clear(self) -> None:
         self.blocks.clear()
-        self.ranks.clear()
         self.order.clear()
         self.bucket_of.clear()
         self._next_rank = 0
