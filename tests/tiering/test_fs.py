@@ -445,8 +445,8 @@ def test_corrupt_config_is_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"n_read_threads": 0}, "n_read_threads must be an integer >= 1, got 0"),
-        ({"n_write_threads": 2.5}, "n_write_threads must be an integer >= 1, got 2.5"),
+        ({"n_read_threads": 0}, "n_read_threads must be None or an integer >= 1, got 0"),
+        ({"n_write_threads": 2.5}, "n_write_threads must be None or an integer >= 1, got 2.5"),
         ({"capacity_bytes": 10}, "capacity_bytes must be None or at least one block"),
         ({"capacity_bytes": "1G"}, "capacity_bytes must be None or an integer >= 1, got '1G'"),
         ({"max_segment_bytes": 0}, "max_segment_bytes must be an integer >= 1, got 0"),
@@ -461,6 +461,22 @@ def test_invalid_arguments(tmp_path: Path, kwargs: dict[str, Any], message: str)
     with pytest.raises(ValueError, match=re.escape(message)):
         FileSystemSecondaryTier(make_view(2), tmp_path / "fs", **kwargs)
     assert not (tmp_path / "fs").exists()  # refused before touching the disk
+
+
+@pytest.mark.parametrize(("cores", "threads"), [(1, 1), (2, 1), (3, 1), (6, 3), (8, 4), (64, 4)])
+def test_io_threads_default_to_one_per_core(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cores: int, threads: int
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))  # pyright: ignore[reportUnknownLambdaType, reportUnknownArgumentType]
+    h = Harness(tmp_path / "fs", n_read_threads=None, n_write_threads=None)
+    try:
+        assert (h.tier.n_read_threads, h.tier.n_write_threads) == (threads, threads)
+        assert h.store([to_key(1)]) and h.load([to_key(1)], [3])
+    finally:
+        h.close()
+    h = Harness(tmp_path / "fs", n_read_threads=3, n_write_threads=None)
+    assert (h.tier.n_read_threads, h.tier.n_write_threads) == (3, threads)
+    h.close()
 
 
 @pytest.mark.parametrize("root_dir", ["", 42, None])

@@ -39,8 +39,11 @@ disk starts and serves the blocks it holds; its stores fail until space is freed
 
 Threads: the scheduler thread only updates an in-memory index (so `lookup` never touches the
 disk) and queues tasks (one per segment to write, one per up to 8 MiB of a segment's records to
-read) on a pool of I/O threads whose read threads serve loads first. Failures (disk full,
-permission denied, I/O errors) become failed jobs; nothing raises on the scheduler thread.
+read) on a pool of I/O threads whose read threads serve loads first; by default one thread per
+usable core, half of them read threads, at most four of each (page-cache I/O is copying and
+hashing on a core: more threads than cores only contend for the cores and the GIL). Failures
+(disk full, permission denied, I/O errors) become failed jobs; nothing raises on the scheduler
+thread.
 
 Capacity: with `capacity_bytes`, storing evicts whole segments, least recently used first (a
 block's `touch`, store or promotion makes its segment recent), skipping segments being written

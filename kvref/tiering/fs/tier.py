@@ -30,7 +30,7 @@ from kvref.tiering.base import (
 )
 from kvref.tiering.fs.format import MAX_KEY_BYTES, RECORD_HEADER_BYTES
 from kvref.tiering.fs.index import SEGMENT_SUFFIX, Entry, Run, Segment, index_root, unlink_quietly
-from kvref.tiering.fs.pool import DualQueuePool, IOTask
+from kvref.tiering.fs.pool import DualQueuePool, IOTask, default_threads
 from kvref.tiering.fs.root import open_root, release_root
 from kvref.tiering.fs.segment_io import SegmentIO, plan_read_tasks
 
@@ -66,8 +66,9 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             many bytes; None for no limit.
         max_segment_bytes: split a store job's blocks into segment files of at most this many
             bytes (at least one block each): fewer files versus more parallel writers.
-        n_read_threads: I/O threads that serve loads (promotions) first.
-        n_write_threads: I/O threads that serve stores and deletions first.
+        n_read_threads: I/O threads that serve loads (promotions) first; None for one per two
+            usable cores, 1 to 4 (`kvref.tiering.fs.pool.default_threads`).
+        n_write_threads: I/O threads that serve stores and deletions first; None for as many.
         fsync: `fsync` each segment before renaming it into place (durable, slower).
         name: the medium named in events.
         enable_events: buffer stored/removed events for `take_events`.
@@ -86,8 +87,8 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         *,
         capacity_bytes: int | None = None,
         max_segment_bytes: int = 16 << 20,
-        n_read_threads: int = 4,
-        n_write_threads: int = 4,
+        n_read_threads: int | None = None,
+        n_write_threads: int | None = None,
         fsync: bool = False,
         name: str = "fs",
         enable_events: bool = False,
@@ -95,8 +96,10 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         self.root_dir = check_path("root_dir", root_dir)
         capacity = check_optional_int("capacity_bytes", capacity_bytes, minimum=1)
         self._max_segment_bytes = check_int("max_segment_bytes", max_segment_bytes, minimum=1)
-        n_read = check_int("n_read_threads", n_read_threads, minimum=1)
-        n_write = check_int("n_write_threads", n_write_threads, minimum=1)
+        n_read = check_optional_int("n_read_threads", n_read_threads, minimum=1)
+        n_write = check_optional_int("n_write_threads", n_write_threads, minimum=1)
+        self.n_read_threads = default_threads() if n_read is None else n_read
+        self.n_write_threads = default_threads() if n_write is None else n_write
         self.fsync = check_bool("fsync", fsync)
         self.medium = check_str("name", name)
         events = check_bool("enable_events", enable_events)
@@ -134,7 +137,9 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             self._primary.release()
             raise
         self._io = SegmentIO(self._primary, fsync=self.fsync, medium=self.medium)
-        self._pool = DualQueuePool(n_read, n_write, f"kvref-{self.medium}")
+        self._pool = DualQueuePool(
+            self.n_read_threads, self.n_write_threads, f"kvref-{self.medium}"
+        )
 
     # --- start-up ---
 
