@@ -18,12 +18,14 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvref.base import OffloadingEvent, OffloadKey, ReqContext, make_offload_key
+from kvref.tiering.fs import segment_io
 from kvref.tiering.fs.pool import DualQueuePool, IOTask
 from kvref.tiering.base import JobMetadata, JobResult
 from kvref.errors import KVRefError
@@ -443,8 +445,8 @@ def test_corrupt_config_is_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"n_read_threads": 0}, "n_read_threads must be an integer >= 1, got 0"),
-        ({"n_write_threads": 2.5}, "n_write_threads must be an integer >= 1, got 2.5"),
+        ({"n_read_threads": 0}, "n_read_threads must be None or an integer >= 1, got 0"),
+        ({"n_write_threads": 2.5}, "n_write_threads must be None or an integer >= 1, got 2.5"),
         ({"capacity_bytes": 10}, "capacity_bytes must be None or at least one block"),
         ({"capacity_bytes": "1G"}, "capacity_bytes must be None or an integer >= 1, got '1G'"),
         ({"max_segment_bytes": 0}, "max_segment_bytes must be an integer >= 1, got 0"),
@@ -459,6 +461,22 @@ def test_invalid_arguments(tmp_path: Path, kwargs: dict[str, Any], message: str)
     with pytest.raises(ValueError, match=re.escape(message)):
         FileSystemSecondaryTier(make_view(2), tmp_path / "fs", **kwargs)
     assert not (tmp_path / "fs").exists()  # refused before touching the disk
+
+
+@pytest.mark.parametrize(("cores", "threads"), [(1, 1), (2, 1), (3, 1), (6, 3), (8, 4), (64, 4)])
+def test_io_threads_default_to_one_per_core(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cores: int, threads: int
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))  # pyright: ignore[reportUnknownLambdaType, reportUnknownArgumentType]
+    h = Harness(tmp_path / "fs", n_read_threads=None, n_write_threads=None)
+    try:
+        assert (h.tier.n_read_threads, h.tier.n_write_threads) == (threads, threads)
+        assert h.store([to_key(1)]) and h.load([to_key(1)], [3])
+    finally:
+        h.close()
+    h = Harness(tmp_path / "fs", n_read_threads=3, n_write_threads=None)
+    assert (h.tier.n_read_threads, h.tier.n_write_threads) == (3, threads)
+    h.close()
 
 
 @pytest.mark.parametrize("root_dir", ["", 42, None])
@@ -493,8 +511,19 @@ def other_key(path: Path, offset: int, size: int) -> None:
     flip(path, offset + RECORD_HEADER_BYTES + 7)
 
 
+# Pieces: the default (a whole run in one preadv), a few bytes (every header a piece of its own,
+# payloads cut), one record (pieces straddle records).
+PIECES = [segment_io.READ_PIECE_BYTES, 16, RECORD]
+
+
+@pytest.mark.parametrize("piece", PIECES)
 @pytest.mark.parametrize("damage", [corrupt_payload, corrupt_header, truncate, other_key])
-def test_damaged_record_fails_the_load_and_becomes_a_miss(harness: Harness, damage: Any) -> None:
+def test_damaged_record_fails_the_load_and_becomes_a_miss(
+    harness: Harness, damage: Any, piece: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The load reads straight into the rows and verifies piece by piece: the damaged block's
+    # bytes may be in its row, but the job fails, so they are never reported as loaded.
+    monkeypatch.setattr(segment_io, "READ_PIECE_BYTES", piece)
     k1, k2 = to_keys([1, 2])
     assert harness.store([k1, k2])
     harness.tier.take_events()
@@ -591,6 +620,50 @@ def test_partial_reads_are_completed(harness: Harness, monkeypatch: pytest.Monke
     assert harness.load([k1], [3]) and harness.row(3) == content(k1)
 
 
+@pytest.mark.parametrize("piece", [1, 7, RECORD_HEADER_BYTES + 12, RECORD - 1, RECORD, RECORD + 1, 4 * RECORD])
+def test_runs_are_read_in_pieces_of_bounded_size(
+    harness: Harness, piece: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    keys = to_keys([1, 2, 3, 4])
+    assert harness.store(keys)
+    real_preadv = os.preadv
+    sizes: list[int] = []
+
+    def counting_preadv(fd: int, buffers: list[memoryview], offset: int) -> int:
+        sizes.append(sum(len(buffer) for buffer in buffers))
+        return real_preadv(fd, buffers, offset)
+
+    monkeypatch.setattr(segment_io, "READ_PIECE_BYTES", piece)
+    monkeypatch.setattr(os, "preadv", counting_preadv)
+    assert harness.load(keys, [7, 6, 5, 4])
+    assert [harness.row(b) for b in (7, 6, 5, 4)] == [content(k) for k in keys]
+    assert sum(sizes) == 4 * RECORD  # every byte read once
+    # A piece never exceeds the bound, except a header longer than it (never cut).
+    assert max(sizes) <= max(piece, RECORD_HEADER_BYTES + 12)
+
+
+def test_large_loads_are_split_into_read_tasks(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    keys = to_keys(range(1, 7))
+    assert harness.store(keys)
+    real_open = os.open
+    opened: list[str] = []
+
+    def counting_open(path: str, flags: int, mode: int = 0o777) -> int:
+        if not flags & os.O_WRONLY:
+            opened.append(path)
+        return real_open(path, flags, mode)
+
+    monkeypatch.setattr(segment_io, "READ_TASK_BYTES", 2 * RECORD)
+    monkeypatch.setattr(os, "open", counting_open)
+    # Records 1, 2, 3 and 5 (4 is skipped: two runs), loaded in scrambled order.
+    wanted = [keys[4], keys[0], keys[2], keys[1]]
+    assert harness.load(wanted, [4, 5, 6, 7])
+    assert [harness.row(b) for b in (4, 5, 6, 7)] == [content(k) for k in wanted]
+    assert len(opened) == 2  # 2 records per task: one open each
+
+
 def test_dropped_blocks_stay_dropped_after_a_restart(tmp_path: Path) -> None:
     k1, k2, k3 = to_keys([1, 2, 3])
     first = Harness(tmp_path / "fs")
@@ -617,13 +690,17 @@ GROUP_1 = make_offload_key(b"prefix01", 1)
     position=st.integers(0, RECORD - 1),
     bit=st.integers(0, 7),
     restart=st.booleans(),
+    piece=st.sampled_from(PIECES),
 )
 def test_a_flipped_bit_anywhere_never_serves_wrong_bytes(
-    record: int, position: int, bit: int, restart: bool
+    record: int, position: int, bit: int, restart: bool, piece: int
 ) -> None:
     # Two blocks whose keys differ in one bit of the group index, in two segments, the damaged
     # one newest: a flipped key bit could turn group 0's record into group 1's.
-    with tempfile.TemporaryDirectory(prefix="kvref-flip-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="kvref-flip-") as tmp,
+        mock.patch.object(segment_io, "READ_PIECE_BYTES", piece),
+    ):
         h = Harness(Path(tmp) / "fs")
         try:
             damaged, other = (GROUP_0, GROUP_1) if record == 0 else (GROUP_1, GROUP_0)

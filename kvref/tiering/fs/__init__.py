@@ -7,8 +7,9 @@ Layout under `root_dir`:
     <ff>/<ff>/<generation>.kvs          a segment: the blocks of one store job, back to back,
                                         as records (see `kvref.tiering.fs.format`)
 
-This module holds the tier and its in-memory index; the record format is in
-`kvref.tiering.fs.format`, the I/O thread pool in `kvref.tiering.fs.pool`.
+The tier, its index and capacity are in `kvref.tiering.fs.tier` and `kvref.tiering.fs.index`; the
+record format is in `kvref.tiering.fs.format`, the file work of the I/O threads in
+`kvref.tiering.fs.segment_io`, the I/O thread pool in `kvref.tiering.fs.pool`.
 
 A store job's new blocks are written as one segment file (split at `max_segment_bytes`), so a
 file is created per job rather than per block: creating files is the slow part of small writes
@@ -19,15 +20,16 @@ so deleting an evicted segment can never remove newer data.
 Integrity: a segment is written to `<name>.tmp` (optionally `fsync`ed) and renamed into place
 with `os.replace`, so a final name always holds whole records. Each record's XXH3-64 checksum
 covers its header and key as well as its payload (a damaged key never passes for another
-block's), and a header checksum lets start-up re-indexing check headers and keys without
-reading payloads. A load reads a run of adjacent records with one `preadv` straight into
-the primary slots and verifies each record's header, key and checksum; any mismatch fails the
-job and drops the block from the index (its record is marked dead on disk, or its segment deleted
-once empty), so it is a miss afterwards, restarts included, and wrong bytes are never reported
-as loaded. Records of another format version (format 2 used CRC-32 of the payload only) are
-never read: a root written with another format is refused at start-up. At start-up the tier
-re-indexes the segments already there (blocks survive a restart), deletes stale `.tmp` files
-left by a crash, and skips records that are damaged, truncated or of another block size.
+block's), and a header checksum lets start-up re-indexing check headers and keys without reading
+payloads. A load reads a run of adjacent records straight into the primary slots, one `preadv`
+per piece of up to 256 KiB, hashing each piece right after reading it, and verifies each record's
+header, key and checksum; any mismatch fails the job, so the bytes already in the slots are
+never reported as loaded, and drops the block from the index (its record is marked dead on disk,
+or its segment deleted once empty), so it is a miss afterwards, restarts included. Records of
+another format version (format 2 used CRC-32 of the payload only) are never read: a root written
+with another format is refused at start-up. At start-up the tier re-indexes the segments already
+there (blocks survive a restart), deletes stale `.tmp` files left by a crash, and skips records
+that are damaged, truncated or of another block size.
 
 One process per root: the tier holds an exclusive `flock` on `kvref_fs_tier.lock` while it runs;
 a second tier on the same root, in this process or another, is refused with an `OSError` naming
@@ -37,9 +39,11 @@ disk starts and serves the blocks it holds; its stores fail until space is freed
 
 Threads: the scheduler thread only updates an in-memory index (so `lookup` never touches the
 disk) and queues tasks (one per segment to write, one per up to 8 MiB of a segment's records to
-read, each run of adjacent records of up to 1 MiB with one `preadv`) on a pool of I/O threads
-whose read threads serve loads first. Failures (disk full, permission denied, I/O errors) become
-failed jobs; nothing raises on the scheduler thread.
+read) on a pool of I/O threads whose read threads serve loads first; by default one thread per
+usable core, half of them read threads, at most four of each (page-cache I/O is copying and
+hashing on a core: more threads than cores only contend for the cores and the GIL). Failures
+(disk full, permission denied, I/O errors) become failed jobs; nothing raises on the scheduler
+thread.
 
 Capacity: with `capacity_bytes`, storing evicts whole segments, least recently used first (a
 block's `touch`, store or promotion makes its segment recent), skipping segments being written

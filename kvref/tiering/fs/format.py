@@ -30,7 +30,7 @@ __all__ = [
     "DEAD_MAGIC",
     "pack_header",
     "expected_fields",
-    "verify_record",
+    "RecordCheck",
     "scan_segment",
     "write_all",
     "read_into",
@@ -71,23 +71,53 @@ def pack_header(key: bytes, payload: memoryview) -> bytes:
     return fields + _CHECKSUMS.pack(*_checksums(fields, key, payload)) + key
 
 
-def verify_record(header: bytearray, fields: bytes, key: bytes, payload: memoryview) -> str | None:
-    """Check a record read back as `header` (header and key) and `payload`.
+class RecordCheck:
+    """Verifies one record read back in pieces: its header and key first (`check_header`), then
+    its payload piece by piece (`update`), each piece hashed right after it is read.
 
     Args:
-        header: the record's header and key bytes, as read.
+        header: the buffer the record's header and key are read into.
         fields: `expected_fields(len(key), block_bytes)`.
         key: the block the index says the record holds.
-        payload: the payload as read.
-
-    Returns:
-        What is wrong with the record ("header", "checksum mismatch"), or None if it is sound.
     """
-    if not header.startswith(fields) or not header.endswith(key):
-        return "header"
-    if _checksums(fields, key, payload) != _CHECKSUMS.unpack_from(header, _FIELDS.size):
-        return "checksum mismatch"
-    return None
+
+    __slots__ = ("_header", "_fields", "_key", "_hasher", "problem")
+
+    def __init__(self, header: bytearray, fields: bytes, key: bytes) -> None:
+        self._header = header
+        self._fields = fields
+        self._key = key
+        self._hasher: xxhash.xxh3_64 | None = None
+        self.problem: str | None = None
+        """What is wrong with the record so far ("header", "checksum mismatch", ...)."""
+
+    def check_header(self) -> None:
+        """Check the header and key just read, and start hashing the payload if they are sound."""
+        header, fields, key = self._header, self._fields, self._key
+        if not header.startswith(fields) or not header.endswith(key):
+            self.problem = "header"
+            return
+        # The fields and key read are the expected ones: hash those, in one call (every call
+        # releases and retakes the GIL, which the other I/O threads contend for).
+        hasher = xxhash.xxh3_64(fields + key)
+        if hasher.intdigest() != _CHECKSUMS.unpack_from(header, _FIELDS.size)[0]:
+            self.problem = "checksum mismatch"
+            return
+        self._hasher = hasher
+
+    def update(self, piece: memoryview) -> None:
+        """Hash the next piece of the payload, just read."""
+        if self._hasher is not None:
+            self._hasher.update(piece)
+
+    def finish(self) -> str | None:
+        """Return what is wrong with the record, whose payload has been read, or None."""
+        if self.problem is None:
+            if self._hasher is None:
+                self.problem = "header not read"
+            elif self._hasher.intdigest() != _CHECKSUMS.unpack_from(self._header, _FIELDS.size)[1]:
+                self.problem = "checksum mismatch"
+        return self.problem
 
 
 def scan_segment(

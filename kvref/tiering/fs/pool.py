@@ -8,12 +8,28 @@ an I/O thread may hold.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from collections import deque
 from collections.abc import Callable
 
-__all__ = ["IOTask", "DualQueuePool"]
+__all__ = ["IOTask", "DualQueuePool", "default_threads"]
+
+
+def default_threads() -> int:
+    """Threads of each kind by default: one I/O thread per usable core, half of each kind, at
+    least one and at most four of each.
+
+    Reads and writes through the page cache are copying and hashing on a core; a thread beyond
+    the cores only hands the GIL around and preempts a thread in the middle of its copy. A device
+    that needs more requests in flight (reads that miss the page cache) wants more threads.
+    """
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on every platform
+        cores = os.cpu_count() or 2
+    return max(1, min(4, cores // 2))
 
 
 class IOTask:

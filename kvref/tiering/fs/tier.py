@@ -1,5 +1,6 @@
-"""`FileSystemSecondaryTier`: the tier's scheduler-thread API, its capacity and eviction, and
-the work of its I/O threads (the design is in the package docstring, `kvref.tiering.fs`)."""
+"""`FileSystemSecondaryTier`: the tier's scheduler-thread API, its index, capacity and eviction,
+and the tasks it queues for its I/O threads, whose file work is `SegmentIO`'s (the design is in
+the package docstring, `kvref.tiering.fs`)."""
 
 from __future__ import annotations
 
@@ -27,41 +28,15 @@ from kvref.tiering.base import (
     PrimaryBlocks,
     SecondaryTierManager,
 )
-from kvref.tiering.fs.format import (
-    DEAD_MAGIC,
-    MAX_KEY_BYTES,
-    RECORD_HEADER_BYTES,
-    expected_fields,
-    pack_header,
-    read_into,
-    verify_record,
-    write_all,
-)
-from kvref.tiering.fs.index import (
-    SEGMENT_SUFFIX,
-    TMP_SUFFIX,
-    Entry,
-    Run,
-    Segment,
-    index_root,
-    unlink_quietly,
-)
-from kvref.tiering.fs.pool import DualQueuePool, IOTask
+from kvref.tiering.fs.format import MAX_KEY_BYTES, RECORD_HEADER_BYTES
+from kvref.tiering.fs.index import SEGMENT_SUFFIX, Entry, Run, Segment, index_root, unlink_quietly
+from kvref.tiering.fs.pool import DualQueuePool, IOTask, default_threads
 from kvref.tiering.fs.root import open_root, release_root
+from kvref.tiering.fs.segment_io import SegmentIO, plan_read_tasks
 
 __all__ = ["FileSystemSecondaryTier"]
 
 logger = logging.getLogger(__name__)
-
-# A load reads each run of adjacent records of one segment with one preadv. A run holds at most
-# this many bytes (always at least one record), so its checksums are computed while the bytes
-# just read are still in the CPU cache (about one core's L2) rather than re-read from memory.
-_MAX_READ_RUN_BYTES = 1 << 20
-# One read task (one open of the segment) covers runs of up to this many bytes, so a large job
-# still spreads over several I/O threads.
-_MAX_READ_TASK_BYTES = 8 << 20
-_WARN_INTERVAL_S = 10.0
-
 
 
 class _Job:
@@ -91,8 +66,9 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             many bytes; None for no limit.
         max_segment_bytes: split a store job's blocks into segment files of at most this many
             bytes (at least one block each): fewer files versus more parallel writers.
-        n_read_threads: I/O threads that serve loads (promotions) first.
-        n_write_threads: I/O threads that serve stores and deletions first.
+        n_read_threads: I/O threads that serve loads (promotions) first; None for one per two
+            usable cores, 1 to 4 (`kvref.tiering.fs.pool.default_threads`).
+        n_write_threads: I/O threads that serve stores and deletions first; None for as many.
         fsync: `fsync` each segment before renaming it into place (durable, slower).
         name: the medium named in events.
         enable_events: buffer stored/removed events for `take_events`.
@@ -111,8 +87,8 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         *,
         capacity_bytes: int | None = None,
         max_segment_bytes: int = 16 << 20,
-        n_read_threads: int = 4,
-        n_write_threads: int = 4,
+        n_read_threads: int | None = None,
+        n_write_threads: int | None = None,
         fsync: bool = False,
         name: str = "fs",
         enable_events: bool = False,
@@ -120,8 +96,10 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         self.root_dir = check_path("root_dir", root_dir)
         capacity = check_optional_int("capacity_bytes", capacity_bytes, minimum=1)
         self._max_segment_bytes = check_int("max_segment_bytes", max_segment_bytes, minimum=1)
-        n_read = check_int("n_read_threads", n_read_threads, minimum=1)
-        n_write = check_int("n_write_threads", n_write_threads, minimum=1)
+        n_read = check_optional_int("n_read_threads", n_read_threads, minimum=1)
+        n_write = check_optional_int("n_write_threads", n_write_threads, minimum=1)
+        self.n_read_threads = default_threads() if n_read is None else n_read
+        self.n_write_threads = default_threads() if n_write is None else n_write
         self.fsync = check_bool("fsync", fsync)
         self.medium = check_str("name", name)
         events = check_bool("enable_events", enable_events)
@@ -140,17 +118,12 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         self._segments: OrderedDict[Segment, None] = OrderedDict()
         self._events: list[OffloadingEvent] | None = [] if events else None
         self._last_generation = 0
-        self._made_dirs: set[str] = set()
         # Jobs finished without I/O, and per-task completions posted by the I/O threads
         # (deque appends and pops are atomic: the scheduler thread never waits on a lock that
         # an I/O thread could hold).
         self._done: list[_Job] = []
         self._completions: deque[tuple[_Job, Sequence[OffloadKey | str]]] = deque()
         self._closed = False
-        self._last_warning = 0.0
-        # Key length -> the header fields a record of this tier has (checked on every load; I/O
-        # threads fill it, and two racing to fill an entry store the same bytes).
-        self._expected_fields: dict[int, bytes] = {}
 
         try:
             self._lock_fd: int | None = open_root(self.root_dir, self.block_bytes)
@@ -163,7 +136,10 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             self._release_root()
             self._primary.release()
             raise
-        self._pool = DualQueuePool(n_read, n_write, f"kvref-{self.medium}")
+        self._io = SegmentIO(self._primary, fsync=self.fsync, medium=self.medium)
+        self._pool = DualQueuePool(
+            self.n_read_threads, self.n_write_threads, f"kvref-{self.medium}"
+        )
 
     # --- start-up ---
 
@@ -303,50 +279,13 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             state.reads.clear()
             self._finish(state)
             return
-        tasks = self._plan_read_tasks(state.reads, job.block_ids)
+        tasks = plan_read_tasks(state.reads, job.block_ids, self.block_bytes)
         state.remaining = len(tasks)
         for key, entry in state.reads:
             entry.segment.readers += 1
             self._segments.move_to_end(entry.segment)
         for path, runs in tasks:
             self._pool.submit(self._read_task(state, path, runs), read=True)
-
-    def _plan_read_tasks(
-        self, reads: list[tuple[OffloadKey, Entry]], block_ids: Sequence[int]
-    ) -> list[tuple[str, list[Run]]]:
-        """Group a load's records into runs of adjacent records, and runs into read tasks.
-
-        Returns:
-            (segment path, its runs) per task; a run is (offset of its first record,
-            [(key, primary block id)]).
-        """
-        by_segment: dict[Segment, list[tuple[int, OffloadKey, int]]] = {}
-        for (key, entry), block_id in zip(reads, block_ids):
-            by_segment.setdefault(entry.segment, []).append((entry.offset, key, block_id))
-        tasks: list[tuple[str, list[Run]]] = []
-        for segment, records in by_segment.items():
-            records.sort(key=lambda record: record[0])
-            runs: list[Run] = []
-            run: list[tuple[OffloadKey, int]] = []
-            run_start = run_end = task_bytes = 0
-            for offset, key, block_id in records:
-                record_bytes = self._record_bytes(key)
-                if run and (
-                    offset != run_end or run_end - run_start + record_bytes > _MAX_READ_RUN_BYTES
-                ):
-                    runs.append((run_start, run))
-                    run = []
-                if task_bytes and task_bytes + record_bytes > _MAX_READ_TASK_BYTES and not run:
-                    tasks.append((segment.path, runs))
-                    runs, task_bytes = [], 0
-                if not run:
-                    run_start = offset
-                run.append((key, block_id))
-                run_end = offset + record_bytes
-                task_bytes += record_bytes
-            runs.append((run_start, run))
-            tasks.append((segment.path, runs))
-        return tasks
 
     @override
     def get_finished_jobs(self) -> Iterable[JobResult]:
@@ -491,14 +430,14 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         self, state: _Job, segment: Segment, records: list[tuple[OffloadKey, int]]
     ) -> IOTask:
         def run() -> None:
-            ok = self._write_segment(segment.path, records)
+            ok = self._io.write_segment(segment.path, records)
             self._task_done(state, () if ok else (segment.path,))
 
         return IOTask(run, lambda: self._task_done(state, (segment.path,)))
 
     def _read_task(self, state: _Job, path: str, runs: list[Run]) -> IOTask:
         def run() -> None:
-            self._task_done(state, self._read_runs(path, runs))
+            self._task_done(state, self._io.read_runs(path, runs))
 
         return IOTask(run, lambda: self._task_done(state, [key for _, run in runs for key, _ in run]))
 
@@ -508,100 +447,9 @@ class FileSystemSecondaryTier(SecondaryTierManager):
 
     def _mark_dead_task(self, path: str, offset: int) -> IOTask:
         def run() -> None:
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-                try:
-                    os.pwrite(fd, DEAD_MAGIC, offset)
-                finally:
-                    os.close(fd)
-            except OSError as exc:
-                logger.debug("could not mark the record at %s:%d dead: %s", path, offset, exc)
+            self._io.mark_dead(path, offset)
 
         return IOTask(run, run)
-
-    def _write_segment(self, path: str, records: list[tuple[OffloadKey, int]]) -> bool:
-        tmp_path = path + TMP_SUFFIX
-        try:
-            directory = os.path.dirname(path)
-            if directory not in self._made_dirs:
-                os.makedirs(directory, exist_ok=True)
-                self._made_dirs.add(directory)
-            fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-            try:
-                # One record per system call, checksummed just before it is written: the
-                # payload is still in cache for the copy, and no call grows past one block.
-                for key, block_id in records:
-                    payload = self._primary.row(block_id)
-                    write_all(fd, [pack_header(key, payload), payload])
-                if self.fsync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp_path, path)
-            return True
-        except Exception as exc:
-            self._warn("write", path, exc)
-            unlink_quietly(tmp_path)
-            return False
-
-    def _read_runs(self, path: str, runs: list[Run]) -> list[OffloadKey]:
-        """Read runs of adjacent records of one segment, one `preadv` per run, straight into
-        their primary slots, verifying each run right after reading it.
-
-        Returns:
-            The keys whose record could not be read or failed verification.
-        """
-        failed: list[OffloadKey] = []
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as exc:
-            self._warn("read", path, exc)
-            return [key for _, run in runs for key, _ in run]
-        try:
-            for offset, run in runs:
-                failed.extend(self._read_run(fd, path, offset, run))
-        finally:
-            os.close(fd)
-        return failed
-
-    def _read_run(
-        self, fd: int, path: str, offset: int, records: list[tuple[OffloadKey, int]]
-    ) -> list[OffloadKey]:
-        headers = [bytearray(RECORD_HEADER_BYTES + len(key)) for key, _ in records]
-        buffers: list[memoryview] = []
-        try:
-            for header, (_key, block_id) in zip(headers, records):
-                buffers.append(memoryview(header))
-                buffers.append(self._primary.row(block_id))
-            available = read_into(fd, buffers, offset)
-        except Exception as exc:
-            self._warn("read", path, exc)
-            return [key for key, _ in records]
-        failed: list[OffloadKey] = []
-        end = 0
-        for header, dest, (key, _block_id) in zip(headers, buffers[1::2], records):
-            end += len(header) + len(dest)
-            problem = "truncated record" if end > available else self._verify(header, key, dest)
-            if problem is not None:
-                self._warn("read", path, _CorruptBlock(f"{problem} (key {key.hex()})"))
-                failed.append(key)
-        return failed
-
-    def _verify(self, header: bytearray, key: bytes, payload: memoryview) -> str | None:
-        """Check one record read back; return what is wrong with it, or None."""
-        fields = self._expected_fields.get(len(key))
-        if fields is None:
-            fields = self._expected_fields[len(key)] = expected_fields(len(key), self.block_bytes)
-        return verify_record(header, fields, key, payload)
-
-    def _warn(self, operation: str, path: str, exc: Exception) -> None:
-        # Disk-full or permission errors hit every block: warn at most every few seconds.
-        now = time.monotonic()
-        level = logging.DEBUG
-        if now - self._last_warning >= _WARN_INTERVAL_S:
-            self._last_warning = now
-            level = logging.WARNING
-        logger.log(level, "fs tier %s: %s of %s failed: %s", self.medium, operation, path, exc)
 
     @override
     def __repr__(self) -> str:
@@ -610,9 +458,4 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             f"segments={len(self._segments)}, used_bytes={self._used_bytes}, "
             f"capacity_bytes={self._capacity})"
         )
-
-
-class _CorruptBlock(Exception):
-    """A record does not hold what the index promises."""
-
 
