@@ -1,4 +1,4 @@
-"""`kvref audit` without typer: `main(argv) -> int`, and the runner both front ends call.
+"""One `kvref audit` run: `run_audit(AuditRequest) -> int` (the typer command in `kvref.cli` parses).
 
 Exit codes: 0 clean (or everything fixed, or only baselined findings left), 1 findings remain
 (with `--diff`: a diff would be applied), 2 a usage, configuration, file or internal error.
@@ -8,7 +8,6 @@ an uncaught exception would exit 1 and read as "findings".
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gc
 import io
@@ -17,9 +16,7 @@ import sys
 from collections.abc import Callable, Collection, Generator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Final, NoReturn, Protocol, TextIO
-
-from typing_extensions import override
+from typing import Final, Protocol, TextIO
 
 from kvref.audit.fixes.plan import ApplyFixesFn, FixPlan, plan_fixes, unified_diff, write_fixes
 from kvref.audit.report.baseline import (
@@ -61,12 +58,9 @@ __all__ = [
     "UsageError",
     "real_backend",
     "run_audit",
-    "request_from_argv",
     "list_rules",
     "explain_rule",
     "split_selectors",
-    "build_parser",
-    "main",
 ]
 
 EXIT_CLEAN: Final = 0
@@ -145,8 +139,11 @@ class AuditRequest:
         paths: files/directories to report on; empty means the current directory (the
             whole project when run at its root).
         select: `--select` selectors (None: keep the configured selection).
-        ignore: `--ignore` selectors.
+        extend_select: `--extend-select` selectors, added to the selection.
+        ignore: `--ignore` and `--extend-ignore` selectors.
         output_format: how findings are printed on stdout.
+        statistics: print a count per code instead of the findings.
+        quiet: print the findings (and file errors) only, no summary.
         exit_zero: exit 0 even when findings remain or files cannot be read or parsed (they are
             still reported); a usage or configuration error still exits 2.
         baseline: `--baseline FILE` (overrides the configured baseline).
@@ -154,20 +151,28 @@ class AuditRequest:
         fix: write safe fixes (and unsafe ones with `unsafe_fixes`).
         unsafe_fixes: also apply (and count as fixable) unsafe fixes.
         diff: print the fixes as unified diffs instead of writing them.
+        show_fixes: list, per file, the findings the fixes fixed (or would fix).
+        stdin_filename: audit stdin as this file of the project (the path `-`); nothing is
+            written, and `fix` prints the fixed source on stdout.
         config: `--config FILE` instead of the nearest pyproject.toml.
         scale: `--no-cache`, `--cache-dir`, `--python`, `--jobs`.
     """
 
     paths: tuple[Path, ...] = ()
     select: tuple[str, ...] | None = None
+    extend_select: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
     output_format: OutputFormat = OutputFormat.TEXT
+    statistics: bool = False
+    quiet: bool = False
     exit_zero: bool = False
     baseline: Path | None = None
     write_baseline: Path | None = None
     fix: bool = False
     unsafe_fixes: bool = False
     diff: bool = False
+    show_fixes: bool = False
+    stdin_filename: Path | None = None
     config: Path | None = None
     scale: ScaleSettings = ScaleSettings()
 
@@ -239,7 +244,14 @@ class _Runner:
             rules,
             [
                 (config.selection, where),
-                (SelectionLayer(select=request.select, ignore=request.ignore), "--select/--ignore"),
+                (
+                    SelectionLayer(
+                        select=request.select,
+                        extend_select=request.extend_select,
+                        ignore=request.ignore,
+                    ),
+                    "--select/--ignore/--extend-select/--extend-ignore",
+                ),
             ],
         )
         return config, selected
@@ -634,117 +646,3 @@ def explain_rule(rules: Sequence[RuleInfo], code: str, out: TextIO, err: TextIO)
     fixable = {"safe": "safe fix", "unsafe": "unsafe fix (--unsafe-fixes)"}.get(rule.fix_safety, "no fix")
     out.write(f"{rule.code} {rule.name} ({default}; {fixable})\n\n{rule.doc.rstrip()}\n")
     return EXIT_CLEAN
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-class _Refused(Exception):
-    """argparse refused the arguments (the quiet parser raises this instead of exiting)."""
-
-
-class _QuietParser(argparse.ArgumentParser):
-    @override
-    def error(self, message: str) -> NoReturn:
-        raise _Refused(message)
-
-
-def build_parser(*, quiet: bool = False) -> argparse.ArgumentParser:
-    """The argparse parser of `kvref audit` (the same options as the typer command).
-
-    Args:
-        quiet: raise instead of printing a usage error and exiting (for `request_from_argv`).
-    """
-    parser = (_QuietParser if quiet else argparse.ArgumentParser)(
-        prog="kvref audit",
-        description="Check @override use and Collection conformance across a project.",
-        # click (under typer) takes no abbreviations: neither may this parser.
-        allow_abbrev=False,
-    )
-    parser.add_argument(
-        "paths",
-        nargs="*",
-        type=Path,
-        help="files or directories to report on (default: the current directory); "
-        "the whole project is indexed either way",
-    )
-    parser.add_argument("--select", action="append", metavar="CODES", help="rule codes or prefixes (ALL)")
-    parser.add_argument("--ignore", action="append", metavar="CODES", help="rule codes or prefixes to skip")
-    parser.add_argument(
-        "--output-format",
-        choices=[fmt.value for fmt in OutputFormat],
-        default=OutputFormat.TEXT.value,
-    )
-    parser.add_argument("--exit-zero", action="store_true", help="exit 0 even when findings remain or files do not parse")
-    parser.add_argument("--baseline", type=Path, metavar="FILE", help="hide findings recorded in FILE")
-    parser.add_argument(
-        "--write-baseline", type=Path, metavar="FILE", help="record the current findings in FILE"
-    )
-    parser.add_argument("--fix", action="store_true", help="apply safe fixes")
-    parser.add_argument("--unsafe-fixes", action="store_true", help="also apply unsafe fixes")
-    parser.add_argument("--diff", action="store_true", help="print fixes as diffs, write nothing")
-    parser.add_argument("--config", type=Path, metavar="FILE", help="use FILE instead of pyproject.toml")
-    parser.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
-    parser.add_argument("--cache-dir", type=Path, metavar="DIR", help="cache location (.kvref_cache)")
-    parser.add_argument(
-        "--python",
-        type=Path,
-        metavar="PATH",
-        help="interpreter or venv whose packages resolve bases (default: $VIRTUAL_ENV, else "
-        ".venv or venv in the project root, else kvref's own)",
-    )
-    parser.add_argument(
-        "--jobs", type=_positive_int, metavar="N", help="worker processes (default: all CPUs)"
-    )
-    return parser
-
-
-def main(
-    argv: Sequence[str] | None = None,
-    *,
-    backend: Backend | Callable[[], Backend] | None = None,
-) -> int:
-    """`kvref audit` as a plain function: parse `argv`, run, return the exit code."""
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # argparse exits 2 on usage errors and 0 for --help
-        return exc.code if isinstance(exc.code, int) else EXIT_ERROR
-    return run_audit(_request(args), backend=backend)
-
-
-def request_from_argv(argv: Sequence[str]) -> AuditRequest | None:
-    """The request `kvref audit ARGV` makes, or None (printing nothing) when argparse refuses
-    ARGV or it asks for help: the caller then lets typer parse it and report the problem."""
-    if any(arg in ("-h", "--help") for arg in argv):
-        return None
-    try:
-        return _request(build_parser(quiet=True).parse_args(argv))
-    except _Refused:
-        return None
-
-
-def _request(args: argparse.Namespace) -> AuditRequest:
-    return AuditRequest(
-        paths=tuple(args.paths),
-        select=split_selectors(args.select),
-        ignore=split_selectors(args.ignore) or (),
-        output_format=OutputFormat(args.output_format),
-        exit_zero=args.exit_zero,
-        baseline=args.baseline,
-        write_baseline=args.write_baseline,
-        fix=args.fix,
-        unsafe_fixes=args.unsafe_fixes,
-        diff=args.diff,
-        config=args.config,
-        scale=ScaleSettings(
-            cache=not args.no_cache, cache_dir=args.cache_dir, python=args.python, jobs=args.jobs
-        ),
-    )

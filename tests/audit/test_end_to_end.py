@@ -10,7 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from kvref.audit.catalogue import load_rule_catalogue
-from kvref.audit.command import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS, main
+from kvref.audit.command import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS
+from kvref.cli import audit_main as main
 from kvref.audit.rules import ALL_RULES
 from kvref.cli import app
 from tests.audit.test_reports import validate_github_sarif
