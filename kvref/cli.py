@@ -9,7 +9,16 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import UnionType
-from typing import TYPE_CHECKING, Annotated, NoReturn, Union, cast, get_args, get_origin, get_type_hints
+from typing import (
+    TYPE_CHECKING,
+    Annotated,
+    NoReturn,
+    Union,
+    cast,
+    get_args,
+    get_origin,
+    get_type_hints,
+)
 
 import typer
 import typer.main
@@ -268,7 +277,7 @@ def _catalogue_or_exit() -> tuple[RuleInfo, ...]:
 @app.command()
 def rules() -> None:
     """List the audit rules: code, name, on/off by default, fixable, summary."""
-    from kvref.audit.command import list_rules
+    from kvref.audit.report.rules import list_rules
 
     raise typer.Exit(list_rules(_catalogue_or_exit(), sys.stdout))
 
@@ -278,7 +287,7 @@ def explain(
     code: Annotated[str, typer.Argument(help="A rule code (KVR001) or name (missing-override).")],
 ) -> None:
     """Print one audit rule's documentation."""
-    from kvref.audit.command import explain_rule
+    from kvref.audit.report.rules import explain_rule
 
     raise typer.Exit(explain_rule(_catalogue_or_exit(), code, sys.stdout, sys.stderr))
 
