@@ -25,11 +25,12 @@ import typer.main
 
 from kvref import __version__
 from kvref.audit.report import OutputFormat
+from kvref.demo_config import DemoConfig
 
 if TYPE_CHECKING:
     from kvref.audit.catalogue import RuleInfo
 
-__all__ = ["app", "audit_main", "fast_audit", "main"]
+__all__ = ["app", "audit_main", "demo_main", "fast_audit", "main"]
 
 EXIT_ERROR = 2
 
@@ -190,6 +191,14 @@ def audit_main(argv: Sequence[str] | None = None) -> int:
     return EXIT_ERROR
 
 
+class DemoDevice(str, enum.Enum):
+    """`kvref demo --device`."""
+
+    AUTO = "auto"
+    CUDA = "cuda"
+    CPU = "cpu"
+
+
 class NotFast(Exception):
     """The fast parse does not take these arguments: typer must parse (and report) them."""
 
@@ -294,28 +303,65 @@ def explain(
 
 # --- demo (transfer area) ---
 
-
-@app.command(
-    "demo",
-    # Options are parsed by kvref.demo's own argparse parser (`kvref demo --help`).
-    context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
-    add_help_option=False,
-)
-def _demo(ctx: typer.Context) -> None:
+@app.command("demo")
+def demo(
+    layers: Annotated[int, typer.Option(help="Transformer layers, split between two KV groups.")] = DemoConfig.layers,
+    block_tokens: Annotated[int, typer.Option(help="Tokens per GPU block.")] = DemoConfig.block_tokens,
+    block_size_factor: Annotated[int, typer.Option(help="GPU blocks per offloaded block.")] = DemoConfig.block_size_factor,
+    gpu_blocks: Annotated[int, typer.Option(help="GPU blocks per KV tensor.")] = DemoConfig.num_gpu_blocks,
+    cpu_blocks: Annotated[int, typer.Option(help="CPU (offloaded) blocks.")] = DemoConfig.num_cpu_blocks,
+    requests: Annotated[int, typer.Option(help="Requests served.")] = DemoConfig.requests,
+    documents: Annotated[int, typer.Option(help="Shared prompt prefixes.")] = DemoConfig.documents,
+    doc_blocks: Annotated[int, typer.Option(help="Offloaded blocks per document prefix.")] = DemoConfig.doc_blocks,
+    suffix_blocks: Annotated[int, typer.Option(help="Offloaded blocks of each request's own suffix.")] = DemoConfig.suffix_blocks,
+    device: Annotated[
+        DemoDevice, typer.Option(help="Where the KV cache lives (auto: CUDA when available).")
+    ] = DemoDevice(DemoConfig.device),
+    seed: Annotated[int, typer.Option(help="The script's random seed.")] = DemoConfig.seed,
+    no_tiering: Annotated[
+        bool, typer.Option("--no-tiering", help="Skip the tiering phase (CPU primary + filesystem tier).")
+    ] = False,
+) -> None:
     """Run the end-to-end offload demo: offload, evict, reload into other GPU blocks, verify."""
-    # Imported here: the demo's own module loads torch only when it runs, so `--help`
-    # works without torch; running it without torch is one line and exit 2.
-    from kvref.demo import main as demo_main
+    _require_torch()
+    # Imported here: kvref.demo loads the offloading library (and torch when it runs).
+    from kvref.demo import run_config
 
-    if not {"-h", "--help"} & set(ctx.args):
-        try:
-            importlib.import_module("torch")
-        except ModuleNotFoundError as missing:
-            if (missing.name or "").partition(".")[0] != "torch":
-                raise
-            sys.stderr.write("kvref: error: `kvref demo` needs torch: pip install 'kvref[torch]'\n")
-            raise typer.Exit(2) from None
-    raise typer.Exit(demo_main(ctx.args))
+    config = DemoConfig(
+        layers=layers,
+        block_tokens=block_tokens,
+        block_size_factor=block_size_factor,
+        num_gpu_blocks=gpu_blocks,
+        num_cpu_blocks=cpu_blocks,
+        requests=requests,
+        documents=documents,
+        doc_blocks=doc_blocks,
+        suffix_blocks=suffix_blocks,
+        device=device.value,
+        seed=seed,
+        tiering=not no_tiering,
+    )
+    raise typer.Exit(run_config(config))
+
+
+def _require_torch() -> None:
+    """Exit 2 with one line when torch (the `kvref[torch]` extra) cannot be imported."""
+    try:
+        importlib.import_module("torch")
+    except ModuleNotFoundError as missing:
+        if (missing.name or "").partition(".")[0] != "torch":
+            raise
+        sys.stderr.write("kvref: error: `kvref demo` needs torch: pip install 'kvref[torch]'\n")
+        raise typer.Exit(EXIT_ERROR) from None
+
+
+def demo_main(argv: Sequence[str]) -> int:
+    """`kvref demo ARGV` as a plain function: the exit code (help and usage errors included)."""
+    try:
+        app(["demo", *argv])
+    except SystemExit as exited:
+        return exited.code if isinstance(exited.code, int) else EXIT_ERROR
+    return EXIT_ERROR
 
 
 def main() -> None:
