@@ -78,19 +78,19 @@ def audit(
     ] = None,
     select: Annotated[
         list[str] | None,
-        typer.Option(help="Rule codes or prefixes to enable (ALL, KVR0, KVR101); comma-separated, repeatable."),
+        typer.Option(metavar="CODES", help="Rule codes or prefixes to enable (ALL, KVR0, KVR101); comma-separated, repeatable."),
     ] = None,
     extend_select: Annotated[
         list[str] | None,
-        typer.Option(help="Rule codes or prefixes to enable on top of the selection; comma-separated, repeatable."),
+        typer.Option(metavar="CODES", help="Rule codes or prefixes to enable on top of the selection; comma-separated, repeatable."),
     ] = None,
     ignore: Annotated[
         list[str] | None,
-        typer.Option(help="Rule codes or prefixes to disable; comma-separated, repeatable."),
+        typer.Option(metavar="CODES", help="Rule codes or prefixes to disable; comma-separated, repeatable."),
     ] = None,
     extend_ignore: Annotated[
         list[str] | None,
-        typer.Option(help="Like --ignore (ruff's spelling); the more specific selector wins."),
+        typer.Option(metavar="CODES", help="Like --ignore (ruff's spelling); the more specific selector wins."),
     ] = None,
     output_format: Annotated[
         OutputFormat, typer.Option(help="How findings are printed on stdout.")

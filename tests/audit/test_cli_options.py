@@ -186,3 +186,23 @@ def test_stdin_misuse_is_one_line_and_exit_2(
     outcome = run(*argv)
     assert (outcome.code, outcome.stdout, outcome.stderr) == (EXIT_ERROR, "", f"kvref: error: {message}\n")
     assert not project.engine.calls
+
+
+def test_the_readme_names_exactly_the_options_of_kvref_audit_help() -> None:
+    import re
+    from pathlib import Path
+
+    import typer.main
+
+    from kvref.cli import app
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## `kvref audit`", 1)[1].split("| code | name |", 1)[0]
+    audit = getattr(typer.main.get_command(app), "commands")["audit"]
+    options = {opt for param in audit.params for opt in param.opts if opt.startswith("-")}
+    named = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*[a-z]|-[a-z])\b", section))
+    assert named - {"--help"} == options
+    for param in audit.params:
+        metavar = getattr(param, "metavar", None)
+        if metavar and param.opts[0].startswith("--"):
+            assert f"{param.opts[0]} {metavar}" in " ".join(section.split()), param.opts[0]
