@@ -241,6 +241,8 @@ def _convert(raw: object, hint: object) -> object:
     info: object = None
     if get_origin(hint) is Annotated:
         hint, info = get_args(hint)[0], get_args(hint)[1]
+    if getattr(info, "callback", None) is not None or getattr(info, "exists", False):
+        raise NotFast  # a check this parse does not make
     options = [arg for arg in get_args(hint) if arg is not type(None)]
     if get_origin(hint) in (UnionType, Union) and len(options) == 1:
         hint = options[0]

@@ -206,3 +206,38 @@ def test_the_readme_names_exactly_the_options_of_kvref_audit_help() -> None:
         metavar = getattr(param, "metavar", None)
         if metavar and param.opts[0].startswith("--"):
             assert f"{param.opts[0]} {metavar}" in " ".join(section.split()), param.opts[0]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        (),
+        ("a.py", "pkg", "--select", "KVR0,KVR101", "--select", "KVR102", "--extend-ignore", "KVR002"),
+        ("--output-format", "json", "--statistics", "-q", "--exit-zero", "--jobs", "3"),
+        ("--fix", "--unsafe-fixes", "--show-fixes", "--baseline", "b.json", "--no-cache"),
+        ("--diff", "--config", "c.toml", "--cache-dir", "cache", "--python", "py", "--", "-x.py"),
+        ("-", "--stdin-filename", "pkg/m.py", "--extend-select=KVR103"),
+    ],
+)
+def test_the_fast_parse_builds_the_request_typer_builds(
+    monkeypatch: pytest.MonkeyPatch, argv: tuple[str, ...]
+) -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    import kvref.audit.command
+    from kvref.audit.request import AuditRequest
+    from kvref.cli import app, fast_audit
+
+    seen: list[AuditRequest] = []
+
+    def record(request: AuditRequest, **_: object) -> int:
+        seen.append(request)
+        return 0
+
+    monkeypatch.setattr(kvref.audit.command, "run_audit", record)
+    assert CliRunner().invoke(app, ["audit", *argv]).exit_code == 0
+    with pytest.raises(typer.Exit):
+        fast_audit(argv)
+    assert len(seen) == 2
+    assert seen[0] == seen[1]
