@@ -1,4 +1,9 @@
-"""The `kvref` command line (a thin typer layer over plain `main(argv) -> int` functions)."""
+"""The `kvref` command line: the typer app is the one definition of every command's options.
+
+`audit_main(argv)` and `demo_main(argv)` run a command as plain functions returning the exit
+code; the console script (`main`) parses `kvref audit` with `fast_audit`, which reads the same
+typer command's click parameters without typer's per-call value conversion.
+"""
 
 # No `from __future__ import annotations`: typer reads the options from the annotations, and
 # evaluated ones spare it compiling every annotation string each time it builds the command.

@@ -50,7 +50,7 @@ def _via_typer(project: Project, argv: tuple[str, ...]) -> Outcome:
 
 
 def _via_console_script(project: Project, argv: tuple[str, ...]) -> Outcome:
-    # `kvref audit ...` as installed: argparse when it accepts argv, typer otherwise.
+    # `kvref audit ...` as installed: the fast parse when it accepts argv, typer otherwise.
     project.monkeypatch.chdir(project.root)
     project.monkeypatch.setattr(sys, "argv", ["kvref", "audit", *argv])
     project.capsys.readouterr()
