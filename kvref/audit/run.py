@@ -243,10 +243,10 @@ class AuditRun:
         outcome = _FixOutcome(analysis)
         if self.request.diff or not self.request.fix:
             plan = self._plan(config, analysis.findings)
-            outcome.errors.extend(plan.errors)
             outcome.fixed_findings = [finding for file in plan.files for finding in file.findings]
             if not self.request.diff:
-                return outcome  # --show-fixes alone: what --fix would fix
+                return outcome  # --show-fixes alone: what --fix would fix (no exit-code change)
+            outcome.errors.extend(plan.errors)
             outcome.diff = "".join(unified_diff(file) for file in plan.files)
             outcome.fixed = plan.fixed_findings
             outcome.files.update(file.path for file in plan.files)

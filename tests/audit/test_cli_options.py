@@ -241,3 +241,13 @@ def test_the_fast_parse_builds_the_request_typer_builds(
         fast_audit(argv)
     assert len(seen) == 2
     assert seen[0] == seen[1]
+
+
+def test_show_fixes_alone_keeps_the_exit_code_of_a_plain_run(
+    project: Project, run: Callable[..., Outcome]
+) -> None:
+    # The fake fixer refuses `bad_broken` (its fix would not parse): only --fix reports that.
+    project.write({"m.py": "def bad_broken(): pass\n", "n.py": "def bad_ok(): pass\n"})
+    plain, shown = run(), run("--show-fixes")
+    assert plain.code == shown.code == EXIT_FINDINGS
+    assert "Would fix 1 finding:\n- n.py:\n" in shown.stderr
