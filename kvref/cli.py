@@ -1,21 +1,44 @@
-"""The `kvref` command line (a thin typer layer over plain `main(argv) -> int` functions)."""
+"""The `kvref` command line: the typer app is the one definition of every command's options.
 
-from __future__ import annotations
+`audit_main(argv)` and `demo_main(argv)` run a command as plain functions returning the exit
+code; the console script (`main`) parses `kvref audit` with `fast_audit`, which reads the same
+typer command's click parameters without typer's per-call value conversion.
+"""
 
+# No `from __future__ import annotations`: typer reads the options from the annotations, and
+# evaluated ones spare it compiling every annotation string each time it builds the command.
+
+import enum
 import importlib
+import inspect
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from types import UnionType
+from typing import (
+    TYPE_CHECKING,
+    Annotated,
+    NoReturn,
+    Union,
+    cast,
+    get_args,
+    get_origin,
+    get_type_hints,
+)
 
 import typer
+import typer.main
 
 from kvref import __version__
 from kvref.audit.report import OutputFormat
+from kvref.demo_config import DemoConfig
 
 if TYPE_CHECKING:
     from kvref.audit.catalogue import RuleInfo
 
-__all__ = ["app", "main"]
+__all__ = ["app", "audit_main", "demo_main", "fast_audit", "main"]
+
+EXIT_ERROR = 2
 
 app = typer.Typer(
     name="kvref",
@@ -54,21 +77,36 @@ def audit(
         list[Path] | None,
         typer.Argument(
             help="Files or directories to report on (default: the current directory); "
-            "the whole project is indexed either way.",
+            "the whole project is indexed either way. `-` reads one file from stdin "
+            "(with --stdin-filename).",
             show_default=False,
         ),
     ] = None,
     select: Annotated[
         list[str] | None,
-        typer.Option(help="Rule codes or prefixes to enable (ALL, KVR0, KVR101); comma-separated, repeatable."),
+        typer.Option(metavar="CODES", help="Rule codes or prefixes to enable (ALL, KVR0, KVR101); comma-separated, repeatable."),
+    ] = None,
+    extend_select: Annotated[
+        list[str] | None,
+        typer.Option(metavar="CODES", help="Rule codes or prefixes to enable on top of the selection; comma-separated, repeatable."),
     ] = None,
     ignore: Annotated[
         list[str] | None,
-        typer.Option(help="Rule codes or prefixes to disable; comma-separated, repeatable."),
+        typer.Option(metavar="CODES", help="Rule codes or prefixes to disable; comma-separated, repeatable."),
+    ] = None,
+    extend_ignore: Annotated[
+        list[str] | None,
+        typer.Option(metavar="CODES", help="Like --ignore (ruff's spelling); the more specific selector wins."),
     ] = None,
     output_format: Annotated[
         OutputFormat, typer.Option(help="How findings are printed on stdout.")
     ] = OutputFormat.TEXT,
+    statistics: Annotated[
+        bool, typer.Option("--statistics", help="Print one line per code with its count instead of the findings.")
+    ] = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="Print the findings only, no summary.")
+    ] = False,
     exit_zero: Annotated[
         bool, typer.Option("--exit-zero", help="Exit 0 even when findings remain or files do not parse (usage errors still exit 2).")
     ] = False,
@@ -85,6 +123,13 @@ def audit(
     diff: Annotated[
         bool, typer.Option("--diff", help="Print the fixes as unified diffs; write nothing.")
     ] = False,
+    show_fixes: Annotated[
+        bool, typer.Option("--show-fixes", help="List the findings --fix fixed (or would fix), per file.")
+    ] = False,
+    stdin_filename: Annotated[
+        Path | None,
+        typer.Option(metavar="PATH", help="The path of the file read from stdin (`-`): names resolve as if it were there; nothing is written."),
+    ] = None,
     config: Annotated[
         Path | None, typer.Option(metavar="FILE", help="Read settings from FILE instead of pyproject.toml.")
     ] = None,
@@ -113,21 +158,133 @@ def audit(
     request = AuditRequest(
         paths=tuple(paths or ()),
         select=split_selectors(select),
-        ignore=split_selectors(ignore) or (),
+        extend_select=split_selectors(extend_select) or (),
+        ignore=(*(split_selectors(ignore) or ()), *(split_selectors(extend_ignore) or ())),
         output_format=output_format,
+        statistics=statistics,
+        quiet=quiet,
         exit_zero=exit_zero,
         baseline=baseline,
         write_baseline=write_baseline,
         fix=fix,
         unsafe_fixes=unsafe_fixes,
         diff=diff,
+        show_fixes=show_fixes,
+        stdin_filename=stdin_filename,
         config=config,
         scale=ScaleSettings(cache=not no_cache, cache_dir=cache_dir, python=python, jobs=jobs),
     )
     raise typer.Exit(run_audit(request, stdout=sys.stdout, stderr=sys.stderr))
 
 
-def _catalogue_or_exit() -> tuple[RuleInfo, ...]:
+def audit_main(argv: Sequence[str] | None = None) -> int:
+    """`kvref audit ARGV` as a plain function: the exit code (help and usage errors included).
+
+    Arguments the fast parse accepts call `audit` directly; anything else (help, a usage
+    error) goes through the typer app, which prints what it prints for `kvref audit`.
+    """
+    args = list(sys.argv[2:] if argv is None else argv)
+    try:
+        fast_audit(args)
+    except typer.Exit as exited:
+        return exited.exit_code
+    except NotFast:
+        pass
+    try:
+        app(["audit", *args])
+    except SystemExit as exited:
+        return exited.code if isinstance(exited.code, int) else EXIT_ERROR
+    return EXIT_ERROR
+
+
+class DemoDevice(str, enum.Enum):
+    """`kvref demo --device`."""
+
+    AUTO = "auto"
+    CUDA = "cuda"
+    CPU = "cpu"
+
+
+class NotFast(Exception):
+    """The fast parse does not take these arguments: typer must parse (and report) them."""
+
+
+def fast_audit(argv: Sequence[str]) -> NoReturn:
+    """Run `kvref audit ARGV` parsed by the click command typer builds from `audit`.
+
+    typer converts every value through pydantic (importing it costs more than a warm audit's
+    analysis of a small project); this parse uses the same click parameters, converts by the
+    `audit` signature (bool, str, int within `min`/`max`, Path, enums, lists and `None`), and
+    calls `audit` itself. The option table is the typer app's: nothing here names an option.
+
+    Raises:
+        typer.Exit: from `audit`, with the exit code.
+        NotFast: for help, a usage error or a value it does not convert; typer then parses.
+    """
+    # Only `audit` is built (the app's own registration of it), not every command of the app.
+    registered = [info for info in app.registered_commands if info.callback is audit]
+    if len(registered) != 1:
+        raise NotFast
+    alone = typer.Typer(add_completion=False)
+    alone.registered_commands.append(registered[0])
+    sub = typer.main.get_command(alone)
+    try:
+        ctx = sub.context_class(sub, info_name="audit")
+        opts, extra, _ = sub.make_parser(ctx).parse_args(args=list(argv))
+    except Exception:  # noqa: BLE001 - any parse error is typer's to report
+        raise NotFast from None
+    if extra or any(param.is_eager and opts.get(param.name or "") for param in sub.get_params(ctx)):
+        raise NotFast
+    signature = inspect.signature(audit)
+    hints = get_type_hints(audit, include_extras=True)
+    values: dict[str, object] = {}
+    for name, parameter in signature.parameters.items():
+        raw = opts.get(name)
+        values[name] = parameter.default if raw is None or raw == () or raw == [] else _convert(raw, hints[name])
+    audit(**values)  # pyright: ignore[reportArgumentType]
+    raise AssertionError("audit always raises typer.Exit")
+
+
+def _convert(raw: object, hint: object) -> object:
+    """`raw` (a string, a list of strings or a flag's bool) as the annotation `hint` says."""
+    info: object = None
+    if get_origin(hint) is Annotated:
+        hint, info = get_args(hint)[0], get_args(hint)[1]
+    if getattr(info, "callback", None) is not None or getattr(info, "exists", False):
+        raise NotFast  # a check this parse does not make
+    options = [arg for arg in get_args(hint) if arg is not type(None)]
+    if get_origin(hint) in (UnionType, Union) and len(options) == 1:
+        hint = options[0]
+    if get_origin(hint) is list:
+        (item,) = get_args(hint)
+        if not isinstance(raw, (list, tuple)):
+            raise NotFast
+        return [_convert(one, item) for one in cast("Sequence[object]", raw)]
+    if hint is bool and isinstance(raw, bool):
+        return raw
+    if not isinstance(raw, str):
+        raise NotFast
+    if hint is str:
+        return raw
+    if hint is Path:
+        return Path(raw)
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        try:
+            return hint(raw)
+        except ValueError:
+            raise NotFast from None
+    if hint is int:
+        if not raw.strip().lstrip("+-").isdigit():
+            raise NotFast
+        number = int(raw)
+        low, high = getattr(info, "min", None), getattr(info, "max", None)
+        if (isinstance(low, int) and number < low) or (isinstance(high, int) and number > high):
+            raise NotFast
+        return number
+    raise NotFast
+
+
+def _catalogue_or_exit() -> "tuple[RuleInfo, ...]":
     from kvref.audit.catalogue import load_rule_catalogue
 
     try:
@@ -140,7 +297,7 @@ def _catalogue_or_exit() -> tuple[RuleInfo, ...]:
 @app.command()
 def rules() -> None:
     """List the audit rules: code, name, on/off by default, fixable, summary."""
-    from kvref.audit.command import list_rules
+    from kvref.audit.report.rules import list_rules
 
     raise typer.Exit(list_rules(_catalogue_or_exit(), sys.stdout))
 
@@ -150,39 +307,77 @@ def explain(
     code: Annotated[str, typer.Argument(help="A rule code (KVR001) or name (missing-override).")],
 ) -> None:
     """Print one audit rule's documentation."""
-    from kvref.audit.command import explain_rule
+    from kvref.audit.report.rules import explain_rule
 
     raise typer.Exit(explain_rule(_catalogue_or_exit(), code, sys.stdout, sys.stderr))
 
 
 # --- demo (transfer area) ---
 
-
-@app.command(
-    "demo",
-    # Options are parsed by kvref.demo's own argparse parser (`kvref demo --help`).
-    context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
-    add_help_option=False,
-)
-def _demo(ctx: typer.Context) -> None:
+@app.command("demo")
+def demo(
+    layers: Annotated[int, typer.Option(help="Transformer layers, split between two KV groups.")] = DemoConfig.layers,
+    block_tokens: Annotated[int, typer.Option(help="Tokens per GPU block.")] = DemoConfig.block_tokens,
+    block_size_factor: Annotated[int, typer.Option(help="GPU blocks per offloaded block.")] = DemoConfig.block_size_factor,
+    gpu_blocks: Annotated[int, typer.Option(help="GPU blocks per KV tensor.")] = DemoConfig.num_gpu_blocks,
+    cpu_blocks: Annotated[int, typer.Option(help="CPU (offloaded) blocks.")] = DemoConfig.num_cpu_blocks,
+    requests: Annotated[int, typer.Option(help="Requests served.")] = DemoConfig.requests,
+    documents: Annotated[int, typer.Option(help="Shared prompt prefixes.")] = DemoConfig.documents,
+    doc_blocks: Annotated[int, typer.Option(help="Offloaded blocks per document prefix.")] = DemoConfig.doc_blocks,
+    suffix_blocks: Annotated[int, typer.Option(help="Offloaded blocks of each request's own suffix.")] = DemoConfig.suffix_blocks,
+    device: Annotated[
+        DemoDevice, typer.Option(help="Where the KV cache lives (auto: CUDA when available).")
+    ] = DemoDevice(DemoConfig.device),
+    seed: Annotated[int, typer.Option(help="The script's random seed.")] = DemoConfig.seed,
+    no_tiering: Annotated[
+        bool, typer.Option("--no-tiering", help="Skip the tiering phase (CPU primary + filesystem tier).")
+    ] = False,
+) -> None:
     """Run the end-to-end offload demo: offload, evict, reload into other GPU blocks, verify."""
-    # Imported here: the demo's own module loads torch only when it runs, so `--help`
-    # works without torch; running it without torch is one line and exit 2.
-    from kvref.demo import main as demo_main
+    _require_torch()
+    # Imported here: kvref.demo loads the offloading library (and torch when it runs).
+    from kvref.demo import run_config
 
-    if not {"-h", "--help"} & set(ctx.args):
-        try:
-            importlib.import_module("torch")
-        except ModuleNotFoundError as missing:
-            if (missing.name or "").partition(".")[0] != "torch":
-                raise
-            sys.stderr.write("kvref: error: `kvref demo` needs torch: pip install 'kvref[torch]'\n")
-            raise typer.Exit(2) from None
-    raise typer.Exit(demo_main(ctx.args))
+    config = DemoConfig(
+        layers=layers,
+        block_tokens=block_tokens,
+        block_size_factor=block_size_factor,
+        num_gpu_blocks=gpu_blocks,
+        num_cpu_blocks=cpu_blocks,
+        requests=requests,
+        documents=documents,
+        doc_blocks=doc_blocks,
+        suffix_blocks=suffix_blocks,
+        device=device.value,
+        seed=seed,
+        tiering=not no_tiering,
+    )
+    raise typer.Exit(run_config(config))
+
+
+def _require_torch() -> None:
+    """Exit 2 with one line when torch (the `kvref[torch]` extra) cannot be imported."""
+    try:
+        importlib.import_module("torch")
+    except ModuleNotFoundError as missing:
+        if (missing.name or "").partition(".")[0] != "torch":
+            raise
+        sys.stderr.write("kvref: error: `kvref demo` needs torch: pip install 'kvref[torch]'\n")
+        raise typer.Exit(EXIT_ERROR) from None
+
+
+def demo_main(argv: Sequence[str]) -> int:
+    """`kvref demo ARGV` as a plain function: the exit code (help and usage errors included)."""
+    try:
+        app(["demo", *argv])
+    except SystemExit as exited:
+        return exited.code if isinstance(exited.code, int) else EXIT_ERROR
+    return EXIT_ERROR
 
 
 def main() -> None:
-    """The console script's entry point (`kvref.console.main`; kept here for callers)."""
-    from kvref.console import main as console_main
-
-    console_main()
+    """Run the command line on `sys.argv` (the console script, `python -m kvref`)."""
+    argv = sys.argv[1:]
+    if argv[:1] == ["audit"]:
+        raise SystemExit(audit_main(argv[1:]))
+    app()

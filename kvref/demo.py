@@ -16,12 +16,11 @@ document prefixes through the scheduler-side CPU manager:
 
 Block content is a deterministic function of the block's chained hash and layer, so any reload
 can be checked without keeping copies. The exit status is 0 when every byte matched and every
-transfer succeeded, 1 otherwise, 2 for bad arguments.
+transfer succeeded, 1 otherwise, 2 for bad arguments (options: `kvref demo --help`, in kvref.cli).
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import os
 import random
@@ -46,6 +45,7 @@ from kvref.base import (
 from kvref.cpu.common import CPULoadStoreSpec
 from kvref.cpu.manager import CPUOffloadingManager
 from kvref.cpu.shared_region import SharedOffloadRegion
+from kvref.demo_config import NUM_GROUPS, DemoConfig
 from kvref.errors import OffloadProtocolError
 from kvref.tiering.manager import create_tiering_manager
 from kvref.worker import OffloadingWorker, TransferResult, TransferSpec
@@ -57,81 +57,7 @@ if TYPE_CHECKING:
 
     from kvref.cpu.gpu_worker import CpuGpuOffloadingHandlers
 
-__all__ = ["DemoConfig", "DemoReport", "run_demo", "format_stats", "main"]
-
-NUM_GROUPS = 2
-
-
-@dataclass(frozen=True)
-class DemoConfig:
-    """The demo's model shape and script (defaults finish in seconds on 2 CPU cores).
-
-    Attributes:
-        layers: transformer layers (each has its own KV tensor); split between two KV groups.
-        kv_heads: KV heads per layer.
-        head_dim: head dimension.
-        block_tokens: tokens per GPU block.
-        block_size_factor: GPU blocks per offloaded (CPU) block.
-        num_gpu_blocks: GPU blocks per KV tensor.
-        num_cpu_blocks: CPU (offloaded) blocks; smaller than the working set, so it evicts.
-        requests: requests served.
-        documents: shared prompt prefixes the requests draw from (the hits).
-        doc_blocks: offloaded blocks per document prefix.
-        suffix_blocks: offloaded blocks of each request's own suffix.
-        device: "auto" (CUDA when available), "cuda" or "cpu".
-        seed: the script's random seed.
-        tiering: also run the script through the tiering manager (CPU primary over a shared
-            region, plus a filesystem tier in a temporary directory).
-    """
-
-    layers: int = 4
-    kv_heads: int = 4
-    head_dim: int = 64
-    block_tokens: int = 16
-    block_size_factor: int = 2
-    num_gpu_blocks: int = 256
-    num_cpu_blocks: int = 40
-    requests: int = 32
-    documents: int = 5
-    doc_blocks: int = 6
-    suffix_blocks: int = 2
-    device: str = "auto"
-    seed: int = 0
-    tiering: bool = True
-
-    def validate(self) -> None:
-        """Raise ValueError naming the first argument out of range."""
-        minimums = {
-            "layers": NUM_GROUPS,
-            "kv_heads": 1,
-            "head_dim": 1,
-            "block_tokens": 1,
-            "block_size_factor": 1,
-            "num_cpu_blocks": 1,
-            "requests": 1,
-            "documents": 1,
-            "doc_blocks": 1,
-            "suffix_blocks": 0,
-        }
-        for name, minimum in minimums.items():
-            if getattr(self, name) < minimum:
-                raise ValueError(f"{name} must be >= {minimum}, got {getattr(self, name)}")
-        if self.device not in ("auto", "cuda", "cpu"):
-            raise ValueError(f"device must be one of auto, cuda, cpu; got {self.device!r}")
-        keys_per_request = NUM_GROUPS * (self.doc_blocks + self.suffix_blocks)
-        if self.num_cpu_blocks < keys_per_request:
-            raise ValueError(
-                f"num_cpu_blocks must be >= {keys_per_request} (one request's offloaded blocks "
-                f"in {NUM_GROUPS} groups), got {self.num_cpu_blocks}"
-            )
-        blocks_per_request = (self.doc_blocks + self.suffix_blocks) * self.block_size_factor
-        # Room for one request's blocks plus the final sweep's reload target.
-        if self.num_gpu_blocks < 2 * blocks_per_request:
-            raise ValueError(
-                f"num_gpu_blocks must be >= {2 * blocks_per_request} (two requests' GPU blocks), "
-                f"got {self.num_gpu_blocks}"
-            )
-
+__all__ = ["DemoConfig", "DemoReport", "run_demo", "run_config", "format_stats"]
 
 @dataclass
 class DirectionStats:
@@ -738,33 +664,6 @@ def format_stats(stats: OffloadingStats, indent: str = "  ") -> list[str]:
     return lines
 
 
-def build_parser() -> argparse.ArgumentParser:
-    defaults = DemoConfig()
-    parser = argparse.ArgumentParser(
-        prog="kvref demo",
-        description="End-to-end KV offload round trip: offload, evict, reload into different "
-        "GPU blocks, and verify every byte.",
-    )
-    parser.add_argument("--layers", type=int, default=defaults.layers)
-    parser.add_argument("--block-tokens", type=int, default=defaults.block_tokens)
-    parser.add_argument("--block-size-factor", type=int, default=defaults.block_size_factor)
-    parser.add_argument("--gpu-blocks", type=int, default=defaults.num_gpu_blocks)
-    parser.add_argument("--cpu-blocks", type=int, default=defaults.num_cpu_blocks)
-    parser.add_argument("--requests", type=int, default=defaults.requests)
-    parser.add_argument("--documents", type=int, default=defaults.documents)
-    parser.add_argument("--doc-blocks", type=int, default=defaults.doc_blocks)
-    parser.add_argument("--suffix-blocks", type=int, default=defaults.suffix_blocks)
-    parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default=defaults.device)
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument(
-        "--no-tiering",
-        dest="tiering",
-        action="store_false",
-        help="skip the tiering phase (CPU primary + filesystem tier)",
-    )
-    return parser
-
-
 def _progress_bar(out: TextIO) -> Callable[[Iterable[int], str], Iterator[int]] | None:
     if not out.isatty():
         return None
@@ -776,27 +675,9 @@ def _progress_bar(out: TextIO) -> Callable[[Iterable[int], str], Iterator[int]] 
     return wrap
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the demo; 0 when every byte matched, 1 on a mismatch or failed transfer, 2 on bad input."""
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0) if isinstance(exc.code, int) else 2
-    config = DemoConfig(
-        layers=args.layers,
-        block_tokens=args.block_tokens,
-        block_size_factor=args.block_size_factor,
-        num_gpu_blocks=args.gpu_blocks,
-        num_cpu_blocks=args.cpu_blocks,
-        requests=args.requests,
-        documents=args.documents,
-        doc_blocks=args.doc_blocks,
-        suffix_blocks=args.suffix_blocks,
-        device=args.device,
-        seed=args.seed,
-        tiering=args.tiering,
-    )
+def run_config(config: DemoConfig) -> int:
+    """Run the demo and print its report; 0 when every byte matched, 1 on a mismatch or failed
+    transfer, 2 on a setting out of range (one line on stderr). `kvref demo` parses options."""
     try:
         config.validate()
         device = _device(config)

@@ -14,8 +14,9 @@ from typer.testing import CliRunner
 
 import kvref.cpu.gpu_worker as gpu_worker
 from kvref.cli import app
+from kvref.cli import demo_main as main
 from kvref.cpu.transfer_plan import TensorGeometry, TransferPlan
-from kvref.demo import DemoConfig, main, run_demo
+from kvref.demo import DemoConfig, run_demo
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 
@@ -139,3 +140,27 @@ def test_kvref_demo_without_torch_is_one_line_and_exit_2(tmp_path: Path) -> None
         [sys.executable, "-m", "kvref", "demo", "--help"], env=env, capture_output=True, text=True, check=False
     )
     assert helped.returncode == 0 and "--layers" in helped.stdout
+
+
+@pytest.mark.parametrize("argv", [[], ["--requests", "2", "--device", "cpu"]])
+def test_kvref_demo_with_torch_unimportable_is_one_line_and_exit_2(argv: list[str]) -> None:
+    # `sys.modules['torch'] = None`: every `import torch` fails, as without the extra.
+    code = (
+        "import sys\n"
+        "sys.modules['torch'] = None\n"
+        f"sys.argv = ['kvref', 'demo', *{argv!r}]\n"
+        "from kvref.console import main\n"
+        "main()\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(CHECKOUT)}
+    completed = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False, cwd=CHECKOUT
+    )
+    assert (completed.returncode, completed.stdout) == (2, "")
+    assert completed.stderr == "kvref: error: `kvref demo` needs torch: pip install 'kvref[torch]'\n"
+
+
+def test_kvref_demo_usage_errors_exit_2_through_typer(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--device", "tpu"]) == 2
+    assert main(["--layers", "many"]) == 2
+    assert "Traceback" not in capsys.readouterr().err

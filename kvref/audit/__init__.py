@@ -2,8 +2,8 @@
 
 The engine API: `analyze` a project (or `summarize_file`/`summarize` one file), then
 `apply_fixes` to a file's bytes. Rules are listed in `ALL_RULES` and found by `get_rule`.
-The command line: `kvref.audit.command.main(argv)` (or `run_audit` with an `AuditRequest`)
-runs a whole audit.
+The command line: `kvref.cli.audit_main(argv)` (the typer command's options) or `run_audit`
+with an `AuditRequest` runs a whole audit.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from kvref.audit.rules import ALL_RULES, Rule, get_rule
     from kvref.audit.summarise.summary import ModuleSummary, SummaryError, summarize
 
-    # The command line (`kvref.audit.command.main(argv) -> int` is the argparse entry point).
+    # The command line (`kvref.cli.audit_main(argv) -> int` parses with the typer command).
     from kvref.audit.discover.config import AuditConfig, ConfigError
     from kvref.audit.command import AuditRequest, run_audit
     from kvref.audit.report import OutputFormat

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 import kvref.audit.catalogue
 import kvref.audit.command
 import kvref.audit.summarise.newer_syntax
-from kvref.audit.command import main
+from kvref.cli import audit_main as main
 from kvref.cli import app
 from tests.audit.fakes import FAKE_RULES, FakeEngine, fake_backend
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from kvref.audit.atomic import remove_stale_temporaries, temporary_prefix, write_atomically
-from kvref.audit.command import EXIT_CLEAN, main
+from kvref.audit.command import EXIT_CLEAN
+from kvref.cli import audit_main as main
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 

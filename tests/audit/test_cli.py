@@ -50,7 +50,7 @@ def _via_typer(project: Project, argv: tuple[str, ...]) -> Outcome:
 
 
 def _via_console_script(project: Project, argv: tuple[str, ...]) -> Outcome:
-    # `kvref audit ...` as installed: argparse when it accepts argv, typer otherwise.
+    # `kvref audit ...` as installed: the fast parse when it accepts argv, typer otherwise.
     project.monkeypatch.chdir(project.root)
     project.monkeypatch.setattr(sys, "argv", ["kvref", "audit", *argv])
     project.capsys.readouterr()
@@ -154,7 +154,7 @@ def test_unknown_selector_exits_2(project: Project, run: Callable[..., Outcome])
     project.write({"a.py": BASE})
     outcome = run("--select", "KVR9")
     assert outcome.code == EXIT_ERROR
-    assert outcome.stderr.startswith("kvref: error: --select/--ignore: unknown rule selector 'KVR9'")
+    assert outcome.stderr.startswith("kvref: error: --select/--ignore/--extend-select/--extend-ignore: unknown rule selector 'KVR9'")
 
 
 SELECTION_PROJECT = {
@@ -338,7 +338,7 @@ def test_paths_from_a_subdirectory_are_reported_relative_to_the_project_root(
 ) -> None:
     project.write({"pkg/child.py": CHILD})
     project.monkeypatch.chdir(project.root / "pkg")
-    from kvref.audit.command import main
+    from kvref.cli import audit_main as main
 
     project.capsys.readouterr()
     assert main(["child.py"]) == EXIT_FINDINGS
@@ -447,7 +447,7 @@ def test_text_colour_follows_force_color_and_no_color(project: Project) -> None:
 def test_no_paths_from_a_subdirectory_reports_on_that_directory(project: Project) -> None:
     project.write({"pkg/child.py": CHILD, "other/child.py": CHILD})
     project.monkeypatch.chdir(project.root / "pkg")
-    from kvref.audit.command import main
+    from kvref.cli import audit_main as main
 
     project.capsys.readouterr()
     assert main([]) == EXIT_FINDINGS

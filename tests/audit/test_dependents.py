@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kvref.audit.command import main
+from kvref.cli import audit_main as main
 
 BASE = (
     "class Base:\n    def work(self) -> None: ...\n    def other(self) -> None: ...\n"

@@ -10,7 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from kvref.audit.catalogue import load_rule_catalogue
-from kvref.audit.command import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS, main
+from kvref.audit.command import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS
+from kvref.cli import audit_main as main
 from kvref.audit.rules import ALL_RULES
 from kvref.cli import app
 from tests.audit.test_reports import validate_github_sarif
@@ -224,7 +225,7 @@ def test_rules_and_explain_cover_every_registered_rule() -> None:
 
 def test_readme_rules_table_matches_the_registry() -> None:
     readme = (CHECKOUT / "README.md").read_text()
-    section = readme[readme.index("<!-- section: audit -->") :]
+    section = readme[readme.index("## `kvref audit`") :]
     rows = [line.split("|")[1:5] for line in section.splitlines() if line.startswith("| KVR")]
     table = [tuple(cell.strip() for cell in row) for row in rows]
     assert table == [

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kvref.audit.command import main
+from kvref.cli import audit_main as main
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = "kvref_example_engine_fixed"

@@ -28,7 +28,8 @@ from hypothesis import strategies as st
 
 from kvref.audit import AnalysisOptions, analyze, apply_fixes
 from kvref.audit.discover.config import ConfigError, parse_config_table
-from kvref.audit.command import EXIT_CLEAN, EXIT_FINDINGS, main
+from kvref.audit.command import EXIT_CLEAN, EXIT_FINDINGS
+from kvref.cli import audit_main as main
 from kvref.audit.discover.project import load_project_facts, parse_target_version, requires_python_floor
 from tests.audit.test_fixtures import FIXTURES, SUPPORT, fixture_files
 from tests.pythons import find_python

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from kvref.audit.command import EXIT_FINDINGS, main, request_from_argv, run_audit
+from kvref.audit.command import EXIT_FINDINGS, AuditRequest, run_audit
+from kvref.audit.report import OutputFormat
+from kvref.cli import audit_main as main
 from kvref.audit.model import FileError
 from kvref.audit.runner.parallel import DEFAULT_MAX_FILE_BYTES, summarize_many
 from kvref.audit.summarise.summary import ModuleSummary, summarize
@@ -111,8 +113,7 @@ def test_a_file_name_that_is_not_utf8_is_audited_with_the_cache_on(
         raw_out, raw_err = io.BytesIO(), io.BytesIO()
         out = io.TextIOWrapper(raw_out, encoding="utf-8", errors="strict")
         err = io.TextIOWrapper(raw_err, encoding="utf-8", errors="strict")
-        request = request_from_argv([".", "--output-format", output_format])
-        assert request is not None
+        request = AuditRequest(paths=(Path("."),), output_format=OutputFormat(output_format))
         code = run_audit(request, stdout=out, stderr=err)
         out.flush()
         err.flush()

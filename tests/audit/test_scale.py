@@ -16,7 +16,7 @@ import kvref.audit.pipeline
 import kvref.audit.resolve.modules
 import kvref.audit.runner.scale
 from kvref.audit.runner.cache import SummaryCache
-from kvref.audit.command import main
+from kvref.cli import audit_main as main
 from kvref.audit.model import DEFAULT_MAX_FILE_BYTES, AnalysisResult
 
 OLD_NS = time.time_ns() - 3_600_000_000_000

@@ -18,7 +18,7 @@ from kvref.audit.summarise.suppress import (
     suppressions_by_line,
 )
 import kvref.audit.pipeline
-from kvref.audit.command import main
+from kvref.cli import audit_main as main
 from tests.audit.conftest import Project, write_project
 
 

@@ -40,7 +40,7 @@ from typing import cast
 from kvref.audit.catalogue import RuleInfo
 from kvref.audit.discover.files import DEFAULT_EXCLUDES
 from kvref.audit.model import DEFAULT_EXEMPT_NAMES, AnalysisOptions
-from kvref.audit.discover.project import parse_target_version
+from kvref.audit.discover.project import parse_target_version, with_project_facts
 from kvref.errors import KVRefError
 
 __all__ = [
@@ -54,6 +54,7 @@ __all__ = [
     "validate_selector",
     "resolve_selection",
     "codes_matching",
+    "configure",
 ]
 
 CONFIG_KEYS: tuple[str, ...] = (
@@ -358,3 +359,40 @@ def resolve_selection(
             else:
                 enabled -= codes
     return frozenset(enabled)
+
+
+def configure(
+    cwd: Path,
+    paths: Sequence[Path],
+    config_file: Path | None,
+    rules: Sequence[RuleInfo],
+    command_line: SelectionLayer,
+) -> tuple[AuditConfig, frozenset[str]]:
+    """The run's settings and enabled codes: `[tool.kvref]` (or `config_file`), then the
+    command line's selection on top.
+
+    Like ruff, a `config_file` applies to the tree being audited wherever it lives (the
+    project root is still found from the paths); only the paths written inside it
+    (`baseline`) are relative to its own directory.
+
+    Raises:
+        ConfigError: the file is missing or invalid, or a selector is unknown.
+    """
+    root, pyproject = find_project_root([cwd / path for path in paths], cwd)
+    if config_file is not None:
+        named = Path(os.path.abspath(cwd / config_file))
+        if not named.is_file():
+            raise ConfigError(f"--config {config_file}: no such file")
+        config = load_config(named, root, relative_to=named.parent)
+    else:
+        config = load_config(pyproject, root)
+    config = with_project_facts(config)
+    where = f"{config.source} [tool.kvref]" if config.source else "[tool.kvref]"
+    for glob, selectors in config.per_file_ignores:
+        for selector in selectors:
+            validate_selector(selector, rules, where=f"{where} per-file-ignores {glob!r}")
+    selected = resolve_selection(
+        rules,
+        [(config.selection, where), (command_line, "--select/--ignore/--extend-select/--extend-ignore")],
+    )
+    return config, selected

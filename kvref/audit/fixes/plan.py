@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import difflib
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -77,11 +77,13 @@ def plan_fixes(
     unsafe_fixes: bool,
     apply_fixes: ApplyFixesFn,
     fix_error: type[Exception],
+    sources: Mapping[str, bytes] | None = None,
 ) -> FixPlan:
     """Compute every file's fixed content without writing anything.
 
     A file whose fixed content the fixer rejects (`fix_error`) or that cannot be read is not
-    changed and becomes a `FileError`.
+    changed and becomes a `FileError`. `sources` gives the content of files that are not
+    read from disk (the file read from stdin), by project-relative path.
     """
     by_file: defaultdict[str, list[Finding]] = defaultdict(list)
     for finding in findings:
@@ -93,7 +95,7 @@ def plan_fixes(
         file_findings.sort(key=lambda f: (f.line, f.col, f.code))
         first = file_findings[0]
         try:
-            original = (root / path).read_bytes()
+            original = sources[path] if sources and path in sources else (root / path).read_bytes()
         except OSError as exc:
             errors.append(FileError(path, first.line, first.col, f"cannot read for fixing: {exc.strerror}"))
             continue

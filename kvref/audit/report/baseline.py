@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
@@ -37,6 +37,8 @@ __all__ = [
     "load_baseline",
     "write_baseline",
     "apply_baseline",
+    "apply_scoped_baseline",
+    "record_baseline",
 ]
 
 BASELINE_FORMAT_VERSION = 1
@@ -163,3 +165,47 @@ def apply_baseline(findings: Iterable[Finding], baseline: Baseline) -> BaselineO
             new.append(finding)
     stale = sorted((key, count) for key, count in remaining.items() if count > 0)
     return BaselineOutcome(new=new, baselined=baselined, stale=stale)
+
+
+def _in_scope(key: BaselineKey, selected: frozenset[str], reported: set[str] | None) -> bool:
+    return key[1] in selected and (reported is None or key[0] in reported)
+
+
+def record_baseline(
+    target: Path,
+    findings: Sequence[Finding],
+    *,
+    selected: frozenset[str],
+    reported: set[str] | None,
+) -> int:
+    """Write `target` for `findings`, keeping its entries for rules and files this run did not
+    look at (a partial run: named paths, a narrower selection); returns the entry count.
+
+    Args:
+        selected: the codes this run enabled.
+        reported: the project-relative paths it reported on (None: every file).
+    """
+    keep: dict[BaselineKey, int] = {}
+    if target.exists():
+        keep = {
+            key: count
+            for key, count in load_baseline(target).counts.items()
+            if not _in_scope(key, selected, reported)
+        }
+    return write_baseline(target, findings, keep)
+
+
+def apply_scoped_baseline(
+    findings: list[Finding],
+    path: Path | None,
+    *,
+    selected: frozenset[str],
+    reported: set[str] | None,
+) -> BaselineOutcome:
+    """Hide the findings the baseline at `path` records (None: no baseline); entries for
+    files or rules outside this run are not stale, just not looked at."""
+    if path is None:
+        return BaselineOutcome(new=findings, baselined=0, stale=[])
+    outcome = apply_baseline(findings, load_baseline(path))
+    outcome.stale[:] = [(key, count) for key, count in outcome.stale if _in_scope(key, selected, reported)]
+    return outcome

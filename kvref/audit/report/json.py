@@ -26,7 +26,7 @@ from json.encoder import encode_basestring
 from kvref.audit.model import Finding
 from kvref.audit.report import Report, is_fixable
 
-__all__ = ["JSON_FORMAT_VERSION", "render_json", "finding_to_json"]
+__all__ = ["JSON_FORMAT_VERSION", "render_json", "render_statistics_json", "finding_to_json"]
 
 JSON_FORMAT_VERSION = 1
 
@@ -178,3 +178,14 @@ def escape_surrogates(text: str) -> str:
     if text.isascii():
         return text
     return _SURROGATE.sub(lambda match: f"\\u{ord(match.group()):04x}", text)
+
+
+def render_statistics_json(report: Report) -> str:
+    """`--statistics --output-format json`: one object per code found, most first."""
+    from kvref.audit.report.text import count_by_code
+
+    rows: list[JSONValue] = [
+        {"code": code, "name": name, "count": count, "fixable": fixable}
+        for code, name, count, fixable in count_by_code(report)
+    ]
+    return json.dumps(rows, indent=2) + "\n"

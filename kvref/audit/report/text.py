@@ -6,12 +6,22 @@ Colour is decided by the caller (`use_color`): only for this format, only on a t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from typing import TextIO
 
+from kvref.audit.catalogue import RuleInfo
+from kvref.audit.model import Finding
 from kvref.audit.report import Report, is_fixable
 
-__all__ = ["render_text", "render_summary", "use_color"]
+__all__ = [
+    "render_text",
+    "render_summary",
+    "render_statistics",
+    "render_fix_listing",
+    "count_by_code",
+    "use_color",
+]
 
 _BOLD = "\x1b[1m"
 _RED = "\x1b[31m"
@@ -46,17 +56,60 @@ def render_text(report: Report, *, color: bool = False) -> str:
     return "".join(line + "\n" for line in lines)
 
 
+def count_by_code(report: Report) -> list[tuple[str, str, int, int]]:
+    """(code, name, findings, fixable with the run's fix flags) per code found, most first."""
+    names = {rule.code: rule.name for rule in report.rules}
+    counts = Counter(finding.code for finding in report.findings)
+    fixable = Counter(
+        finding.code
+        for finding in report.findings
+        if is_fixable(finding, unsafe_fixes=report.summary.unsafe_fixes)
+    )
+    ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    return [(code, names.get(code, ""), count, fixable[code]) for code, count in ranked]
+
+
+def render_statistics(report: Report) -> str:
+    """`--statistics`: one line per code, `count code [*] name` (`[*]`: --fix fixes some)."""
+    return "".join(
+        f"{count:>5}\t{code}\t{'[*] ' if fixable else ''}{name}\n"
+        for code, name, count, fixable in count_by_code(report)
+    )
+
+
+def render_fix_listing(fixed: Sequence[Finding], rules: Sequence[RuleInfo], *, applied: bool) -> str:
+    """`--show-fixes`: the findings fixed (or that `--fix` would fix), counted per file and code."""
+    if not fixed:
+        return "No fixes applied.\n" if applied else "No fixes available.\n"
+    names = {rule.code: rule.name for rule in rules}
+    lines = [f"{'Fixed' if applied else 'Would fix'} {_plural(len(fixed), 'finding')}:"]
+    by_file: dict[str, Counter[str]] = {}
+    for finding in fixed:
+        by_file.setdefault(finding.path, Counter())[finding.code] += 1
+    for path in sorted(by_file):
+        lines.append(f"- {path}:")
+        lines.extend(
+            f"    {count} x {code} ({names.get(code, '?')})" for code, count in sorted(by_file[path].items())
+        )
+    return "".join(line + "\n" for line in lines)
+
+
 def _plural(count: int, word: str, plural: str | None = None) -> str:
     return f"{count} {word}" if count == 1 else f"{count} {plural or word + 's'}"
 
 
-def render_summary(report: Report, *, color: bool = False, diff: bool = False) -> str:
-    """The stderr summary: file errors, warnings, counts, fixability, baseline and bases."""
+def render_summary(
+    report: Report, *, color: bool = False, diff: bool = False, quiet: bool = False
+) -> str:
+    """The stderr summary: file errors, warnings, counts, fixability, baseline and bases
+    (`quiet`: the file errors only)."""
     summary = report.summary
     lines: list[str] = []
     for error in report.errors:
         label = _paint("error:", _RED + _BOLD, color)
         lines.append(f"{error.path}:{error.line}:{error.col}: {label} {error.message}")
+    if quiet:
+        return "".join(line + "\n" for line in lines)
     for warning in summary.warnings:
         lines.append(f"{_paint('warning:', _YELLOW, color)} {warning}")
 

@@ -1,0 +1,150 @@
+"""`kvref audit - --stdin-filename PATH` on the real engine: the text on stdin is audited as
+that project file (names resolve across the project), fixed text goes to stdout, and nothing
+is ever written."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kvref.audit.command import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS
+from kvref.cli import app, audit_main
+
+BASE = """\
+class Base:
+    def work(self) -> None: ...
+    def more(self) -> None: ...
+"""
+
+ON_DISK = """\
+from pkg.base import Base
+
+
+class Child(Base):
+    pass
+"""
+
+EDITED = """\
+from pkg.base import Base
+
+
+class Child(Base):
+    def work(self) -> None: ...
+"""
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "proj"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pyproject.toml").write_text(
+        '[project]\nname = "proj"\ndependencies = ["typing_extensions"]\n'
+    )
+    (root / "pkg/__init__.py").write_text("")
+    (root / "pkg/base.py").write_text(BASE)
+    (root / "pkg/child.py").write_text(ON_DISK)
+    monkeypatch.chdir(root)
+    for name in ("NO_COLOR", "FORCE_COLOR", "GITHUB_ACTIONS"):
+        monkeypatch.delenv(name, raising=False)
+    return root
+
+
+def _run(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], text: str, *argv: str
+) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text.encode())))
+    capsys.readouterr()
+    code = audit_main(["-", *argv, "--no-cache"])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_stdin_is_audited_as_the_named_file_with_names_from_the_project(
+    project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = _run(monkeypatch, capsys, EDITED, "--stdin-filename", "pkg/child.py")
+    assert code == EXIT_FINDINGS, err
+    # pkg.base.Base resolves from the project; the file on disk (no override) is not read.
+    assert out.splitlines() == [
+        'pkg/child.py:5:9: KVR001 Method "Child.work" overrides "pkg.base.Base.work" '
+        "but is not decorated with @override"
+    ]
+    assert "Checked 1 file (3 indexed)." in err
+
+
+def test_stdin_names_a_file_that_does_not_exist_yet(
+    project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = _run(monkeypatch, capsys, EDITED, "--stdin-filename", "pkg/new.py")
+    assert code == EXIT_FINDINGS
+    assert out.startswith("pkg/new.py:5:9: KVR001 ")
+    assert not (project / "pkg/new.py").exists()
+
+
+def test_stdin_with_fix_prints_the_fixed_text_and_writes_nothing(
+    project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = _run(
+        monkeypatch, capsys, EDITED, "--stdin-filename", "pkg/child.py", "--fix", "--show-fixes"
+    )
+    assert code == EXIT_CLEAN, err
+    assert out == (
+        "from typing_extensions import override\n\nfrom pkg.base import Base\n\n\n"
+        "class Child(Base):\n    @override\n    def work(self) -> None: ...\n"
+    )
+    assert "Fixed 1 finding:\n- pkg/child.py:\n    1 x KVR001 (missing-override)\n" in err
+    assert (project / "pkg/child.py").read_text() == ON_DISK
+
+
+def test_stdin_with_fix_and_nothing_to_fix_echoes_the_text(
+    project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = _run(monkeypatch, capsys, ON_DISK, "--stdin-filename", "pkg/child.py", "--fix")
+    assert (code, out) == (EXIT_CLEAN, ON_DISK)
+
+
+def test_stdin_with_diff_shows_the_fix(
+    project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = _run(monkeypatch, capsys, EDITED, "--stdin-filename", "pkg/child.py", "--diff")
+    assert code == EXIT_FINDINGS
+    assert "+    @override\n" in out
+    assert (project / "pkg/child.py").read_text() == ON_DISK
+
+
+def test_stdin_that_does_not_parse_is_a_file_error(
+    project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = _run(monkeypatch, capsys, "def (:\n", "--stdin-filename", "pkg/child.py")
+    assert code == EXIT_ERROR
+    assert out == ""
+    assert err.startswith("pkg/child.py:1:")
+
+
+def test_stdin_through_typer(project: Path) -> None:
+    result = CliRunner().invoke(
+        app, ["audit", "-", "--stdin-filename", "pkg/child.py", "--no-cache", "-q"], input=EDITED
+    )
+    assert result.exit_code == EXIT_FINDINGS
+    assert result.stdout.startswith("pkg/child.py:5:9: KVR001 ")
+    assert result.stderr == ""
+
+
+def test_stdin_through_the_console_script(project: Path) -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "kvref", "audit", "-", "--stdin-filename", "pkg/child.py", "--no-cache", "--fix"],
+        input=textwrap.dedent(EDITED),
+        capture_output=True,
+        text=True,
+        cwd=project,
+        env={"PYTHONPATH": str(Path(__file__).resolve().parents[2]), "PATH": "/usr/bin:/bin"},
+    )
+    assert completed.returncode == EXIT_CLEAN, completed.stderr
+    assert "    @override\n    def work" in completed.stdout
+    assert (project / "pkg/child.py").read_text() == ON_DISK
