@@ -28,7 +28,6 @@ from typing import Final
 
 from kvref.audit.source import SummaryError, decode_source, detect_newline, line_char_col, split_lines
 from kvref.audit.summarise.imports import OVERRIDE_MODULES, canonical_type_name, dotted_name, import_facts
-from kvref.audit.summarise.passes import count_passes, target_names
 from kvref.audit.summarise.records import (
     BaseRef,
     Binding,
@@ -65,6 +64,7 @@ __all__ = [
     "import_facts",
     "split_lines",
     "summarize",
+    "target_names",
 ]
 
 _ABSTRACT_DECORATORS = frozenset(
@@ -72,7 +72,6 @@ _ABSTRACT_DECORATORS = frozenset(
 )
 _BUILTIN_NAMES = frozenset(dir(builtins))
 _ITERATION_HEADS = frozenset({"collections.abc.Iterable", "collections.abc.Iterator"})
-_STARRED_KINDS = frozenset({"vararg", "kwarg"})
 _DEF_NAME = re.compile(r"(?:async\s+)?def\s+|class\s+")
 _CLASS_WORD = re.compile(r"class\b")
 
@@ -386,13 +385,9 @@ class _ModuleWalker:
         name_col = name_match.end() if name_match else col
         params = self._params(node.args)
         multi: tuple[MultiPass, ...] = ()
-        for _, kind, _, _, annotation, _ in params:
-            if (
-                annotation is not None
-                and annotation.head in _ITERATION_HEADS
-                and kind not in _STARRED_KINDS
-            ):
-                multi = _count_passes(node, tuple(Param(*row) for row in params))
+        for _, _, _, _, annotation, _ in params:
+            if annotation is not None and annotation.head in _ITERATION_HEADS:
+                multi = _multi_pass_facts(node, params)
                 break
         indent = None if prefix.strip() else prefix
         if not node.decorator_list:
@@ -630,20 +625,24 @@ def _mentions_iteration(args: ast.arguments) -> bool:
     return False
 
 
-def _count_passes(
-    node: ast.FunctionDef | ast.AsyncFunctionDef, params: tuple[Param, ...]
+def _multi_pass_facts(
+    node: ast.FunctionDef | ast.AsyncFunctionDef, params: tuple[ParamRow, ...]
 ) -> tuple[MultiPass, ...]:
-    tracked = {
-        p.name: p.annotation.text
-        for p in params
-        if p.annotation is not None
-        and p.annotation.head in ("collections.abc.Iterable", "collections.abc.Iterator")
-        and p.kind not in ("vararg", "kwarg")
-    }
-    return tuple(
-        MultiPass(name, tracked[name], first.line, second.line, second.loop_line)
-        for name, (first, second) in count_passes(node.body, set(tracked)).items()
-    )
+    # KVR102 owns this analysis; imported on first use, since the rules import this module.
+    from kvref.audit.rules._kvr102_passes import multi_pass_facts
+
+    return multi_pass_facts(node, params)
+
+
+def target_names(target: ast.expr) -> Iterator[str]:
+    """The names an assignment target binds (through tuples, lists and starred targets)."""
+    if isinstance(target, ast.Name):
+        yield target.id
+    elif isinstance(target, ast.Tuple | ast.List):
+        for element in target.elts:
+            yield from target_names(element)
+    elif isinstance(target, ast.Starred):
+        yield from target_names(target.value)
 
 
 def _flatten_union(members: list[TypeExpr]) -> tuple[TypeExpr, ...]:
