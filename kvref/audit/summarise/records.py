@@ -148,7 +148,6 @@ class FunctionSummary:
     is_property: bool
     is_accessor: bool
     is_staticmethod: bool
-    is_classmethod: bool
     is_abstract: bool
     parameters: tuple[ParamRow, ...]
     multi_pass: tuple[MultiPass, ...] = ()
@@ -181,11 +180,6 @@ class ClassSummary:
             base expressions are evaluated in before the module's globals.
         attributes: names the class body binds other than by `def` (assignments, annotated
             declarations, nested classes, `__slots__` entries), so `__hash__ = None` counts.
-        metaclass: the dotted `metaclass=` keyword, if any.
-        declares_protocol: a base is spelled `Protocol`/`Protocol[...]` (a syntactic hint;
-            the index decides by resolving the base).
-        declares_abstract: the class looks like an ABC: an `ABC` base, an `ABCMeta`
-            metaclass or an abstract method.
     """
 
     name: str
@@ -193,12 +187,8 @@ class ClassSummary:
     scope: str
     name_span: Span
     bases: tuple[BaseRef, ...]
-    metaclass: str | None
-    decorators: tuple[str, ...]
     methods: tuple[FunctionSummary, ...]
     attributes: tuple[str, ...]
-    declares_protocol: bool = False
-    declares_abstract: bool = False
 
 
 @_record
@@ -242,15 +232,12 @@ class ImportFacts:
             decorator's), or the line past the end of the file.
         next_is_definition: that statement is a `def` or `class` (ruff wants two blank lines
             before it, one before anything else).
-        bound_override: the local name under which `override` is already importable at run
-            time ("" if none), e.g. `override`, `ovr`, `te.override`.
     """
 
     insert_line: int
     block: str
     next_line: int
     next_is_definition: bool
-    bound_override: str
 
 
 @_record
@@ -269,8 +256,6 @@ class ModuleSummary:
     """
 
     path: str
-    encoding: str
-    bom: bool
     newline: str
     is_stub: bool
     symbols: tuple[tuple[str, tuple[Binding, ...]], ...]
@@ -279,5 +264,4 @@ class ModuleSummary:
     classes: tuple[ClassSummary, ...]
     functions: tuple[FunctionSummary, ...]
     import_facts: ImportFacts
-    line_count: int = 0
     suppression_lines: tuple[int, ...] = ()

@@ -93,7 +93,7 @@ def summarize(path: str, source: bytes) -> ModuleSummary:
     Raises:
         SummaryError: the source cannot be decoded or does not parse (with its position).
     """
-    text, encoding, bom = decode_source(source)
+    text, _, _ = decode_source(source)
     try:
         try:
             tree = ast.parse(text, filename=path, type_comments=False)
@@ -115,8 +115,6 @@ def summarize(path: str, source: bytes) -> ModuleSummary:
     walker.walk_body(tree.body, "", None)
     return walker.finish(
         path,
-        encoding,
-        bom,
         newline,
         import_facts(tree, lines, with_block=bool(walker.classes)),
         candidate_lines(text),
@@ -298,8 +296,6 @@ class _ModuleWalker:
     def finish(
         self,
         path: str,
-        encoding: str,
-        bom: bool,
         newline: str,
         facts: ImportFacts,
         suppression_lines: tuple[int, ...],
@@ -327,8 +323,6 @@ class _ModuleWalker:
         )
         return ModuleSummary(
             path=path,
-            encoding=encoding,
-            bom=bom,
             newline=newline,
             is_stub=self.is_stub,
             symbols=tuple(sorted(symbols.items())),
@@ -337,16 +331,11 @@ class _ModuleWalker:
             classes=classes,
             functions=functions,
             import_facts=facts,
-            line_count=len(self.lines),
             suppression_lines=suppression_lines,
         )
 
     def _freeze_class(self, builder: _ClassBuilder) -> ClassSummary:
         node = builder.node
-        metaclass = None
-        for keyword in node.keywords:
-            if keyword.arg == "metaclass":
-                metaclass = dotted_name(keyword.value) or "<expression>"
         bases = tuple(
             BaseRef(dotted_name(base) if not isinstance(base, ast.Call) else "", self._text(base))
             for base in node.bases
@@ -362,14 +351,8 @@ class _ModuleWalker:
             scope=builder.scope,
             name_span=self._name_span(node),
             bases=bases,
-            metaclass=metaclass,
-            decorators=tuple(dotted_name(d) for d in node.decorator_list),
             methods=methods,
             attributes=tuple(dict.fromkeys(builder.attributes)),
-            declares_protocol=any(b.dotted.rpartition(".")[2] == "Protocol" for b in bases),
-            declares_abstract=(metaclass or "").rpartition(".")[2] == "ABCMeta"
-            or any(b.dotted.rpartition(".")[2] == "ABC" for b in bases)
-            or any(m.is_abstract for m in methods),
         )
 
     def _freeze_function(
@@ -393,7 +376,7 @@ class _ModuleWalker:
         if not node.decorator_list:
             return FunctionSummary(
                 node.name, qualname, name_col, line, indent, (),
-                False, False, False, False, False, False, False, params, multi,
+                False, False, False, False, False, False, params, multi,
             )  # fmt: skip
         decorators = tuple(dotted_name(d) for d in node.decorator_list)
         lasts = {d.rpartition(".")[2] for d in decorators}
@@ -409,7 +392,6 @@ class _ModuleWalker:
             is_property="property" in lasts or "cached_property" in lasts,
             is_accessor=any(d.endswith((".setter", ".deleter", ".getter")) for d in decorators),
             is_staticmethod="staticmethod" in decorators,
-            is_classmethod="classmethod" in decorators,
             is_abstract=bool(lasts & _ABSTRACT_DECORATORS),
             parameters=params,
             multi_pass=multi,
