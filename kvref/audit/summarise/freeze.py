@@ -263,9 +263,6 @@ class Freezer:
     def _char_col(self, line: int, byte_col: int) -> int:
         return byte_col if self.ascii_only else line_char_col(self.lines, line, byte_col)
 
-    def _col(self, node: ast.expr | ast.arg) -> int:
-        return node.col_offset if self.ascii_only else self._char_col(node.lineno, node.col_offset)
-
     def _position(self, node: ast.expr) -> tuple[int, int, int, int]:
         end_line = node.end_lineno or node.lineno
         if self.ascii_only:
