@@ -370,9 +370,8 @@ _saving: list[int] = []
 def _save_in_background(save: Callable[[], None]) -> None:
     """Run `save` in a forked child (while this process reports); `wait_for_saves` joins it.
 
-    Pickling and writing the caches of a large project takes a tenth of a second that would
-    otherwise come after the analysis, before the report. Where fork is not available, or
-    fails, it runs here.
+    Pickling and writing the caches of a large project would otherwise come between the
+    analysis and the report. Where fork is not available, or fails, it runs here.
     """
     if not fork_available():
         save()

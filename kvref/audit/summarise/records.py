@@ -33,11 +33,10 @@ _R = TypeVar("_R")
 def _record(cls: type[_R]) -> type[_R]:
     """Make `cls` a summary record: a frozen dataclass to the type checker, cheap to build.
 
-    A cold audit of a large project builds, pickles and unpickles a few hundred thousand of
-    these. A frozen dataclass's `__init__` sets every field through `object.__setattr__`,
-    twice as slow as a plain slotted one, on each side of the pickle. So at run time they
-    are plain slotted dataclasses that hash by value like frozen ones, while pyright (which
-    reads `frozen_default`) still rejects any assignment to a field.
+    A large project's summaries hold hundreds of thousands of these, and a frozen
+    dataclass's `__init__` sets every field through `object.__setattr__` on each side of the
+    pickle. So at run time they are plain slotted dataclasses that hash by value like frozen
+    ones, while pyright (which reads `frozen_default`) still rejects any assignment to a field.
     """
     return dataclass(slots=True, unsafe_hash=True)(cls)
 

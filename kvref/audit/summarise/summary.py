@@ -324,7 +324,7 @@ def _indented_class_lines(text: str) -> list[int]:
     lines: list[int] = []
     line, position = 1, 0
     rfind = text.rfind
-    # Finding the word and looking back is twice as fast as a pattern tried at every line.
+    # Finding the word and looking back is cheaper than a pattern tried at every line.
     for match in _CLASS_WORD.finditer(text):
         start = match.start()
         begin = rfind("\n", 0, start) + 1
