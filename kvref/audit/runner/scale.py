@@ -206,16 +206,14 @@ def run_pipeline(
     roots = roots or pipeline.SearchRoots()
     project = pipeline.plan(project_files, root=root, report_files=report_files, options=options)
     summaries = _Summaries(project.root, jobs, cache, on_progress, options.max_file_bytes)
+    held = summaries.held
     ready: dict[Path, ModuleSummary | FileError] = {}
     for path, summary in summaries.many(project.eager).items():
         if isinstance(summary, Pickled):
-            summaries.held[path] = summary
+            held[path] = summary
         else:
             ready[path] = summary
-    indexed = pipeline.index_project(
-        project, ready, summaries.load, roots, held=summaries.held.keys()
-    )
-    held = summaries.held
+    indexed = pipeline.index_project(project, ready, summaries.load, roots, held=held.keys())
     weights = [held[p].weight if p in held else _UNKNOWN_WEIGHT for p in indexed.checked]
     shares = _split(indexed.checked, weights, min(jobs, len(indexed.checked) // MIN_SHARE))
     parent = os.getpid()
@@ -223,8 +221,9 @@ def run_pipeline(
     def check(paths: Sequence[Path]) -> _Share:
         mark = cache.stored_count if cache is not None else 0
         checked = pipeline.check(indexed, paths, options)
+        # A forked checker's summaries die with it unless they are sent back.
         forked = cache is not None and os.getpid() != parent
-        return _Share(checked, cache.export_stored(mark) if forked and cache else b"")
+        return _Share(checked, cache.export_stored(mark) if cache is not None and forked else b"")
 
     parts: list[Checked] = []
     for share in run_shares(shares, check, encode=dumps, decode=_decode_share):
