@@ -26,7 +26,9 @@ from kvref.audit.resolve.modules import module_names_for
 from kvref.audit.resolve.targets import ClassInfo, ClassKey, Unresolved
 from kvref.audit.rules import ALL_RULES
 from kvref.audit.rules.context import ClassContext, ModuleContext
-from kvref.audit.summarise.summary import ModuleSummary, SummaryError, summarize
+from kvref.audit.source import SummaryError
+from kvref.audit.summarise.records import ModuleSummary
+from kvref.audit.summarise.summary import summarize
 
 __all__ = [
     "Checked",

@@ -13,7 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvref.audit import AnalysisOptions, FileError, ModuleSummary, analyze, summarize, summarize_file
-from kvref.audit.summarise.summary import Param, Span, SummaryError, _indented_class_lines  # pyright: ignore[reportPrivateUsage]
+from kvref.audit.source import SummaryError
+from kvref.audit.summarise.records import Param, Span
+from kvref.audit.summarise.summary import _indented_class_lines  # pyright: ignore[reportPrivateUsage]
 
 BASE = "class Base:\n    def run(self) -> None: ...\n"
 CHILD = "from base import Base\n\n\nclass Child(Base):\n    def run(self) -> None: ...\n"

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 from kvref.audit import analyze
 from kvref.audit.rules._kvr102_passes import count_passes
-from kvref.audit.summarise.summary import MultiPass, summarize
+from kvref.audit.summarise.records import MultiPass
+from kvref.audit.summarise.summary import summarize
 
 
 def passes(body: str) -> tuple[int, int, int] | None:

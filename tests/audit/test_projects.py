@@ -17,7 +17,7 @@ from kvref.audit.model import FileError
 from kvref.audit.pipeline import SearchRoots
 from kvref.audit.runner.cache import SummaryCache
 from kvref.audit.runner.scale import run_pipeline
-from kvref.audit.summarise.summary import ModuleSummary
+from kvref.audit.summarise.records import ModuleSummary
 
 PROJECTS = Path(__file__).parent / "fixtures" / "projects"
 _MARKER = re.compile(r"#\s*((?:KVR\d{3}\s*)+)$")

@@ -12,7 +12,8 @@ import pytest
 from kvref.audit.command import EXIT_FINDINGS, main, request_from_argv, run_audit
 from kvref.audit.model import FileError
 from kvref.audit.runner.parallel import DEFAULT_MAX_FILE_BYTES, summarize_many
-from kvref.audit.summarise.summary import ModuleSummary, summarize
+from kvref.audit.summarise.records import ModuleSummary
+from kvref.audit.summarise.summary import summarize
 from tests.audit.test_parallel import class_names
 
 

@@ -32,7 +32,8 @@ from kvref.audit.runner.progress import ProgressBar
 from kvref.audit.runner.results import ResultCache
 from kvref.audit.summarise.newer_syntax import cache_key as newer_syntax_key
 from kvref.audit.summarise.newer_syntax import use_interpreter
-from kvref.audit.summarise.summary import ModuleSummary, summarize
+from kvref.audit.summarise.records import ModuleSummary
+from kvref.audit.summarise.summary import summarize
 
 if TYPE_CHECKING:  # the pipeline is imported when it runs: a warm run never loads it
     from kvref.audit.pipeline import Checked, SearchRoots

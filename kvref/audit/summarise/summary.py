@@ -26,46 +26,12 @@ from collections.abc import Iterator, Sequence
 from typing import Final
 
 from kvref.audit.source import SummaryError, decode_source, detect_newline, split_lines
-from kvref.audit.summarise.imports import OVERRIDE_MODULES, canonical_type_name, dotted_name, import_facts
 from kvref.audit.summarise.freeze import ClassBuilder, Freezer
-from kvref.audit.summarise.records import (
-    BaseRef,
-    Binding,
-    ClassSummary,
-    FunctionSummary,
-    ImportFacts,
-    ModuleSummary,
-    MultiPass,
-    Param,
-    ParamRow,
-    Span,
-    TypeExpr,
-)
+from kvref.audit.summarise.imports import dotted_name, import_facts
+from kvref.audit.summarise.records import Binding, ImportFacts, ModuleSummary
 from kvref.audit.summarise.suppress import candidate_lines
 
-__all__ = [
-    "OVERRIDE_MODULES",
-    "BaseRef",
-    "Binding",
-    "ClassSummary",
-    "FunctionSummary",
-    "ImportFacts",
-    "ModuleSummary",
-    "MultiPass",
-    "Param",
-    "ParamRow",
-    "Span",
-    "SummaryError",
-    "TypeExpr",
-    "canonical_type_name",
-    "dotted_name",
-    "decode_source",
-    "detect_newline",
-    "import_facts",
-    "split_lines",
-    "summarize",
-    "target_names",
-]
+__all__ = ["summarize", "target_names"]
 
 _CLASS_WORD = re.compile(r"class\b")
 
