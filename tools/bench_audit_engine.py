@@ -19,7 +19,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from kvref.audit import FileError, ModuleSummary, analyze
-from kvref.audit.summarise.summary import SummaryError, summarize
+from kvref.audit.source import SummaryError
+from kvref.audit.summarise.summary import summarize
 
 __all__ = ["main"]
 

@@ -397,18 +397,11 @@ def _kvref_raws(corpus: Corpus, subdir: str, jobs: int | None) -> tuple[list[Raw
         ]
         return raws, seconds, completed.stderr.strip()
 
-    from functools import partial
-
-    from kvref.audit.pipeline import analyze
-    from kvref.audit.runner.parallel import summarize_many
-    from kvref.audit.summarise.summary import summarize
+    from kvref.audit.runner.parallel import available_cpus
+    from kvref.audit.runner.scale import run_pipeline
 
     started = time.perf_counter()
-    result = analyze(
-        python_files(corpus.root / subdir),
-        root=corpus.root,
-        summarize_many=partial(summarize_many, root=corpus.root, jobs=jobs, summarize=summarize),
-    )
+    result = run_pipeline(python_files(corpus.root / subdir), root=corpus.root, jobs=jobs or available_cpus())
     seconds = time.perf_counter() - started
     raws = [(f.path, f.line, "?") for f in result.findings if f.code == "KVR001"]
     unresolved = sum(result.unresolved_bases.values())

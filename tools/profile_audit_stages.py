@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _audit_corpus import fetch_corpus, package_dir, python_files  # noqa: E402
 
 from kvref.audit.runner.cache import dumps  # noqa: E402
-from kvref.audit.summarise.summary import SummaryError, decode_source, summarize  # noqa: E402
+from kvref.audit.source import decode_source, SummaryError  # noqa: E402
+from kvref.audit.summarise.summary import summarize  # noqa: E402
 
 __all__ = ["main", "profile_stages"]
 

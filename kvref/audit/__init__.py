@@ -28,7 +28,9 @@ if TYPE_CHECKING:
     )
     from kvref.audit.resolve.hierarchy import ProjectIndex
     from kvref.audit.rules import ALL_RULES, Rule, get_rule
-    from kvref.audit.summarise.summary import ModuleSummary, SummaryError, summarize
+    from kvref.audit.source import SummaryError
+    from kvref.audit.summarise.records import ModuleSummary
+    from kvref.audit.summarise.summary import summarize
 
     # The command line (`kvref.cli.audit_main(argv) -> int` parses with the typer command).
     from kvref.audit.discover.config import AuditConfig, ConfigError
@@ -61,9 +63,9 @@ _EXPORTS: dict[str, str] = {
     "ALL_RULES": "kvref.audit.rules",
     "Rule": "kvref.audit.rules",
     "get_rule": "kvref.audit.rules",
-    # kvref.audit.summarise.summary
-    "ModuleSummary": "kvref.audit.summarise.summary",
-    "SummaryError": "kvref.audit.summarise.summary",
+    # kvref.audit.summarise
+    "ModuleSummary": "kvref.audit.summarise.records",
+    "SummaryError": "kvref.audit.source",
     "summarize": "kvref.audit.summarise.summary",
     # kvref.audit.discover.config
     "AuditConfig": "kvref.audit.discover.config",

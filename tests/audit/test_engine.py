@@ -12,8 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvref.audit import FileError, ModuleSummary, analyze, summarize, summarize_file
-from kvref.audit.summarise.summary import Param, Span, SummaryError, _indented_class_lines  # pyright: ignore[reportPrivateUsage]
+from kvref.audit import AnalysisOptions, FileError, ModuleSummary, analyze, summarize, summarize_file
+from kvref.audit.source import SummaryError
+from kvref.audit.summarise.records import Param, Span
+from kvref.audit.summarise.summary import _indented_class_lines  # pyright: ignore[reportPrivateUsage]
 
 BASE = "class Base:\n    def run(self) -> None: ...\n"
 CHILD = "from base import Base\n\n\nclass Child(Base):\n    def run(self) -> None: ...\n"
@@ -102,7 +104,7 @@ def test_summaries_pickle_and_compare_equal() -> None:
 def test_bom_and_cookie_decode_and_columns_count_characters() -> None:
     source = "\ufeffclass Ünïcode(Base):\n    def rün(self): ...\n".encode("utf-8")
     summary = summarize("u.py", source)
-    assert summary.bom and summary.encoding == "utf-8"
+    assert [cls.name for cls in summary.classes] == ["Ünïcode"]  # the BOM is not a character
     method = summary.classes[0].methods[0]
     assert (method.name_span.col, method.name_span.end_col) == (8, 11)
     latin = "# coding: latin-1\nclass É: pass\n".encode("latin-1")
@@ -176,3 +178,20 @@ def test_summary_records_compare_and_hash_by_value() -> None:
     assert method.params == tuple(Param(*row) for row in method.parameters)
     receiver = method.params[0]
     assert receiver.span == Span(method.def_line, 12, method.def_line, 16)  # `self`
+
+
+def test_a_dependent_found_through_a_relative_import_is_indexed_once(tmp_path: Path) -> None:
+    # Reporting only the base's file: the subclass elsewhere, reached by `from .base import`
+    # inside a package, is reported against it, and every file counts once.
+    files = write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/base.py": BASE,
+            "pkg/child.py": CHILD.replace("from base", "from .base"),
+        },
+    )
+    options = AnalysisOptions(report_dependents=True)
+    result = analyze(files, root=tmp_path, report_files=[files[1]], options=options)
+    assert [(f.path, f.symbol) for f in result.findings] == [("pkg/child.py", "Child.run")]
+    assert result.files_analyzed == 3 and not result.unresolved_bases

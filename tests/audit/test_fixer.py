@@ -9,7 +9,9 @@ import pytest
 
 from kvref.audit import Applicability, Edit, Fix, FixError, RequiredImport, apply_fixes
 from kvref.audit.fixes.import_edits import import_edits, member_sort_key
-from kvref.audit.summarise.summary import decode_source, detect_newline, import_facts, split_lines, summarize
+from kvref.audit.source import decode_source, detect_newline, split_lines
+from kvref.audit.summarise.imports import import_facts
+from kvref.audit.summarise.summary import summarize
 
 OVERRIDE = RequiredImport("typing_extensions", "override")
 COLLECTION = RequiredImport("collections.abc", "Collection")

@@ -18,8 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvref.audit import analyze
-from kvref.audit.summarise.passes import count_passes
-from kvref.audit.summarise.summary import MultiPass, summarize
+from kvref.audit.rules._kvr102_passes import count_passes
+from kvref.audit.summarise.records import MultiPass
+from kvref.audit.summarise.summary import summarize
 
 
 def passes(body: str) -> tuple[int, int, int] | None:

@@ -7,18 +7,17 @@ marker must be found and nothing else; the unresolved bases are named and counte
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
-import kvref.audit.pipeline
+import kvref.audit.runner.scale
 from kvref.audit import analyze
-from kvref.audit.runner.cache import dumps
-from kvref.audit.pipeline import summarize_file
 from kvref.audit.model import FileError
-from kvref.audit.runner.parallel import Pickled
-from kvref.audit.summarise.summary import ModuleSummary
+from kvref.audit.pipeline import SearchRoots
+from kvref.audit.runner.cache import SummaryCache
+from kvref.audit.runner.scale import run_pipeline
+from kvref.audit.summarise.records import ModuleSummary
 
 PROJECTS = Path(__file__).parent / "fixtures" / "projects"
 _MARKER = re.compile(r"#\s*((?:KVR\d{3}\s*)+)$")
@@ -111,23 +110,21 @@ def test_each_file_reported_alone_gets_the_findings_of_the_whole_run(name: str) 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_checking_in_forked_shares_from_pickled_summaries_changes_nothing(
-    name: str, monkeypatch: pytest.MonkeyPatch
+    name: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    # The at-scale path: summaries arrive pickled, are unpickled where they are checked, and
-    # the reported modules are split over forked processes (one module per share here).
-    monkeypatch.setattr(kvref.audit.pipeline, "MIN_SHARE", 1)
+    # The runner's path: summaries come from the cache still pickled, are unpickled where
+    # they are checked, and the reported modules are split over forked processes (one module
+    # per share here).
+    monkeypatch.setattr(kvref.audit.runner.scale, "MIN_SHARE", 1)
     root_name, search, _ = CASES[name]
     root = PROJECTS / name / root_name
     files = sorted([*root.rglob("*.py"), *root.rglob("*.pyi")])
-    search_paths = [PROJECTS / name / s for s in search]
+    roots = SearchRoots(search_paths=[PROJECTS / name / s for s in search])
 
-    def pickled(paths: Sequence[Path]) -> dict[Path, ModuleSummary | FileError | Pickled[ModuleSummary]]:
-        answers: dict[Path, ModuleSummary | FileError | Pickled[ModuleSummary]] = {}
-        for path in paths:
-            summary = summarize_file(path, root)
-            answers[path] = summary if isinstance(summary, FileError) else Pickled(dumps(summary))
-        return answers
-
-    serial = analyze(files, root=root, search_paths=search_paths)
-    forked = analyze(files, root=root, search_paths=search_paths, summarize_many=pickled, jobs=4)
-    assert forked == serial
+    serial = analyze(files, root=root, search_paths=roots.search_paths)
+    for run in ("cold", "warm"):
+        cache = SummaryCache[ModuleSummary | FileError](tmp_path, "test")
+        cache.load()
+        forked = run_pipeline(files, root=root, roots=roots, jobs=4, cache=cache)
+        cache.save()
+        assert forked == serial, run

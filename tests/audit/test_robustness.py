@@ -14,7 +14,8 @@ from kvref.audit.report import OutputFormat
 from kvref.cli import audit_main as main
 from kvref.audit.model import FileError
 from kvref.audit.runner.parallel import DEFAULT_MAX_FILE_BYTES, summarize_many
-from kvref.audit.summarise.summary import ModuleSummary, summarize
+from kvref.audit.summarise.records import ModuleSummary
+from kvref.audit.summarise.summary import summarize
 from tests.audit.test_parallel import class_names
 
 

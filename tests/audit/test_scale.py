@@ -63,7 +63,7 @@ def test_warm_run_reuses_the_stored_result(
     def must_not_run(*args: object, **kwargs: object) -> AnalysisResult:
         raise AssertionError("the warm run analysed again")
 
-    monkeypatch.setattr(kvref.audit.pipeline, "analyze", must_not_run)
+    monkeypatch.setattr(kvref.audit.pipeline, "plan", must_not_run)
     assert audit_json(capsys) == cold
 
 
@@ -175,7 +175,7 @@ def test_summaries_made_in_a_forked_checker_are_saved_with_the_parents_cache(
 ) -> None:
     # One module per checker process; the last share (a forked child) is the only one that
     # reaches json.encoder, so its summary reaches the cache only if the child sends it back.
-    monkeypatch.setattr(kvref.audit.pipeline, "MIN_SHARE", 1)
+    monkeypatch.setattr(kvref.audit.runner.scale, "MIN_SHARE", 1)
     # This process may have summarised json.encoder for an earlier test: forget it.
     monkeypatch.setattr(kvref.audit.resolve.modules, "FILE_CACHE", {})
     (project / "demo" / "zz.py").write_text(

@@ -129,7 +129,7 @@ def test_suppressions_hold_when_the_real_result_comes_from_the_cache(
     outcomes: list[tuple[int, str, str]] = []
     for run in range(2):
         if run == 1:  # the second run must be served from the result cache
-            monkeypatch.setattr(kvref.audit.pipeline, "analyze", _must_not_run)
+            monkeypatch.setattr(kvref.audit.pipeline, "plan", _must_not_run)
         code = main(["--output-format", "json"])
         captured = capsys.readouterr()
         outcomes.append((code, captured.out, captured.err))

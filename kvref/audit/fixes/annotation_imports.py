@@ -23,7 +23,8 @@ from collections.abc import Iterator, Sequence
 from kvref.audit.model import RequiredImport
 from kvref.audit.resolve.hierarchy import ProjectIndex
 from kvref.audit.resolve.targets import ClassInfo, ModuleTarget
-from kvref.audit.summarise.summary import Binding, ModuleSummary, dotted_name
+from kvref.audit.summarise.imports import dotted_name
+from kvref.audit.summarise.records import Binding, ModuleSummary
 
 __all__ = ["annotation_names", "required_imports"]
 

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvref.audit.model import Edit, RequiredImport
-from kvref.audit.summarise.summary import ImportFacts
+from kvref.audit.summarise.records import ImportFacts
 
 __all__ = ["ImportStatement", "import_edits", "member_sort_key", "parse_block", "section_of"]
 

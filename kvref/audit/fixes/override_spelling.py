@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvref.audit.model import AnalysisOptions, RequiredImport
-from kvref.audit.summarise.summary import OVERRIDE_MODULES, Binding, ClassSummary, ModuleSummary
+from kvref.audit.summarise.imports import OVERRIDE_MODULES
+from kvref.audit.summarise.records import Binding, ClassSummary, ModuleSummary
 
 __all__ = ["override_spelling"]
 

@@ -30,7 +30,7 @@ from kvref.audit.resolve.targets import (
     Target,
     Unresolved,
 )
-from kvref.audit.summarise.summary import Binding, ClassSummary, FunctionSummary, ModuleSummary
+from kvref.audit.summarise.records import Binding, ClassSummary, FunctionSummary, ModuleSummary
 
 __all__ = ["ProjectIndex"]
 

@@ -8,7 +8,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from kvref.audit.resolve.stdlib import STDLIB, STDLIB_NAMES, candidate_files, loaded_extension
-from kvref.audit.summarise.summary import Binding, ClassSummary, ModuleSummary, SummaryError, summarize
+from kvref.audit.source import SummaryError
+from kvref.audit.summarise.records import Binding, ClassSummary, ModuleSummary
+from kvref.audit.summarise.summary import summarize
 
 __all__ = ["FILE_CACHE", "ModuleTable", "module_names_for"]
 

@@ -13,7 +13,7 @@ import types
 from pathlib import Path
 
 from kvref.audit.source import TYPING_RUNTIME_CLASSES
-from kvref.audit.summarise.summary import ModuleSummary
+from kvref.audit.summarise.records import ModuleSummary
 
 __all__ = [
     "STDLIB",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from kvref.audit.summarise.summary import ClassSummary, FunctionSummary, ModuleSummary
+from kvref.audit.summarise.records import ClassSummary, FunctionSummary, ModuleSummary
 
 __all__ = ["BUILTINS", "ClassInfo", "ClassKey", "MemberHit", "ModuleTarget", "NotAClass", "Target", "Unresolved"]
 

@@ -19,7 +19,7 @@ from kvref.audit.fixes.import_edits import import_edits
 from kvref.audit.model import CONSTRUCTOR_NAMES, Applicability, Edit, Fix
 from kvref.audit.resolve.targets import ClassInfo, MemberHit
 from kvref.audit.rules.context import ModuleContext, is_private_name, param_symbol, primary_definition
-from kvref.audit.summarise.summary import FunctionSummary, Param, Span, TypeExpr
+from kvref.audit.summarise.records import FunctionSummary, Param, Span, TypeExpr
 
 __all__ = [
     "ParamPair",

@@ -14,7 +14,7 @@ from typing import Final
 
 from kvref.audit.resolve.hierarchy import ProjectIndex
 from kvref.audit.resolve.targets import ClassKey, ModuleTarget, Unresolved
-from kvref.audit.summarise.summary import FunctionSummary
+from kvref.audit.summarise.records import FunctionSummary
 
 __all__ = ["OVERRIDE_FUNCTIONS", "marks_override"]
 

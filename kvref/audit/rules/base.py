@@ -11,7 +11,7 @@ from kvref.audit.model import Finding, Fix
 
 if TYPE_CHECKING:
     from kvref.audit.rules.context import ModuleContext
-    from kvref.audit.summarise.summary import Span
+    from kvref.audit.summarise.records import Span
 
 __all__ = ["Rule"]
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from kvref.audit.model import AnalysisOptions
 from kvref.audit.resolve.hierarchy import ProjectIndex
 from kvref.audit.resolve.targets import ClassInfo, ClassKey
-from kvref.audit.summarise.summary import FunctionSummary, ModuleSummary
+from kvref.audit.summarise.records import FunctionSummary, ModuleSummary
 
 __all__ = [
     "ClassContext",

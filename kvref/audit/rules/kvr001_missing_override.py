@@ -15,7 +15,7 @@ from kvref.audit.fixes.override_spelling import override_spelling
 from kvref.audit.resolve.targets import BUILTINS, MemberHit
 from kvref.audit.rules.base import Rule
 from kvref.audit.rules._override import marks_override
-from kvref.audit.summarise.summary import ClassSummary, FunctionSummary
+from kvref.audit.summarise.records import ClassSummary, FunctionSummary
 
 __all__ = ["MissingOverride"]
 

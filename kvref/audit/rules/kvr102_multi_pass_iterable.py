@@ -9,7 +9,7 @@ from typing_extensions import override
 from kvref.audit.rules.context import ModuleContext, param_symbol
 from kvref.audit.model import Finding
 from kvref.audit.rules.base import Rule
-from kvref.audit.summarise.summary import FunctionSummary, MultiPass
+from kvref.audit.summarise.records import FunctionSummary, MultiPass
 
 __all__ = ["MultiPassIterable"]
 

@@ -1,10 +1,10 @@
 """Summarise many files at once: on-disk cache first, then a process pool for what is left.
 
-`summarize_many(paths, root=...)` is the `summarize_many` hook of `kvref.audit.pipeline.analyze`.
-Parsing is the expensive part of an audit and is independent per file, so it is spread over
-processes; only summaries (small frozen dataclasses, no `ast` objects) travel back to the
-parent, which then resolves and checks in one process. Files are dealt to workers in chunks,
-largest first, so one huge file does not leave the other cores idle at the end.
+`summarize_many(paths, root=...)` is how the runner (`scale.py`) summarises. Parsing is the
+expensive part of an audit and is independent per file, so it is spread over processes; only
+summaries (small frozen dataclasses, no `ast` objects) travel back to the parent. Files are
+dealt to workers in chunks, largest first, so one huge file does not leave the other cores
+idle at the end.
 
 Every file yields a summary or a `FileError`, never an exception: unreadable files, symlink
 loops, undecodable or unparsable source, and files over the size limit (generated code) are
@@ -302,7 +302,7 @@ def _chunks(
 
 
 def _pool_context() -> BaseContext:
-    # fork starts workers in milliseconds and shares the imported modules; the parent holds no
+    # fork starts workers at once and shares the imported modules; the parent holds no
     # threads at this point. Elsewhere (macOS, Windows) the platform default is the safe one.
     if sys.platform.startswith("linux"):
         return multiprocessing.get_context("fork")

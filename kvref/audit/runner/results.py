@@ -91,7 +91,7 @@ class ResultCache:
     their mtimes, which change when packages are installed or removed) and the size and mtime
     of every project file; a result is never trusted when a project file was modified within
     `RACY_WINDOW_NS` of its write. The encoding is `marshal` of plain tuples: it cannot run
-    code, and rebuilding a few thousand findings costs milliseconds.
+    code.
 
     Args:
         directory: the cache directory.

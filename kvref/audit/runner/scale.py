@@ -1,5 +1,5 @@
-"""`kvref audit` at scale: the engine driven with the cache, the process pool and the target
-environment's installed packages, with a progress bar for long runs.
+"""The runner: the pipeline's stages (`kvref.audit.pipeline`) with the caches, the process
+pool and the forked checkers around them, and the target environment's installed packages.
 
 `analyze_at_scale` has the engine's inputs plus `ScaleSettings` (`--no-cache`, `--cache-dir`,
 `--python`, `--jobs`) and returns the engine's `AnalysisResult`. In order:
@@ -7,9 +7,9 @@ environment's installed packages, with a progress bar for long runs.
 1. the import roots of the target interpreter (`kvref.audit.discover.environment`);
 2. the previous run's whole result, when no project file, option, import root or engine
    source changed since it was stored (`ResultCache`): a warm run with nothing to do;
-3. otherwise per-file summaries from the summary cache, the rest summarised across processes
-   (`kvref.audit.runner.parallel`), then resolving and checking, split over forked copies of this
-   process (`kvref.audit.runner.forked`) when there are enough modules;
+3. otherwise `run_pipeline`: per-file summaries from the summary cache, the rest summarised
+   across processes (`parallel.py`), then indexing, and checking split over forked copies of
+   this process (`forked.py`) when there are enough modules;
 4. both caches saved atomically (a read-only checkout just runs uncached), in a forked child
    while the caller reports when it asks for that (`background_save`, `wait_for_saves`).
 """
@@ -20,25 +20,42 @@ import os
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TextIO, cast
+from typing import TYPE_CHECKING, Final, TextIO, cast
 
-from kvref.audit.runner.cache import SummaryCache, default_cache_dir, version_stamp
-from kvref.audit.runner.results import ResultCache
 from kvref.audit.discover.environment import InterpreterError, discover_environment
-from kvref.audit.runner.forked import fork_available
-from kvref.audit.model import AnalysisOptions, AnalysisResult, FileError
-from kvref.audit.summarise.newer_syntax import cache_key as newer_syntax_key
-from kvref.audit.summarise.newer_syntax import use_interpreter
 from kvref.audit.discover.paths import absolute_path
+from kvref.audit.model import AnalysisOptions, AnalysisResult, FileError
+from kvref.audit.runner.cache import SummaryCache, default_cache_dir, dumps, loads, version_stamp
+from kvref.audit.runner.forked import fork_available, run_shares
 from kvref.audit.runner.parallel import Pickled, available_cpus, summarize_many
 from kvref.audit.runner.progress import ProgressBar
-from kvref.audit.summarise.summary import ModuleSummary, summarize
+from kvref.audit.runner.results import ResultCache
+from kvref.audit.summarise.newer_syntax import cache_key as newer_syntax_key
+from kvref.audit.summarise.newer_syntax import use_interpreter
+from kvref.audit.summarise.records import ModuleSummary
+from kvref.audit.summarise.summary import summarize
 
-__all__ = ["InterpreterError", "ScaleSettings", "analyze_at_scale", "wait_for_saves"]
+if TYPE_CHECKING:  # the pipeline is imported when it runs: a warm run never loads it
+    from kvref.audit.pipeline import Checked, SearchRoots
+
+__all__ = [
+    "InterpreterError",
+    "MIN_SHARE",
+    "ScaleSettings",
+    "analyze_at_scale",
+    "run_pipeline",
+    "wait_for_saves",
+]
 
 _AUDIT_DIR = Path(__file__).resolve().parent.parent
-# The summaries' meaning depends on these modules only; the result on the whole engine.
-_SUMMARY_SCHEMA = (*sorted((_AUDIT_DIR / "summarise").glob("*.py")), _AUDIT_DIR / "model.py")
+# The summaries' meaning depends on these modules only (KVR102's analysis runs while
+# summarising); the result on the whole engine.
+_SUMMARY_SCHEMA = (
+    *sorted((_AUDIT_DIR / "summarise").glob("*.py")),
+    _AUDIT_DIR / "rules" / "_kvr102_passes.py",
+    _AUDIT_DIR / "model.py",
+    _AUDIT_DIR / "source.py",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,15 +114,18 @@ def _options_key(options: AnalysisOptions) -> tuple[object, ...]:
     return tuple(key)
 
 
-class _CachedSummarizer:
-    """The engine's `summarize_many`: cached, across processes, summaries handed out pickled
-    (they are unpickled by whichever checker process needs them), and `SharedSummaries`, so
-    what forked checkers summarise is cached too."""
+class _Summaries:
+    """Where the runner's summaries come from: the cache, then the process pool.
+
+    The eager files' summaries stay in the pickled form the cache or a worker handed out
+    (`held`) until a checker needs one, so that rebuilding thousands of them happens in the
+    forked checkers, spread over the cores. `load` is the pipeline's summariser of one file.
+    """
 
     def __init__(
         self,
         root: Path,
-        jobs: int | None,
+        jobs: int,
         cache: SummaryCache[ModuleSummary | FileError] | None,
         on_progress: Callable[[int], None] | None,
         max_bytes: int,
@@ -116,8 +136,9 @@ class _CachedSummarizer:
         self.cache = cache
         self.on_progress = on_progress
         self.owner = os.getpid()
+        self.held: dict[Path, Pickled[ModuleSummary]] = {}
 
-    def __call__(
+    def many(
         self, paths: Sequence[Path]
     ) -> Mapping[Path, ModuleSummary | FileError | Pickled[ModuleSummary]]:
         # Imported here: a warm run, answered from the result cache, never loads the index.
@@ -138,15 +159,101 @@ class _CachedSummarizer:
             follow=standard_library_files,
         )
 
-    def mark(self) -> int:
-        return self.cache.stored_count if self.cache is not None else 0
+    def load(self, path: Path) -> ModuleSummary | None:
+        found = self.held.get(path) or self.many([path]).get(path)
+        if isinstance(found, Pickled):
+            try:
+                found = found.load()
+            except Exception:  # noqa: BLE001 - a summary that will not load is recomputed
+                found = None
+        if not isinstance(found, ModuleSummary):
+            from kvref.audit.pipeline import summarize_file
 
-    def export_since(self, mark: int) -> bytes:
-        return self.cache.export_stored(mark) if self.cache is not None else b""
+            found = summarize_file(path, self.root)
+        return found if isinstance(found, ModuleSummary) else None
 
-    def import_exported(self, data: bytes) -> None:
-        if self.cache is not None and data:
-            self.cache.import_stored(data)
+
+MIN_SHARE: Final = 200
+"""Fewer reported modules than this per process are checked in one process: forking and
+sending the answer back would cost more than the checks."""
+_UNKNOWN_WEIGHT: Final = 4096  # about the pickled size of an average module's summary
+
+
+@dataclass(frozen=True, slots=True)
+class _Share:
+    """What a checker found, and the summaries it made (which a forked child's cache would
+    lose), for the parent's cache."""
+
+    checked: Checked
+    learned: bytes
+
+
+def run_pipeline(
+    project_files: Sequence[Path],
+    *,
+    root: Path,
+    report_files: Collection[Path] | None = None,
+    options: AnalysisOptions = AnalysisOptions(),
+    roots: SearchRoots | None = None,
+    jobs: int = 1,
+    cache: SummaryCache[ModuleSummary | FileError] | None = None,
+    on_progress: Callable[[int], None] | None = None,
+) -> AnalysisResult:
+    """The pipeline's stages, with the summary cache and the process pool around summarising
+    and the reported modules checked in shares over forked copies of this process (at least
+    `MIN_SHARE` modules each); the result is `kvref.audit.pipeline.analyze`'s."""
+    from kvref.audit import pipeline
+
+    roots = roots or pipeline.SearchRoots()
+    project = pipeline.plan(project_files, root=root, report_files=report_files, options=options)
+    summaries = _Summaries(project.root, jobs, cache, on_progress, options.max_file_bytes)
+    held = summaries.held
+    ready: dict[Path, ModuleSummary | FileError] = {}
+    for path, summary in summaries.many(project.eager).items():
+        if isinstance(summary, Pickled):
+            held[path] = summary
+        else:
+            ready[path] = summary
+    indexed = pipeline.index_project(project, ready, summaries.load, roots, held=held.keys())
+    weights = [held[p].weight if p in held else _UNKNOWN_WEIGHT for p in indexed.checked]
+    shares = _split(indexed.checked, weights, min(jobs, len(indexed.checked) // MIN_SHARE))
+    parent = os.getpid()
+
+    def check(paths: Sequence[Path]) -> _Share:
+        mark = cache.stored_count if cache is not None else 0
+        checked = pipeline.check(indexed, paths, options)
+        # A forked checker's summaries die with it unless they are sent back.
+        forked = cache is not None and os.getpid() != parent
+        return _Share(checked, cache.export_stored(mark) if cache is not None and forked else b"")
+
+    parts: list[Checked] = []
+    for share in run_shares(shares, check, encode=dumps, decode=_decode_share):
+        parts.append(share.checked)
+        if share.learned and cache is not None:
+            cache.import_stored(share.learned)
+    return pipeline.collect(indexed, parts)
+
+
+def _decode_share(data: bytes) -> _Share:
+    share = loads(data)
+    if not isinstance(share, _Share):
+        raise TypeError(f"expected a share result, got {type(share).__name__}")
+    return share
+
+
+def _split(paths: Sequence[Path], weights: Sequence[int], count: int) -> list[list[Path]]:
+    """Cut `paths` (sorted, so a package stays together) into `count` runs of similar weight."""
+    if count <= 1:
+        return [list(paths)]
+    total = sum(weights)
+    shares: list[list[Path]] = [[]]
+    done = 0
+    for path, weight in zip(paths, weights, strict=True):
+        if done >= total * len(shares) / count and len(shares) < count:
+            shares.append([])
+        shares[-1].append(path)
+        done += weight
+    return [share for share in shares if share]
 
 
 def analyze_at_scale(
@@ -172,8 +279,6 @@ def analyze_at_scale(
         InterpreterError: `settings.python` is not a working interpreter.
         ValueError: `settings.jobs` is below 1.
     """
-    from kvref.audit.pipeline import analyze
-
     if settings.jobs is not None and settings.jobs < 1:
         raise ValueError(f"--jobs must be at least 1, got {settings.jobs}")
     root = Path(os.path.abspath(root))
@@ -222,24 +327,20 @@ def analyze_at_scale(
     total = len(files) if reported is None else len(reported)
     bar = ProgressBar(total, progress) if progress is not None else None
 
-    summarize_batch = _CachedSummarizer(
-        root,
-        settings.jobs,
-        summaries,
-        bar.advance if bar is not None else None,
-        options.max_file_bytes,
-    )
+    from kvref.audit.pipeline import SearchRoots
+
     try:
-        result = analyze(
+        result = run_pipeline(
             files,
             root=root,
             report_files=report_files,
             options=options,
-            search_paths=environment.search_paths,
-            package_roots=environment.package_roots,
-            import_roots=environment.import_roots,
-            summarize_many=summarize_batch,
+            roots=SearchRoots(
+                environment.search_paths, environment.package_roots, environment.import_roots
+            ),
             jobs=settings.jobs or available_cpus(),
+            cache=summaries,
+            on_progress=bar.advance if bar is not None else None,
         )
     finally:
         if bar is not None:
@@ -269,9 +370,8 @@ _saving: list[int] = []
 def _save_in_background(save: Callable[[], None]) -> None:
     """Run `save` in a forked child (while this process reports); `wait_for_saves` joins it.
 
-    Pickling and writing the caches of a large project takes a tenth of a second that would
-    otherwise come after the analysis, before the report. Where fork is not available, or
-    fails, it runs here.
+    Pickling and writing the caches of a large project would otherwise come between the
+    analysis and the report. Where fork is not available, or fails, it runs here.
     """
     if not fork_available():
         save()

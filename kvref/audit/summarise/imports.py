@@ -80,29 +80,7 @@ def import_facts(tree: ast.Module, lines: Sequence[str], *, with_block: bool = T
         definition = isinstance(following, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
     else:
         next_line, definition = len(lines) + 1, False
-    bound = attribute = ""
-    statements = list(body)
-    for statement in body:
-        if isinstance(statement, ast.Try):  # try: from typing import override / except: ...
-            statements.extend(statement.body)
-    for statement in statements:
-        if isinstance(statement, ast.ImportFrom) and statement.level == 0:
-            if (statement.module or "") not in OVERRIDE_MODULES:
-                continue
-            for alias in statement.names:
-                if alias.name == "override" and not bound:
-                    bound = alias.asname or "override"
-        elif isinstance(statement, ast.Import) and not attribute:
-            for alias in statement.names:
-                if alias.name in OVERRIDE_MODULES:
-                    attribute = f"{alias.asname or alias.name}.override"
-    return ImportFacts(
-        insert_line,
-        block,
-        next_line,
-        definition,
-        bound or attribute,  # a plain name reads best: prefer it to `te.override`
-    )
+    return ImportFacts(insert_line, block, next_line, definition)
 
 
 def _encode_import(statement: ast.Import | ast.ImportFrom, lines: Sequence[str]) -> str:

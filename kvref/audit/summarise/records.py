@@ -33,11 +33,10 @@ _R = TypeVar("_R")
 def _record(cls: type[_R]) -> type[_R]:
     """Make `cls` a summary record: a frozen dataclass to the type checker, cheap to build.
 
-    A cold audit of a large project builds, pickles and unpickles a few hundred thousand of
-    these. A frozen dataclass's `__init__` sets every field through `object.__setattr__`,
-    twice as slow as a plain slotted one, on each side of the pickle. So at run time they
-    are plain slotted dataclasses that hash by value like frozen ones, while pyright (which
-    reads `frozen_default`) still rejects any assignment to a field.
+    A large project's summaries hold hundreds of thousands of these, and a frozen
+    dataclass's `__init__` sets every field through `object.__setattr__` on each side of the
+    pickle. So at run time they are plain slotted dataclasses that hash by value like frozen
+    ones, while pyright (which reads `frozen_default`) still rejects any assignment to a field.
     """
     return dataclass(slots=True, unsafe_hash=True)(cls)
 
@@ -148,7 +147,6 @@ class FunctionSummary:
     is_property: bool
     is_accessor: bool
     is_staticmethod: bool
-    is_classmethod: bool
     is_abstract: bool
     parameters: tuple[ParamRow, ...]
     multi_pass: tuple[MultiPass, ...] = ()
@@ -181,11 +179,6 @@ class ClassSummary:
             base expressions are evaluated in before the module's globals.
         attributes: names the class body binds other than by `def` (assignments, annotated
             declarations, nested classes, `__slots__` entries), so `__hash__ = None` counts.
-        metaclass: the dotted `metaclass=` keyword, if any.
-        declares_protocol: a base is spelled `Protocol`/`Protocol[...]` (a syntactic hint;
-            the index decides by resolving the base).
-        declares_abstract: the class looks like an ABC: an `ABC` base, an `ABCMeta`
-            metaclass or an abstract method.
     """
 
     name: str
@@ -193,12 +186,8 @@ class ClassSummary:
     scope: str
     name_span: Span
     bases: tuple[BaseRef, ...]
-    metaclass: str | None
-    decorators: tuple[str, ...]
     methods: tuple[FunctionSummary, ...]
     attributes: tuple[str, ...]
-    declares_protocol: bool = False
-    declares_abstract: bool = False
 
 
 @_record
@@ -242,15 +231,12 @@ class ImportFacts:
             decorator's), or the line past the end of the file.
         next_is_definition: that statement is a `def` or `class` (ruff wants two blank lines
             before it, one before anything else).
-        bound_override: the local name under which `override` is already importable at run
-            time ("" if none), e.g. `override`, `ovr`, `te.override`.
     """
 
     insert_line: int
     block: str
     next_line: int
     next_is_definition: bool
-    bound_override: str
 
 
 @_record
@@ -269,8 +255,6 @@ class ModuleSummary:
     """
 
     path: str
-    encoding: str
-    bom: bool
     newline: str
     is_stub: bool
     symbols: tuple[tuple[str, tuple[Binding, ...]], ...]
@@ -279,5 +263,4 @@ class ModuleSummary:
     classes: tuple[ClassSummary, ...]
     functions: tuple[FunctionSummary, ...]
     import_facts: ImportFacts
-    line_count: int = 0
     suppression_lines: tuple[int, ...] = ()

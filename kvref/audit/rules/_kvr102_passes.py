@@ -1,4 +1,8 @@
-"""KVR102's pass counting: how many times one run of a function consumes each of some names.
+"""KVR102's analysis: how many times one run of a function consumes each Iterable parameter.
+
+It runs while a file is summarised (the summary keeps no `ast`): the summariser calls
+`multi_pass_facts` for each function with an `Iterable`/`Iterator` annotation and stores the
+`MultiPass` facts it returns, which `kvr102_multi_pass_iterable` reports.
 
 A pass is a `for` loop, a comprehension, an `in` test, unpacking, `*x` spreading, `yield
 from`, or a call that consumes its argument (`len`, `list`, `sorted`, `sum`, `str.join`,
@@ -17,22 +21,16 @@ are not entered (they may run any number of times, or never).
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-__all__ = ["Pass", "count_passes", "target_names"]
+from kvref.audit.summarise.records import MultiPass, ParamRow
+from kvref.audit.summarise.summary import target_names
 
+__all__ = ["Pass", "count_passes", "multi_pass_facts"]
 
-def target_names(target: ast.expr) -> Iterator[str]:
-    """The names an assignment target binds (through tuples, lists and starred targets)."""
-    if isinstance(target, ast.Name):
-        yield target.id
-    elif isinstance(target, ast.Tuple | ast.List):
-        for element in target.elts:
-            yield from target_names(element)
-    elif isinstance(target, ast.Starred):
-        yield from target_names(target.value)
+_ITERATION_HEADS = frozenset({"collections.abc.Iterable", "collections.abc.Iterator"})
 
 
 _CONSUMING_CALLS = frozenset(
@@ -109,6 +107,26 @@ def count_passes(body: Sequence[ast.stmt], names: set[str]) -> dict[str, tuple[P
         for name, passes in counter.worst.items()
         if len(passes) >= 2
     }
+
+
+def multi_pass_facts(
+    node: ast.FunctionDef | ast.AsyncFunctionDef, params: Sequence[ParamRow]
+) -> tuple[MultiPass, ...]:
+    """The parameters annotated `Iterable`/`Iterator` (not `*args`/`**kwargs`) that some path
+    through the function's body consumes twice."""
+    tracked = {
+        name: annotation.text
+        for name, kind, _, _, annotation, _ in params
+        if annotation is not None
+        and annotation.head in _ITERATION_HEADS
+        and kind not in ("vararg", "kwarg")
+    }
+    if not tracked:
+        return ()
+    return tuple(
+        MultiPass(name, tracked[name], first.line, second.line, second.loop_line)
+        for name, (first, second) in count_passes(node.body, set(tracked)).items()
+    )
 
 
 def _merge(states: Sequence[_State | None]) -> _State | None:
