@@ -190,11 +190,7 @@ def audit_main(argv: Sequence[str] | None = None) -> int:
         return exited.exit_code
     except NotFast:
         pass
-    try:
-        app(["audit", *args])
-    except SystemExit as exited:
-        return exited.code if isinstance(exited.code, int) else EXIT_ERROR
-    return EXIT_ERROR
+    return run_app(["audit", *args])
 
 
 class DemoDevice(str, enum.Enum):
@@ -368,11 +364,7 @@ def _require_torch() -> None:
 
 def demo_main(argv: Sequence[str]) -> int:
     """`kvref demo ARGV` as a plain function: the exit code (help and usage errors included)."""
-    try:
-        app(["demo", *argv])
-    except SystemExit as exited:
-        return exited.code if isinstance(exited.code, int) else EXIT_ERROR
-    return EXIT_ERROR
+    return run_app(["demo", *argv])
 
 
 def main() -> None:
@@ -380,4 +372,32 @@ def main() -> None:
     argv = sys.argv[1:]
     if argv[:1] == ["audit"]:
         raise SystemExit(audit_main(argv[1:]))
-    app()
+    raise SystemExit(run_app(argv))
+
+
+def run_app(argv: Sequence[str]) -> int:
+    """Run the typer app on `argv` and return its exit code.
+
+    A usage error (an unknown option, a bad value) is one line on stderr and exit 2, like every
+    other kvref error, instead of click's usage block.
+    """
+    if not argv:
+        # Bare `kvref`: the help, with the usage-error status click gives it.
+        run_app(["--help"])
+        return EXIT_ERROR
+    try:
+        result = app(list(argv), prog_name="kvref", standalone_mode=False)
+    except typer.Abort:
+        sys.stderr.write("kvref: aborted\n")
+        return 1
+    except Exception as error:
+        # click's UsageError: typer re-exports only its BadParameter subclass, and which click
+        # (installed or vendored) depends on typer's version, so it is recognised by its shape.
+        describe = getattr(error, "format_message", None)
+        if getattr(error, "exit_code", None) != EXIT_ERROR or not callable(describe):
+            raise
+        context = getattr(error, "ctx", None)
+        command = getattr(context, "command_path", None) or "kvref"
+        sys.stderr.write(f"{command}: error: {describe()} (see `{command} --help`)\n")
+        return EXIT_ERROR
+    return result if isinstance(result, int) else 0

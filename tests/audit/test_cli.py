@@ -520,10 +520,42 @@ def test_the_console_script_leaves_help_and_usage_errors_to_typer(
     prog = re.compile(r"python -m [\w.]*kvref")
     # (Help text wraps at the terminal's width, which CliRunner fixes: compare its first line.)
     first_line = prog.sub("kvref", script.stdout).partition("\n")[0]
-    assert (script.code, first_line, prog.sub("kvref", script.stderr)) == (
-        typer_outcome.code,
-        typer_outcome.stdout.partition("\n")[0],
-        typer_outcome.stderr,
-    )
+    assert (script.code, first_line) == (typer_outcome.code, typer_outcome.stdout.partition("\n")[0])
+    if typer_outcome.stderr:
+        # The same error as click's usage block, as one line.
+        error = typer_outcome.stderr.rpartition("Error: ")[2].strip()
+        assert script.stderr.count("\n") == 1 and error in script.stderr, script.stderr
+    else:
+        assert script.stderr == ""
     assert typer_outcome.code in (EXIT_CLEAN, EXIT_ERROR)
     assert not project.engine.calls  # nothing was audited
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("audit", "--jobs", "0"), "kvref audit: error: Invalid value for '--jobs'"),
+        (("audit", "--no-such-option"), "kvref audit: error: No such option: --no-such-option"),
+        (("demo", "--no-such-option"), "kvref demo: error: No such option: --no-such-option"),
+        (("no-such-command",), "kvref: error: No such command 'no-such-command'"),
+    ],
+)
+def test_a_usage_error_is_one_line_and_exit_2(
+    project: Project, argv: tuple[str, ...], message: str
+) -> None:
+    project.monkeypatch.setattr(sys, "argv", ["kvref", *argv])
+    project.capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        kvref.cli.main()
+    captured = project.capsys.readouterr()
+    assert exited.value.code == EXIT_ERROR
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1 and captured.err.startswith(message), captured.err
+
+
+def test_bare_kvref_prints_the_help_and_exits_2(project: Project) -> None:
+    project.monkeypatch.setattr(sys, "argv", ["kvref"])
+    with pytest.raises(SystemExit) as exited:
+        kvref.cli.main()
+    assert exited.value.code == EXIT_ERROR
+    assert "Commands" in project.capsys.readouterr().out
