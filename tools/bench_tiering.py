@@ -335,7 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=[parse_size(s) for s in ("64K", "256K", "1M", "4M")],
         help="comma-separated block sizes (default 64K,256K,1M,4M)",
     )
-    parser.add_argument("--read-threads", type=int, default=None, help="default: the tier's (one per two cores, 1-4)")
+    parser.add_argument("--read-threads", type=int, default=None, help="default: the tier's (one per core, 1-4)")
     parser.add_argument("--write-threads", type=int, default=None, help="default: the tier's (one per two cores, 1-4)")
     parser.add_argument("--job-blocks", type=int, default=16, help="blocks per submitted job")
     parser.add_argument("--repeats", type=int, default=3, help="best of N runs per figure")
@@ -349,8 +349,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--skip-scheduler", action="store_true")
     parser.add_argument("--redis", action="store_true", help="also run tools/bench_redis.py: the Redis tier vs a redis-py pipeline")
     args = parser.parse_args(argv)
-    args.read_threads = args.read_threads or default_threads()
-    args.write_threads = args.write_threads or default_threads()
+    args.read_threads = args.read_threads or default_threads(read=True)
+    args.write_threads = args.write_threads or default_threads(read=False)
     if args.cold:
         args.fsync = True
 

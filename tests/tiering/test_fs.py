@@ -463,19 +463,22 @@ def test_invalid_arguments(tmp_path: Path, kwargs: dict[str, Any], message: str)
     assert not (tmp_path / "fs").exists()  # refused before touching the disk
 
 
-@pytest.mark.parametrize(("cores", "threads"), [(1, 1), (2, 1), (3, 1), (6, 3), (8, 4), (64, 4)])
-def test_io_threads_default_to_one_per_core(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cores: int, threads: int
+@pytest.mark.parametrize(
+    ("cores", "readers", "writers"),
+    [(1, 1, 1), (2, 2, 1), (3, 3, 1), (6, 4, 3), (8, 4, 4), (64, 4, 4)],
+)
+def test_io_threads_default_to_a_reader_per_core_and_a_writer_per_two(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cores: int, readers: int, writers: int
 ) -> None:
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))  # pyright: ignore[reportUnknownLambdaType, reportUnknownArgumentType]
     h = Harness(tmp_path / "fs", n_read_threads=None, n_write_threads=None)
     try:
-        assert (h.tier.n_read_threads, h.tier.n_write_threads) == (threads, threads)
+        assert (h.tier.n_read_threads, h.tier.n_write_threads) == (readers, writers)
         assert h.store([to_key(1)]) and h.load([to_key(1)], [3])
     finally:
         h.close()
     h = Harness(tmp_path / "fs", n_read_threads=3, n_write_threads=None)
-    assert (h.tier.n_read_threads, h.tier.n_write_threads) == (3, threads)
+    assert (h.tier.n_read_threads, h.tier.n_write_threads) == (3, writers)
     h.close()
 
 

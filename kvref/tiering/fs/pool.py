@@ -17,19 +17,29 @@ from collections.abc import Callable
 __all__ = ["IOTask", "DualQueuePool", "default_threads"]
 
 
-def default_threads() -> int:
-    """Threads of each kind by default: one I/O thread per usable core, half of each kind, at
-    least one and at most four of each.
+def default_threads(*, read: bool) -> int:
+    """I/O threads of one kind by default: a read thread per usable core and a write thread per
+    two, at least one and at most four of each.
 
     Reads and writes through the page cache are copying and hashing on a core; a thread beyond
-    the cores only hands the GIL around and preempts a thread in the middle of its copy. A device
-    that needs more requests in flight (reads that miss the page cache) wants more threads.
+    the cores only hands the GIL around and preempts a thread in the middle of its copy. Reads
+    get a thread per core because a load is on a request's critical path and verifying it costs
+    a hash pass over the bytes on top of the copy: a second reader hides that pass behind the
+    first one's copy. Stores are asynchronous cascades, and read threads take writes whenever
+    no load is queued. A device that needs more requests in flight (reads that miss the page
+    cache) wants more threads.
+
+    Args:
+        read: count read threads (else write threads).
+
+    Returns:
+        The number of threads.
     """
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on every platform
         cores = os.cpu_count() or 2
-    return max(1, min(4, cores // 2))
+    return max(1, min(4, cores if read else cores // 2))
 
 
 class IOTask:

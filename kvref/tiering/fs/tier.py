@@ -66,9 +66,10 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             many bytes; None for no limit.
         max_segment_bytes: split a store job's blocks into segment files of at most this many
             bytes (at least one block each): fewer files versus more parallel writers.
-        n_read_threads: I/O threads that serve loads (promotions) first; None for one per two
-            usable cores, 1 to 4 (`kvref.tiering.fs.pool.default_threads`).
-        n_write_threads: I/O threads that serve stores and deletions first; None for as many.
+        n_read_threads: I/O threads that serve loads (promotions) first; None for one per
+            usable core, 1 to 4 (`kvref.tiering.fs.pool.default_threads`).
+        n_write_threads: I/O threads that serve stores and deletions first; None for one per
+            two usable cores, 1 to 4.
         fsync: `fsync` each segment before renaming it into place (durable, slower).
         name: the medium named in events.
         enable_events: buffer stored/removed events for `take_events`.
@@ -98,8 +99,8 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         self._max_segment_bytes = check_int("max_segment_bytes", max_segment_bytes, minimum=1)
         n_read = check_optional_int("n_read_threads", n_read_threads, minimum=1)
         n_write = check_optional_int("n_write_threads", n_write_threads, minimum=1)
-        self.n_read_threads = default_threads() if n_read is None else n_read
-        self.n_write_threads = default_threads() if n_write is None else n_write
+        self.n_read_threads = default_threads(read=True) if n_read is None else n_read
+        self.n_write_threads = default_threads(read=False) if n_write is None else n_write
         self.fsync = check_bool("fsync", fsync)
         self.medium = check_str("name", name)
         events = check_bool("enable_events", enable_events)
