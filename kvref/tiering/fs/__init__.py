@@ -22,7 +22,7 @@ with `os.replace`, so a final name always holds whole records. Each record's XXH
 covers its header and key as well as its payload (a damaged key never passes for another
 block's), and a header checksum lets start-up re-indexing check headers and keys without reading
 payloads. A load reads a run of adjacent records straight into the primary slots, one `preadv`
-per piece of up to 256 KiB, hashing each piece right after reading it, and verifies each record's
+per piece of up to 1 MiB, hashing each piece right after reading it, and verifies each record's
 header, key and checksum; any mismatch fails the job, so the bytes already in the slots are
 never reported as loaded, and drops the block from the index (its record is marked dead on disk,
 or its segment deleted once empty), so it is a miss afterwards, restarts included. Records of
