@@ -148,3 +148,35 @@ def test_stdin_through_the_console_script(project: Path) -> None:
     assert completed.returncode == EXIT_CLEAN, completed.stderr
     assert "    @override\n    def work" in completed.stdout
     assert (project / "pkg/child.py").read_text() == ON_DISK
+
+
+def test_stdin_filename_in_another_project_is_audited_in_that_project(
+    project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # An editor's working directory is often another project (or none): as with ruff, the
+    # project is found from the named file's location, and its names resolve there.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "pyproject.toml").write_text('[project]\nname = "elsewhere"\n')
+    monkeypatch.chdir(elsewhere)
+    code, out, err = _run(
+        monkeypatch, capsys, EDITED, "--stdin-filename", str(project / "pkg/child.py")
+    )
+    assert code == EXIT_FINDINGS, err
+    assert out.startswith('pkg/child.py:5:9: KVR001 Method "Child.work" overrides "pkg.base.Base.work"')
+    assert "Checked 1 file (3 indexed)." in err
+    assert not list(elsewhere.glob("**/*.py"))  # nothing written in the working directory
+
+
+def test_stdin_filename_outside_any_project_is_audited_on_its_own(
+    project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # No pyproject.toml above the named file: its directory is the project (ruff's defaults);
+    # a base it cannot find is reported as unresolved, never guessed.
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    code, out, err = _run(monkeypatch, capsys, EDITED, "--stdin-filename", str(loose / "mod.py"))
+    assert code == EXIT_CLEAN, err
+    assert out == ""
+    assert "could not be resolved" in err and "pkg.base.Base" in err
+    assert not (loose / "mod.py").exists()
