@@ -158,7 +158,8 @@ class LRUCachePolicy(CachePolicy):
 
     @override
     def touch(self, keys: Collection[OffloadKey]) -> None:
-        self._use(reversed(list(keys)))
+        # A list or tuple (what the manager passes) is reversed in place, not copied first.
+        self._use(reversed(keys) if isinstance(keys, (list, tuple)) else reversed(list(keys)))
 
     @override
     @no_op_hook
