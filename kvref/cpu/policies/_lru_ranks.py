@@ -20,10 +20,12 @@ class Bucket:
     rank: int
     # key -> -position: the second half of its rank pair (rank, -position).
     keys: dict[OffloadKey, int] = field(default_factory=dict[OffloadKey, int])
-    # keys in eviction order, rebuilt after a change.
+    # Keys in eviction order, rebuilt after a key joins. A key that leaves is only deleted from
+    # `keys` (it leaves per key on every touch): readers skip listed keys no longer in `keys`.
     ordered: list[OffloadKey] | None = None
 
     def in_order(self) -> list[OffloadKey]:
+        """The keys in eviction order; may list keys that left since (not in `keys`)."""
         if self.ordered is None:
             self.ordered = [key for key, _ in sorted(self.keys.items(), key=_RANK_THEN_KEY)]
         return self.ordered

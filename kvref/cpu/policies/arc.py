@@ -132,7 +132,15 @@ class ARCCachePolicy(CachePolicy):
         # Probed in the order keys are most often found (t2, t1, the ghosts): each probe of
         # another large table is a likely cache miss, the main cost per key.
         t1, t2, b1, b2 = self.t1, self.t2, self.b1, self.b2
-        for key in reversed(list(keys)):
+        # A request's new blocks are neither held nor ghosts: then nothing moves, found in C.
+        if (
+            self.blocks.keys().isdisjoint(keys)
+            and (not b1 or b1.keys().isdisjoint(keys))
+            and (not b2 or b2.keys().isdisjoint(keys))
+        ):
+            return
+        # A list or tuple (what the manager passes) is reversed in place, not copied first.
+        for key in reversed(keys) if isinstance(keys, (list, tuple)) else reversed(list(keys)):
             if key in t2:
                 t2.move_to_end(key)
             elif key in t1:

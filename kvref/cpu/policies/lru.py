@@ -91,8 +91,7 @@ class LRUCachePolicy(CachePolicy):
         if bucket is None:
             del self.order[key]
             return
-        del bucket.keys[key]
-        bucket.ordered = None
+        del bucket.keys[key]  # its stale place in bucket.ordered is skipped (see Bucket)
         # An empty bucket stays in place while its request may still add blocks; eviction walks
         # and on_request_finished drop it.
 
@@ -104,9 +103,7 @@ class LRUCachePolicy(CachePolicy):
             if key in blocks:
                 rank += 1
                 if key in bucket_of:  # _detach, inlined: this loop runs per key per request
-                    bucket = bucket_of.pop(key)
-                    del bucket.keys[key]
-                    bucket.ordered = None
+                    del bucket_of.pop(key).keys[key]
                     order[key] = rank
                 else:
                     order[key] = rank
@@ -161,7 +158,8 @@ class LRUCachePolicy(CachePolicy):
 
     @override
     def touch(self, keys: Collection[OffloadKey]) -> None:
-        self._use(reversed(list(keys)))
+        # A list or tuple (what the manager passes) is reversed in place, not copied first.
+        self._use(reversed(keys) if isinstance(keys, (list, tuple)) else reversed(list(keys)))
 
     @override
     @no_op_hook
@@ -177,6 +175,7 @@ class LRUCachePolicy(CachePolicy):
         rank = bucket.rank
         blocks, bucket_of, order = self.blocks, self.bucket_of, self.order
         joined = bucket.keys
+        bucket.ordered = None  # keys may join: once here rather than per key
         for key in keys:
             if key not in blocks or (end := positions.get(key)) is None:
                 continue
@@ -191,10 +190,8 @@ class LRUCachePolicy(CachePolicy):
                 if held.rank > rank or (held.rank == rank and held.keys[key] >= -end):
                     continue
                 del held.keys[key]
-                held.ordered = None
             bucket_of[key] = bucket
             joined[key] = -end
-            bucket.ordered = None
 
     @override
     def on_request_finished(
@@ -215,8 +212,9 @@ class LRUCachePolicy(CachePolicy):
             if isinstance(entry, Bucket):
                 if not entry.keys:
                     empty.append(entry)
+                keys = entry.keys
                 for key in entry.in_order():
-                    if blocks[key].ref_cnt == 0 and key not in protected:
+                    if key in keys and blocks[key].ref_cnt == 0 and key not in protected:
                         yield key
             elif blocks[entry].ref_cnt == 0 and entry not in protected:
                 yield entry
