@@ -20,19 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvref.audit.discover.paths import absolute_path, relative_path
-from kvref.audit.model import (
-    DEFAULT_MAX_FILE_BYTES,
-    AnalysisOptions,
-    AnalysisResult,
-    FileError,
-    Finding,
-)
+from kvref.audit.model import AnalysisOptions, AnalysisResult, FileError, Finding
 from kvref.audit.resolve.hierarchy import ProjectIndex
 from kvref.audit.resolve.modules import module_names_for
 from kvref.audit.resolve.targets import ClassInfo, ClassKey, Unresolved
 from kvref.audit.rules import ALL_RULES
 from kvref.audit.rules.context import ClassContext, ModuleContext
-from kvref.audit.summarise.read import error_from, read_source
+from kvref.audit.source import SummaryError
 from kvref.audit.summarise.records import ModuleSummary
 from kvref.audit.summarise.summary import summarize
 
@@ -111,28 +105,25 @@ class Checked:
     suppression_lines: dict[str, tuple[int, ...]]
 
 
-def summarize_file(
-    path: Path, root: Path, max_bytes: int = DEFAULT_MAX_FILE_BYTES
-) -> ModuleSummary | FileError:
-    """Read and summarize one file; unreadable, oversized or unparsable files become a
-    `FileError`.
+def summarize_file(path: Path, root: Path) -> ModuleSummary | FileError:
+    """Read and summarize one file; unreadable or unparsable files become a `FileError`.
 
     Args:
         path: the file.
         root: the project root, for the relative path recorded in the summary or error.
-        max_bytes: files larger than this are reported instead of parsed.
 
     Returns:
         The summary, or the error with a 1-based line and column (1, 1 when not positional).
     """
     relative = relative_path(path, root)
-    source, _stamp = read_source(path, relative, max_bytes)
-    if isinstance(source, FileError):
-        return source
+    try:
+        source = path.read_bytes()
+    except OSError as error:
+        return FileError(relative, 1, 1, f"cannot read: {error.strerror or error}")
     try:
         return summarize(relative, source)
-    except Exception as error:  # noqa: BLE001 - one bad file must not stop the audit
-        return error_from(error, relative)
+    except SummaryError as error:
+        return FileError(relative, error.line, error.col, error.message)
 
 
 def plan(
@@ -202,7 +193,7 @@ def check(indexed: Indexed, paths: Iterable[Path], options: AnalysisOptions) -> 
     for path in paths:
         summary = index.module(indexed.primary[path])
         if summary is None:  # its stored form would not load, nor would the file parse
-            error = summarize_file(path, root, options.max_file_bytes)
+            error = summarize_file(path, root)
             if isinstance(error, FileError):
                 errors.append(error)
             continue
@@ -281,12 +272,12 @@ def analyze(
     project = plan(project_files, root=root, report_files=report_files, options=options)
 
     def each(paths: Sequence[Path]) -> Mapping[Path, ModuleSummary | FileError]:
-        return {path: summarize_file(path, project.root, options.max_file_bytes) for path in paths}
+        return {path: summarize_file(path, project.root) for path in paths}
 
     many = summarize_many or each
 
     def load(path: Path) -> ModuleSummary | None:
-        summary = many([path]).get(path) or summarize_file(path, project.root, options.max_file_bytes)
+        summary = many([path]).get(path) or summarize_file(path, project.root)
         return summary if isinstance(summary, ModuleSummary) else None
 
     roots = SearchRoots(search_paths, package_roots, import_roots)
