@@ -14,7 +14,8 @@ from kvref.audit.discover.environment import discover_environment
 from kvref.audit.discover.paths import absolute_path, relative_path
 from kvref.audit.model import AnalysisOptions, AnalysisResult, FileError
 from kvref.audit.summarise.newer_syntax import use_interpreter
-from kvref.audit.summarise.summary import ModuleSummary, SummaryError, summarize
+from kvref.audit.source import summary_or_error
+from kvref.audit.summarise.summary import ModuleSummary, summarize
 
 __all__ = ["analyze_source"]
 
@@ -47,11 +48,7 @@ def analyze_source(
     def summarize_one(path: Path) -> ModuleSummary | FileError:
         if path != target:
             return summarize_file(path, root)
-        relative = relative_path(path, root)
-        try:
-            return summarize(relative, source)
-        except SummaryError as error:
-            return FileError(relative, error.line, error.col, error.message)
+        return summary_or_error(relative_path(path, root), source, summarize)
 
     def summarize_many(paths: Sequence[Path]) -> Mapping[Path, ModuleSummary | FileError]:
         return {path: summarize_one(path) for path in paths}
