@@ -213,17 +213,12 @@ class AuditRun:
     def _discover(self, config: AuditConfig) -> Discovery:
         paths = self.request.paths
         cwd = Path(os.path.abspath(self.cwd))
+        unsaved = None
         if self.source is not None:
-            # The whole project is indexed; only the text from stdin is reported on.
-            found = discover(
-                config.root,
-                (),
-                cwd=self.cwd,
-                excludes=config.excludes,
-                respect_gitignore=config.respect_gitignore,
-            )
-            return replace(found, report_files=(config.root / self.source[0],))
-        if not paths and cwd != config.root and config.root in cwd.parents:
+            # Discovered as if the text were saved there: whether it is audited (a Python
+            # file; not force-excluded) follows the rules for a path named on the command line.
+            paths, unsaved = (config.root / self.source[0],), self.source[1]
+        elif not paths and cwd != config.root and config.root in cwd.parents:
             # Like ruff: no paths means the current directory; the project is still indexed.
             paths = (cwd,)
         return discover(
@@ -233,6 +228,7 @@ class AuditRun:
             excludes=config.excludes,
             respect_gitignore=config.respect_gitignore,
             force_exclude=config.force_exclude,
+            unsaved=unsaved,
         )
 
     def _fix(
@@ -286,6 +282,8 @@ class AuditRun:
         if self.source is not None:
             assert request.stdin_filename is not None
             target = Path(os.path.abspath(self.cwd / request.stdin_filename))
+            if target.is_dir():
+                raise UsageError(f"--stdin-filename {request.stdin_filename}: a directory, not a file")
             if config.root not in target.parents:
                 raise UsageError(f"--stdin-filename {request.stdin_filename}: outside the project {config.root}")
             self.source = (target.relative_to(config.root).as_posix(), self.source[1])

@@ -2,7 +2,8 @@
 
 The text is summarised as the module at PATH, every other project file as it is on disk, so
 names resolve across the project as if the text had been saved there; nothing is cached (the
-caches describe the files on disk) and nothing is written.
+caches describe the files on disk) and nothing is written. The project is PATH's, found from
+PATH as for a named file (`kvref.audit.run`), whatever the current directory.
 """
 
 from __future__ import annotations
