@@ -105,7 +105,9 @@ class Checked:
     suppression_lines: dict[str, tuple[int, ...]]
 
 
-def summarize_file(path: Path, root: Path, max_bytes: int | None = None) -> ModuleSummary | FileError:
+def summarize_file(
+    path: Path, root: Path, max_bytes: int | None = None
+) -> ModuleSummary | FileError:
     """Read and summarize one file; unreadable or unparsable files become a `FileError`.
 
     Args:
@@ -118,7 +120,9 @@ def summarize_file(path: Path, root: Path, max_bytes: int | None = None) -> Modu
     """
     relative = relative_path(path, root)
     source, _ = read_source(path, relative, max_bytes)
-    return source if isinstance(source, FileError) else summary_or_error(relative, source, summarize)
+    if isinstance(source, FileError):
+        return source
+    return summary_or_error(relative, source, summarize)
 
 
 def plan(

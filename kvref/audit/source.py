@@ -137,7 +137,9 @@ def read_source(
         os.close(descriptor)
 
 
-def summary_or_error(relative: str, source: bytes, summarize: Callable[[str, bytes], S]) -> S | FileError:
+def summary_or_error(
+    relative: str, source: bytes, summarize: Callable[[str, bytes], S]
+) -> S | FileError:
     """`summarize(relative, source)`, or the `FileError` it raised (any exception: one bad file
     must not stop the audit; one with `line`, `col` and `message`, as `SummaryError`, keeps
     its position)."""
@@ -149,7 +151,8 @@ def summary_or_error(relative: str, source: bytes, summarize: Callable[[str, byt
         if isinstance(message, str) and isinstance(line, int) and isinstance(col, int):
             return FileError(relative, line, col, message)
         if isinstance(error, SyntaxError):
-            return FileError(relative, error.lineno or 1, error.offset or 1, f"syntax error: {error.msg}")
+            line, col = error.lineno or 1, error.offset or 1
+            return FileError(relative, line, col, f"syntax error: {error.msg}")
         if isinstance(error, UnicodeDecodeError):
             return FileError(relative, 1, 1, f"cannot decode: {error.reason}")
         if isinstance(error, RecursionError):
