@@ -109,6 +109,10 @@ class AuditRun:
         root = config.root
         options = config.options
         paths = self.request.paths
+        if self.source is None and paths and not any((self.cwd / p).is_dir() for p in paths):
+            # Files named one by one (pre-commit passes the changed ones): a subclass in
+            # another file whose base they changed is reported too.
+            options = replace(options, report_dependents=True)
         if self.source is not None:
             if self.backend.analyze_source is None:
                 raise UsageError("this engine cannot audit stdin")
@@ -121,10 +125,6 @@ class AuditRun:
                 python=self.scale.python,
             )
         elif self.backend.analyze_at_scale is not None:
-            if paths and not any((self.cwd / path).is_dir() for path in paths):
-                # Files named one by one (pre-commit passes the changed ones): a subclass in
-                # another file whose base they changed is reported too.
-                options = replace(options, report_dependents=True)
             show_progress = progress_enabled(
                 self.stderr, output_format=self.request.output_format.value
             )
@@ -139,8 +139,6 @@ class AuditRun:
                 progress=self.stderr if show_progress else None,
             )
         else:
-            if paths and not any((self.cwd / path).is_dir() for path in paths):
-                options = replace(options, report_dependents=True)
             result = self.backend.analyze(
                 list(discovery.project_files),
                 root=root,
@@ -283,7 +281,7 @@ class AuditRun:
             assert request.stdin_filename is not None
             target = Path(os.path.abspath(self.cwd / request.stdin_filename))
             if target.is_dir():
-                raise UsageError(f"--stdin-filename {request.stdin_filename}: a directory, not a file")
+                raise UsageError(f"--stdin-filename {request.stdin_filename}: is a directory")
             if config.root not in target.parents:
                 raise UsageError(f"--stdin-filename {request.stdin_filename}: outside the project {config.root}")
             self.source = (target.relative_to(config.root).as_posix(), self.source[1])

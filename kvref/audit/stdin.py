@@ -46,13 +46,13 @@ def analyze_source(
     use_interpreter(environment.python, environment.version)
     target = absolute_path(target)
 
-    def summarize_one(path: Path) -> ModuleSummary | FileError:
-        if path != target:
-            return summarize_file(path, root)
-        return summary_or_error(relative_path(path, root), source, summarize)
-
     def summarize_many(paths: Sequence[Path]) -> Mapping[Path, ModuleSummary | FileError]:
-        return {path: summarize_one(path) for path in paths}
+        return {
+            path: summary_or_error(relative_path(path, root), source, summarize)
+            if path == target
+            else summarize_file(path, root, options.max_file_bytes)
+            for path in paths
+        }
 
     return analyze(
         [path for path in project_files if absolute_path(path) != target] + [target],

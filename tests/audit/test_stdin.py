@@ -256,7 +256,7 @@ def test_stdin_filename_that_is_a_directory_is_an_error(
 ) -> None:
     code, out, err = _run(monkeypatch, capsys, EDITED, "--stdin-filename", name)
     assert (code, out) == (EXIT_ERROR, "")
-    assert err == f"kvref: error: --stdin-filename {name or '.'}: a directory, not a file\n"
+    assert err == f"kvref: error: --stdin-filename {name or '.'}: is a directory\n"
 
 
 def test_stdin_filename_in_a_project_with_a_broken_configuration_is_an_error(
