@@ -128,7 +128,7 @@ def audit(
     ] = False,
     stdin_filename: Annotated[
         Path | None,
-        typer.Option(metavar="PATH", help="The path of the file read from stdin (`-`): names resolve as if it were there; nothing is written."),
+        typer.Option(metavar="PATH", help="The path of the file read from stdin (`-`): audited as that file of its own project (configuration, names), wherever the current directory is; nothing is written."),
     ] = None,
     config: Annotated[
         Path | None, typer.Option(metavar="FILE", help="Read settings from FILE instead of pyproject.toml.")

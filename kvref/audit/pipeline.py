@@ -26,7 +26,7 @@ from kvref.audit.resolve.modules import module_names_for
 from kvref.audit.resolve.targets import ClassInfo, ClassKey, Unresolved
 from kvref.audit.rules import ALL_RULES
 from kvref.audit.rules.context import ClassContext, ModuleContext
-from kvref.audit.source import SummaryError
+from kvref.audit.source import read_source, summary_or_error
 from kvref.audit.summarise.records import ModuleSummary
 from kvref.audit.summarise.summary import summarize
 
@@ -105,25 +105,24 @@ class Checked:
     suppression_lines: dict[str, tuple[int, ...]]
 
 
-def summarize_file(path: Path, root: Path) -> ModuleSummary | FileError:
+def summarize_file(
+    path: Path, root: Path, max_bytes: int | None = None
+) -> ModuleSummary | FileError:
     """Read and summarize one file; unreadable or unparsable files become a `FileError`.
 
     Args:
         path: the file.
         root: the project root, for the relative path recorded in the summary or error.
+        max_bytes: a larger file is a `FileError` instead of being parsed (None: no limit).
 
     Returns:
         The summary, or the error with a 1-based line and column (1, 1 when not positional).
     """
     relative = relative_path(path, root)
-    try:
-        source = path.read_bytes()
-    except OSError as error:
-        return FileError(relative, 1, 1, f"cannot read: {error.strerror or error}")
-    try:
-        return summarize(relative, source)
-    except SummaryError as error:
-        return FileError(relative, error.line, error.col, error.message)
+    source, _ = read_source(path, relative, max_bytes)
+    if isinstance(source, FileError):
+        return source
+    return summary_or_error(relative, source, summarize)
 
 
 def plan(

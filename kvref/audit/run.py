@@ -109,6 +109,10 @@ class AuditRun:
         root = config.root
         options = config.options
         paths = self.request.paths
+        if self.source is None and paths and not any((self.cwd / p).is_dir() for p in paths):
+            # Files named one by one (pre-commit passes the changed ones): a subclass in
+            # another file whose base they changed is reported too.
+            options = replace(options, report_dependents=True)
         if self.source is not None:
             if self.backend.analyze_source is None:
                 raise UsageError("this engine cannot audit stdin")
@@ -121,10 +125,6 @@ class AuditRun:
                 python=self.scale.python,
             )
         elif self.backend.analyze_at_scale is not None:
-            if paths and not any((self.cwd / path).is_dir() for path in paths):
-                # Files named one by one (pre-commit passes the changed ones): a subclass in
-                # another file whose base they changed is reported too.
-                options = replace(options, report_dependents=True)
             show_progress = progress_enabled(
                 self.stderr, output_format=self.request.output_format.value
             )
@@ -139,8 +139,6 @@ class AuditRun:
                 progress=self.stderr if show_progress else None,
             )
         else:
-            if paths and not any((self.cwd / path).is_dir() for path in paths):
-                options = replace(options, report_dependents=True)
             result = self.backend.analyze(
                 list(discovery.project_files),
                 root=root,
@@ -213,17 +211,12 @@ class AuditRun:
     def _discover(self, config: AuditConfig) -> Discovery:
         paths = self.request.paths
         cwd = Path(os.path.abspath(self.cwd))
+        unsaved = None
         if self.source is not None:
-            # The whole project is indexed; only the text from stdin is reported on.
-            found = discover(
-                config.root,
-                (),
-                cwd=self.cwd,
-                excludes=config.excludes,
-                respect_gitignore=config.respect_gitignore,
-            )
-            return replace(found, report_files=(config.root / self.source[0],))
-        if not paths and cwd != config.root and config.root in cwd.parents:
+            # Discovered as if the text were saved there: whether it is audited (a Python
+            # file; not force-excluded) follows the rules for a path named on the command line.
+            paths, unsaved = (config.root / self.source[0],), self.source[1]
+        elif not paths and cwd != config.root and config.root in cwd.parents:
             # Like ruff: no paths means the current directory; the project is still indexed.
             paths = (cwd,)
         return discover(
@@ -233,6 +226,7 @@ class AuditRun:
             excludes=config.excludes,
             respect_gitignore=config.respect_gitignore,
             force_exclude=config.force_exclude,
+            unsaved=unsaved,
         )
 
     def _fix(
@@ -286,6 +280,8 @@ class AuditRun:
         if self.source is not None:
             assert request.stdin_filename is not None
             target = Path(os.path.abspath(self.cwd / request.stdin_filename))
+            if target.is_dir():
+                raise UsageError(f"--stdin-filename {request.stdin_filename}: is a directory")
             if config.root not in target.parents:
                 raise UsageError(f"--stdin-filename {request.stdin_filename}: outside the project {config.root}")
             self.source = (target.relative_to(config.root).as_posix(), self.source[1])

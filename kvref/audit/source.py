@@ -1,19 +1,28 @@
-"""Source text helpers shared by the stages: decoding, line splitting, column conversion.
+"""Source text helpers shared by the stages: reading, decoding, line splitting, columns.
 
-`ast` reports columns as UTF-8 byte offsets; kvref's positions (`kvref.audit.model.Edit`,
-findings) are character columns. `char_col` is the one conversion.
+`read_source` and `summary_or_error` are the one place a file becomes bytes and bytes a
+summary or a `FileError` (the pipeline's `summarize_file`, the runner's workers and stdin all
+go through them). `ast` reports columns as UTF-8 byte offsets; kvref's positions
+(`kvref.audit.model.Edit`, findings) are character columns. `char_col` is the one conversion.
 """
 
 from __future__ import annotations
 
 import io
+import os
 import re
+import stat
 import tokenize
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
 
+from kvref.audit.model import FileError
 from kvref.errors import KVRefError
 
 __all__ = [
+    "FileStamp",
     "TYPING_ALIASES",
     "TYPING_MODULES",
     "TYPING_RUNTIME_CLASSES",
@@ -23,8 +32,12 @@ __all__ = [
     "decode_source",
     "detect_newline",
     "line_char_col",
+    "read_source",
     "split_lines",
+    "summary_or_error",
 ]
+
+S = TypeVar("S")
 
 # The modules whose names type checkers treat as `typing`'s (`override` among them).
 TYPING_MODULES: frozenset[str] = frozenset({"typing", "typing_extensions"})
@@ -81,6 +94,81 @@ class SummaryError(KVRefError):
         self.message = message
         self.line = line
         self.col = col
+
+
+@dataclass(frozen=True, slots=True)
+class FileStamp:
+    """The size and mtime of the bytes read (what the summary cache checks)."""
+
+    st_size: int
+    st_mtime_ns: int
+
+
+def read_source(
+    path: Path, relative: str, max_bytes: int | None = None
+) -> tuple[bytes | FileError, FileStamp | None]:
+    """A file's bytes, or a `FileError` (unreadable, not a regular file, over `max_bytes`).
+
+    Returns:
+        (the bytes or the error, the size/mtime of what was read, None when it was unreadable).
+    """
+    try:
+        # O_NONBLOCK: a FIFO named like a module must not hang the audit.
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as error:
+        return FileError(relative, 1, 1, f"cannot read: {error.strerror or error}"), None
+    try:
+        file_stat = os.fstat(descriptor)
+        stamp = FileStamp(file_stat.st_size, file_stat.st_mtime_ns)
+        if not stat.S_ISREG(file_stat.st_mode):
+            return FileError(relative, 1, 1, "cannot read: not a regular file"), None
+        if max_bytes is not None and file_stat.st_size > max_bytes:
+            message = (
+                f"skipped: {_spelled_size(file_stat.st_size, rounded=True)} is over the "
+                f"{_spelled_size(max_bytes)} limit for one file (generated code? raise "
+                "`max-file-size` in [tool.kvref] to audit it)"
+            )
+            return FileError(relative, 1, 1, message), stamp
+        with os.fdopen(descriptor, "rb", closefd=False) as stream:
+            return stream.read(), stamp
+    except OSError as error:
+        return FileError(relative, 1, 1, f"cannot read: {error.strerror or error}"), None
+    finally:
+        os.close(descriptor)
+
+
+def summary_or_error(
+    relative: str, source: bytes, summarize: Callable[[str, bytes], S]
+) -> S | FileError:
+    """`summarize(relative, source)`, or the `FileError` it raised (any exception: one bad file
+    must not stop the audit; one with `line`, `col` and `message`, as `SummaryError`, keeps
+    its position)."""
+    try:
+        return summarize(relative, source)
+    except Exception as error:  # noqa: BLE001
+        message = getattr(error, "message", None)
+        line, col = getattr(error, "line", None), getattr(error, "col", None)
+        if isinstance(message, str) and isinstance(line, int) and isinstance(col, int):
+            return FileError(relative, line, col, message)
+        if isinstance(error, SyntaxError):
+            line, col = error.lineno or 1, error.offset or 1
+            return FileError(relative, line, col, f"syntax error: {error.msg}")
+        if isinstance(error, UnicodeDecodeError):
+            return FileError(relative, 1, 1, f"cannot decode: {error.reason}")
+        if isinstance(error, RecursionError):
+            return FileError(relative, 1, 1, "cannot parse: nested too deeply")
+        if isinstance(error, MemoryError):
+            return FileError(relative, 1, 1, "cannot parse: out of memory")
+        return FileError(relative, 1, 1, f"cannot summarize: {type(error).__name__}: {error}")
+
+
+def _spelled_size(count: int, *, rounded: bool = False) -> str:
+    """A byte count as the configuration spells it: `16 MiB`, `512 KiB`, `100 bytes`
+    (`rounded`: one decimal, `2.3 MiB`)."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}" if rounded else f"{count / scale:g} {unit}"
+    return f"{count} bytes"
 
 
 def split_lines(text: str) -> list[str]:

@@ -2,7 +2,8 @@
 
 The text is summarised as the module at PATH, every other project file as it is on disk, so
 names resolve across the project as if the text had been saved there; nothing is cached (the
-caches describe the files on disk) and nothing is written.
+caches describe the files on disk) and nothing is written. The project is PATH's, found from
+PATH as for a named file (`kvref.audit.run`), whatever the current directory.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from kvref.audit.discover.environment import discover_environment
 from kvref.audit.discover.paths import absolute_path, relative_path
 from kvref.audit.model import AnalysisOptions, AnalysisResult, FileError
 from kvref.audit.summarise.newer_syntax import use_interpreter
-from kvref.audit.summarise.summary import ModuleSummary, SummaryError, summarize
+from kvref.audit.source import summary_or_error
+from kvref.audit.summarise.summary import ModuleSummary, summarize
 
 __all__ = ["analyze_source"]
 
@@ -44,17 +46,13 @@ def analyze_source(
     use_interpreter(environment.python, environment.version)
     target = absolute_path(target)
 
-    def summarize_one(path: Path) -> ModuleSummary | FileError:
-        if path != target:
-            return summarize_file(path, root)
-        relative = relative_path(path, root)
-        try:
-            return summarize(relative, source)
-        except SummaryError as error:
-            return FileError(relative, error.line, error.col, error.message)
-
     def summarize_many(paths: Sequence[Path]) -> Mapping[Path, ModuleSummary | FileError]:
-        return {path: summarize_one(path) for path in paths}
+        return {
+            path: summary_or_error(relative_path(path, root), source, summarize)
+            if path == target
+            else summarize_file(path, root, options.max_file_bytes)
+            for path in paths
+        }
 
     return analyze(
         [path for path in project_files if absolute_path(path) != target] + [target],

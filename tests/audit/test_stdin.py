@@ -150,22 +150,123 @@ def test_stdin_through_the_console_script(project: Path) -> None:
     assert (project / "pkg/child.py").read_text() == ON_DISK
 
 
+# --- PATH in another project than the current directory (an editor's working directory is
+# --- rarely the project of the buffer it lints).
+
+
+@pytest.fixture
+def elsewhere(tmp_path: Path, project: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A second project, the current directory, whose own `pkg.base.Base` has no `work` and
+    whose configuration ignores KVR001: neither may leak into an audit of `project`'s file."""
+    cwd = tmp_path / "elsewhere"
+    (cwd / "pkg").mkdir(parents=True)
+    (cwd / "pyproject.toml").write_text('[project]\nname = "elsewhere"\n\n[tool.kvref]\nignore = ["KVR001"]\n')
+    (cwd / "pkg/__init__.py").write_text("")
+    (cwd / "pkg/base.py").write_text("class Base:\n    pass\n")
+    monkeypatch.chdir(cwd)
+    return cwd
+
+
+@pytest.mark.parametrize("absolute", [False, True], ids=["relative", "absolute"])
 def test_stdin_filename_in_another_project_is_audited_in_that_project(
-    project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    project: Path,
+    elsewhere: Path,
+    absolute: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    # An editor's working directory is often another project (or none): as with ruff, the
-    # project is found from the named file's location, and its names resolve there.
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    (elsewhere / "pyproject.toml").write_text('[project]\nname = "elsewhere"\n')
-    monkeypatch.chdir(elsewhere)
-    code, out, err = _run(
-        monkeypatch, capsys, EDITED, "--stdin-filename", str(project / "pkg/child.py")
-    )
+    name = str(project / "pkg/child.py") if absolute else "../proj/pkg/child.py"
+    code, out, err = _run(monkeypatch, capsys, EDITED, "--stdin-filename", name)
+    # Base comes from the sibling module pkg/base.py of PATH, the configuration from PATH's
+    # pyproject.toml; paths are reported relative to that project, as for any file of it.
     assert code == EXIT_FINDINGS, err
-    assert out.startswith('pkg/child.py:5:9: KVR001 Method "Child.work" overrides "pkg.base.Base.work"')
+    assert out.splitlines() == [
+        'pkg/child.py:5:9: KVR001 Method "Child.work" overrides "pkg.base.Base.work" '
+        "but is not decorated with @override"
+    ]
     assert "Checked 1 file (3 indexed)." in err
-    assert not list(elsewhere.glob("**/*.py"))  # nothing written in the working directory
+
+
+def test_stdin_filename_in_another_project_with_fix_writes_nothing(
+    project: Path, elsewhere: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = _run(monkeypatch, capsys, EDITED, "--stdin-filename", "../proj/pkg/child.py", "--fix")
+    assert code == EXIT_CLEAN, err
+    assert "    @override\n    def work" in out
+    assert (project / "pkg/child.py").read_text() == ON_DISK
+    assert sorted(p.name for p in elsewhere.rglob("*")) == ["__init__.py", "base.py", "pkg", "pyproject.toml"]
+
+
+def test_stdin_filename_in_a_directory_that_does_not_exist_is_a_project_of_one_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, out, err = _run(
+        monkeypatch, capsys, "class A:\n    def f(self) -> None: ...\n", "--stdin-filename", "new/dir/a.py"
+    )
+    assert (code, out) == (EXIT_CLEAN, "")
+    assert "warning" not in err and "Checked 1 file." in err
+
+
+# --- a PATH that is not audited: as when it is named on the command line. Like ruff, the run
+# --- succeeds with nothing to report, and `--fix` prints the text back unchanged.
+
+
+@pytest.mark.parametrize("fix", [False, True], ids=["check", "fix"])
+def test_stdin_filename_that_is_not_a_python_file_is_skipped_with_a_warning(
+    project: Path, fix: bool, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ("--stdin-filename", "pkg/notes.txt", *(("--fix",) if fix else ()))
+    code, out, err = _run(monkeypatch, capsys, EDITED, *argv)
+    assert (code, out) == (EXIT_CLEAN, EDITED if fix else "")
+    assert "warning: pkg/notes.txt: not a Python file, skipped" in err
+
+
+def test_stdin_filename_of_a_python_script_is_audited(
+    project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = _run(monkeypatch, capsys, "#!/usr/bin/env python3\n" + EDITED, "--stdin-filename", "pkg/tool")
+    assert code == EXIT_FINDINGS
+    assert out.startswith("pkg/tool:6:9: KVR001 ")
+
+
+@pytest.mark.parametrize("force", [False, True], ids=["named-wins", "force-exclude"])
+def test_stdin_filename_excluded_by_the_configuration(
+    project: Path, force: bool, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with (project / "pyproject.toml").open("a") as config:
+        config.write(f'\n[tool.kvref]\nexclude = ["pkg/child.py"]\nforce-exclude = {str(force).lower()}\n')
+    code, out, err = _run(monkeypatch, capsys, EDITED, "--stdin-filename", "pkg/child.py")
+    if force:  # skipped silently, as a named file is
+        assert (code, out) == (EXIT_CLEAN, "")
+        assert "Checked 0 files" in err
+        code, out, _ = _run(monkeypatch, capsys, EDITED, "--stdin-filename", "pkg/child.py", "--fix")
+        assert (code, out) == (EXIT_CLEAN, EDITED)
+    else:  # a named file is audited even when excluded
+        assert code == EXIT_FINDINGS
+        assert out.startswith("pkg/child.py:5:9: KVR001 ")
+
+
+# --- errors: one line on stderr, exit 2, no traceback.
+
+
+@pytest.mark.parametrize("name", ["pkg", ".", ""], ids=["directory", "dot", "empty"])
+def test_stdin_filename_that_is_a_directory_is_an_error(
+    project: Path, name: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = _run(monkeypatch, capsys, EDITED, "--stdin-filename", name)
+    assert (code, out) == (EXIT_ERROR, "")
+    assert err == f"kvref: error: --stdin-filename {name or '.'}: is a directory\n"
+
+
+def test_stdin_filename_in_a_project_with_a_broken_configuration_is_an_error(
+    project: Path, elsewhere: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (project / "pyproject.toml").write_text('[tool.kvref]\nselct = ["KVR001"]\n')
+    code, out, err = _run(monkeypatch, capsys, EDITED, "--stdin-filename", "../proj/pkg/child.py")
+    assert (code, out) == (EXIT_ERROR, "")
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"kvref: error: {project / 'pyproject.toml'} [tool.kvref]: unknown key 'selct'")
 
 
 def test_stdin_filename_outside_any_project_is_audited_on_its_own(

@@ -201,12 +201,16 @@ def _git_files(root: Path, excludes: Sequence[str]) -> list[Path] | None:
 # --- explicit paths ---
 
 
-def _is_python_file(path: Path) -> bool:
+def _is_python_file(path: Path, text: bytes | None = None) -> bool:
+    """A `.py` file, or a script whose first line (of `text` when given) runs python."""
     if path.suffix == ".py":
         return True
     try:
-        with path.open("rb") as handle:
-            first_line = handle.readline(200)
+        if text is not None:
+            first_line = text.split(b"\n", 1)[0][:200]
+        else:
+            with path.open("rb") as handle:
+                first_line = handle.readline(200)
     except OSError:
         return False
     return first_line.startswith(b"#!") and b"python" in first_line
@@ -227,6 +231,7 @@ def discover(
     excludes: Sequence[str] = DEFAULT_EXCLUDES,
     respect_gitignore: bool = True,
     force_exclude: bool = False,
+    unsaved: bytes | None = None,
 ) -> Discovery:
     """Find the project's Python files under `root` and the subset named by `paths`.
 
@@ -237,6 +242,8 @@ def discover(
         excludes: globs never indexed (see `matches_glob`).
         respect_gitignore: skip files git ignores.
         force_exclude: apply `excludes` to explicitly named files too.
+        unsaved: the text of the one file in `paths` (stdin), which need not exist on disk:
+            whether it is a Python file is read from this text.
 
     Returns:
         The discovery; `report_files` is None when `paths` is empty.
@@ -251,7 +258,8 @@ def discover(
     if vcs_root is not None and respect_gitignore:
         project = _git_files(root, excludes)
     if project is None:
-        project = _walk(root, excludes, respect_gitignore, warnings)
+        # The root of unsaved text may not exist yet: then it is a project of one file.
+        project = _walk(root, excludes, respect_gitignore, warnings) if root.is_dir() else []
     if not paths:
         # Sorted by parts, pathlib's own order, without its slow `__lt__`.
         ordered = sorted(set(project), key=_parts)
@@ -264,7 +272,7 @@ def discover(
         rel = _relative(path, root)
         if rel is None:
             raise DiscoveryError(f"{given}: outside the project root {root}")
-        if not path.exists():
+        if unsaved is None and not path.exists():
             raise DiscoveryError(f"{given}: no such file or directory")
         if path.is_dir():
             prefix = os.path.join(str(path), "")
@@ -274,7 +282,7 @@ def discover(
             report.extend(below)
         elif force_exclude and excluded_by(rel, excludes):
             continue
-        elif _is_python_file(path):
+        elif _is_python_file(path, unsaved):
             report.append(path)
             indexed.add(path)
         else:

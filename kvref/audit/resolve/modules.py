@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from kvref.audit.resolve.stdlib import STDLIB, STDLIB_NAMES, candidate_files, loaded_extension
-from kvref.audit.source import SummaryError
+from kvref.audit.source import read_source, summary_or_error
 from kvref.audit.summarise.records import Binding, ClassSummary, ModuleSummary
 from kvref.audit.summarise.summary import summarize
 
@@ -205,10 +205,9 @@ class ModuleTable:
         return f"{base}.{imported}" if base and imported else base or imported
 
 def _summarize_path(path: Path) -> ModuleSummary | None:
-    try:
-        return summarize(str(path), path.read_bytes())
-    except (OSError, SummaryError):
-        return None
+    source, _ = read_source(path, str(path))
+    summary = summary_or_error(str(path), source, summarize) if isinstance(source, bytes) else None
+    return summary if isinstance(summary, ModuleSummary) else None
 
 
 def _summarize_from(

@@ -17,7 +17,6 @@ import importlib
 import marshal
 import multiprocessing
 import os
-import stat as stat_module
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -29,6 +28,7 @@ from typing import Final, Generic, TypeVar, cast
 from kvref.audit.runner.cache import SummaryCache, content_digest, dumps, loads
 from kvref.audit.model import DEFAULT_MAX_FILE_BYTES, FileError
 from kvref.audit.discover.paths import relative_path
+from kvref.audit.source import FileStamp, read_source, summary_or_error
 
 __all__ = [
     "DEFAULT_MAX_FILE_BYTES",
@@ -95,14 +95,6 @@ class Unchanged:
 
 
 @dataclass(frozen=True, slots=True)
-class FileStamp:
-    """The size and mtime of the bytes a summary was computed from (what the cache checks)."""
-
-    st_size: int
-    st_mtime_ns: int
-
-
-@dataclass(frozen=True, slots=True)
 class _Outcome(Generic[S]):
     """What summarising one file produced, with the stamp and digest it was computed from.
 
@@ -115,25 +107,6 @@ class _Outcome(Generic[S]):
     digest: bytes
 
 
-def _error_from(exception: BaseException, relative: str) -> FileError:
-    message = getattr(exception, "message", None)
-    line = getattr(exception, "line", None)
-    col = getattr(exception, "col", None)
-    if isinstance(message, str) and isinstance(line, int) and isinstance(col, int):
-        return FileError(relative, line, col, message)
-    if isinstance(exception, SyntaxError):
-        return FileError(
-            relative, exception.lineno or 1, exception.offset or 1, f"syntax error: {exception.msg}"
-        )
-    if isinstance(exception, UnicodeDecodeError):
-        return FileError(relative, 1, 1, f"cannot decode: {exception.reason}")
-    if isinstance(exception, RecursionError):
-        return FileError(relative, 1, 1, "cannot parse: nested too deeply")
-    if isinstance(exception, MemoryError):
-        return FileError(relative, 1, 1, "cannot parse: out of memory")
-    return FileError(relative, 1, 1, f"cannot summarize: {type(exception).__name__}: {exception}")
-
-
 def summarize_path(
     path: Path,
     root: Path,
@@ -142,7 +115,8 @@ def summarize_path(
     expected_digest: bytes | None = None,
     max_bytes: int = DEFAULT_MAX_FILE_BYTES,
 ) -> tuple[S | FileError | Unchanged, FileStamp | None, bytes]:
-    """Read and summarise one file; every failure becomes a `FileError`.
+    """Read and summarise one file as the pipeline's `summarize_file` does (through
+    `kvref.audit.source`), with the stamp and digest the cache keeps.
 
     Args:
         path: the file (absolute).
@@ -157,42 +131,13 @@ def summarize_path(
         b"" when they were not read).
     """
     relative = relative_path(path, root)
-    try:
-        # O_NONBLOCK: a FIFO named like a module must not hang the audit.
-        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except OSError as error:
-        return FileError(relative, 1, 1, f"cannot read: {error.strerror or error}"), None, b""
-    try:
-        file_stat = os.fstat(descriptor)
-        stamp = FileStamp(file_stat.st_size, file_stat.st_mtime_ns)
-        if not stat_module.S_ISREG(file_stat.st_mode):
-            return FileError(relative, 1, 1, "cannot read: not a regular file"), None, b""
-        if file_stat.st_size > max_bytes:
-            return (
-                FileError(
-                    relative,
-                    1,
-                    1,
-                    f"skipped: {_spelled_size(file_stat.st_size, rounded=True)} is over the "
-                    f"{_spelled_size(max_bytes)} limit for one file (generated code? raise "
-                    "`max-file-size` in [tool.kvref] to audit it)",
-                ),
-                stamp,
-                b"",
-            )
-        with os.fdopen(descriptor, "rb", closefd=False) as stream:
-            source = stream.read()
-    except OSError as error:
-        return FileError(relative, 1, 1, f"cannot read: {error.strerror or error}"), None, b""
-    finally:
-        os.close(descriptor)
+    source, stamp = read_source(path, relative, max_bytes)
+    if isinstance(source, FileError):
+        return source, stamp, b""
     digest = content_digest(source)
     if expected_digest is not None and digest == expected_digest:
         return Unchanged(digest), stamp, digest
-    try:
-        return summarize(relative, source), stamp, digest
-    except Exception as error:  # noqa: BLE001 - one bad file must not stop the audit
-        return _error_from(error, relative), stamp, digest
+    return summary_or_error(relative, source, summarize), stamp, digest
 
 
 def _summarize_chunk(
@@ -314,15 +259,6 @@ def _default_summarizer() -> Summarizer[object]:
     # never needs.
     module = importlib.import_module("kvref.audit.summarise.summary")
     return cast(Summarizer[object], module.summarize)
-
-
-def _spelled_size(count: int, *, rounded: bool = False) -> str:
-    """A byte count as the configuration spells it: `16 MiB`, `512 KiB`, `100 bytes`
-    (`rounded`: one decimal, `2.3 MiB`)."""
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if count >= scale:
-            return f"{count / scale:.1f} {unit}" if rounded else f"{count / scale:g} {unit}"
-    return f"{count} bytes"
 
 
 def summarize_many(
