@@ -195,3 +195,20 @@ def test_a_dependent_found_through_a_relative_import_is_indexed_once(tmp_path: P
     result = analyze(files, root=tmp_path, report_files=[files[1]], options=options)
     assert [(f.path, f.symbol) for f in result.findings] == [("pkg/child.py", "Child.run")]
     assert result.files_analyzed == 3 and not result.unresolved_bases
+
+
+def test_summarize_file_reads_like_the_runner(tmp_path: Path) -> None:
+    # The pipeline's one-file path and the runner's cached, parallel one read through the
+    # same function: neither hangs on a FIFO nor parses a file over the size limit.
+    fifo = tmp_path / "pipe.py"
+    os.mkfifo(fifo)
+    assert summarize_file(fifo, tmp_path) == FileError("pipe.py", 1, 1, "cannot read: not a regular file")
+    big = tmp_path / "big.py"
+    big.write_text(CHILD)
+    error = summarize_file(big, tmp_path, max_bytes=10)
+    assert isinstance(error, FileError) and error.message.startswith("skipped: ")
+    assert isinstance(summarize_file(big, tmp_path), ModuleSummary)
+    broken = tmp_path / "broken.py"
+    broken.write_text("class (:\n")
+    error = summarize_file(broken, tmp_path)
+    assert isinstance(error, FileError) and error.path == "broken.py" and error.line == 1
