@@ -115,7 +115,7 @@ def snapshot(manager: CPUOffloadingManager, universe: Iterable[int] = range(12))
         {
             name: _describe(value)
             for name, value in vars(manager.policy).items()
-            if name not in ("order", "bucket_of", "_generation")
+            if name not in ("_order", "_bucket_of", "_pending_join", "_generation")
         },
         eviction_order(manager),
     )

@@ -22,6 +22,7 @@ from kvref.cpu.policies.factory import (
     register_cache_policy,
     registered_cache_policies,
 )
+from kvref.cpu.policies._lru_ranks import Bucket
 from kvref.cpu.policies.lru import LRUCachePolicy
 
 POLICY_CLASSES: list[type[CachePolicy]] = [LRUCachePolicy, ARCCachePolicy]
@@ -277,6 +278,26 @@ def test_lru_ranks_a_running_request_tail_first_and_commits_at_finish() -> None:
     policy.on_request_finished([keys], set(keys), set(), request)
     # Committed: fresh ranks tail first, so the head ends most recent.
     assert evict_order(policy) == [4, 3, 2, 1]
+
+
+def test_lru_a_touch_after_an_access_overrides_only_the_keys_it_touches() -> None:
+    """The access is applied lazily (LRU skips joins a touch undoes): untouched keys still join."""
+    policy = LRUCachePolicy(8)
+    add_idle(policy, 1, 2, 3, 4)  # fresh ranks, oldest first
+    request = ReqContext("loader")
+    for position, key in enumerate(to_keys([1, 2, 3]), start=1):
+        request.set_offload_key_position(key, 16 * position)
+    policy.on_request_access(to_keys([1, 2, 3]), request)  # its rank is newer than 1..4's
+    touch(policy, 2)
+    # 4 keeps its rank; 1 and 3 share the request's, tail first; 2 is the most recent.
+    assert evict_order(policy) == [4, 3, 1, 2]
+    again = ReqContext("again")
+    for position, key in enumerate(to_keys([4, 1]), start=1):
+        again.set_offload_key_position(key, 16 * position)
+    policy.on_request_access(to_keys([4, 1]), again)
+    touch(policy, 1, 2, 3, 4)  # covers every key the access named: nothing joins
+    assert evict_order(policy) == [4, 3, 2, 1]
+    assert not any(isinstance(entry, Bucket) and entry.keys for entry in policy.order)
 
 
 def test_lru_order_holds_every_block_busy_or_not_in_rank_order() -> None:

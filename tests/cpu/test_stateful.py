@@ -395,7 +395,7 @@ class ManagerMachine(RuleBasedStateMachine):
         blocks = [manager.policy.get(key) for key in KEYS]
         # LRU may drop empty request buckets on any eviction walk (no rank changes): its order is
         # compared through the ranks and the eviction order instead.
-        skipped = ("order", "bucket_of")
+        skipped = ("_order", "_bucket_of", "_pending_join")
         policy = [(name, repr(value)) for name, value in vars(manager.policy).items() if name not in skipped]
         idle = manager.num_idle_blocks
         order = copy.deepcopy(manager.policy).evict(idle, frozenset())

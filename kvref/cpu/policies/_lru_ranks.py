@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from operator import itemgetter
 
 from kvref.base import OffloadKey
+from kvref.cpu.policies.base import BlockStatus
 
-__all__ = ["Bucket", "RequestRank"]
+__all__ = ["Bucket", "PendingJoin", "RequestRank"]
 
 # Sorts a bucket's (key, -position) items by -position, then key, in C.
 _RANK_THEN_KEY = itemgetter(1, 0)
@@ -38,3 +41,46 @@ class RequestRank:
     owner: object
     generation: int
     bucket: Bucket
+
+
+@dataclass(slots=True)
+class PendingJoin:
+    """A request's access that gives its blocks the request's provisional rank, not applied yet.
+
+    Attributes:
+        bucket: the request's bucket.
+        keys: the keys it accessed that had a recorded position then (vLLM reads them then).
+        positions: the request's recorded key positions.
+    """
+
+    bucket: Bucket
+    keys: list[OffloadKey]
+    positions: Mapping[OffloadKey, int]
+
+    def apply(
+        self,
+        blocks: Mapping[OffloadKey, BlockStatus],
+        bucket_of: dict[OffloadKey, Bucket],
+        order: OrderedDict[OffloadKey | Bucket, int],
+    ) -> None:
+        """Move each held key into the bucket where the request's rank is younger than its own."""
+        bucket, positions = self.bucket, self.positions
+        rank, joined = bucket.rank, bucket.keys
+        bucket.ordered = None  # keys may join: once here rather than per key
+        for key in self.keys:
+            if key not in blocks:
+                continue
+            end = positions[key]
+            # Only ever younger: a later position of the same request ranks below an earlier one.
+            # (r, 0) >= (rank, -end) for a fresh rank r; pairs compared for a bucketed key.
+            held = bucket_of.get(key)
+            if held is None:
+                if order[key] >= rank:
+                    continue
+                del order[key]
+            else:
+                if held.rank > rank or (held.rank == rank and held.keys[key] >= -end):
+                    continue
+                del held.keys[key]
+            bucket_of[key] = bucket
+            joined[key] = -end

@@ -27,7 +27,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence, Set
 from typing_extensions import override
 
 from kvref.base import OffloadKey, ReqContext
-from kvref.cpu.policies._lru_ranks import Bucket, RequestRank
+from kvref.cpu.policies._lru_ranks import Bucket, PendingJoin, RequestRank
 from kvref.cpu.policies.base import BlockStatus, CachePolicy, no_op_hook, order_request_keys
 
 __all__ = ["LRUCachePolicy"]
@@ -40,19 +40,30 @@ class LRUCachePolicy(CachePolicy):
         blocks: every held block.
         order: held blocks with a fresh rank (each with its rank counter value: one table to
             probe per use), and request buckets (with theirs), oldest first.
-        bucket_of: the bucket of each block that holds a request's provisional rank (its rank
+        _bucket_of: the bucket of each block that holds a request's provisional rank (its rank
             is in the bucket).
+
+    A request's access (`on_request_access`) is applied by the next call: the connector
+    touches a request's blocks right after it loads them, giving them fresh ranks, which would
+    undo joining them to the request's bucket at once. `order` applies it before it answers.
     """
 
     @override
     def __init__(self, cache_capacity: int) -> None:
         # cache_capacity is unused: the manager bounds the blocks; LRU keeps no ghosts.
         self.blocks: dict[OffloadKey, BlockStatus] = {}
-        self.order: OrderedDict[OffloadKey | Bucket, int] = OrderedDict()
-        self.bucket_of: dict[OffloadKey, Bucket] = {}
+        self._order: OrderedDict[OffloadKey | Bucket, int] = OrderedDict()
+        self._bucket_of: dict[OffloadKey, Bucket] = {}
         self._next_rank = 0
         # Bumped by clear(), so ranks kept in request contexts from before are not reused.
         self._generation = 0
+        self._pending_join: PendingJoin | None = None  # the last on_request_access, if not applied
+
+    @property
+    def order(self) -> OrderedDict[OffloadKey | Bucket, int]:
+        """Held blocks with a fresh rank and request buckets, oldest first (see State)."""
+        self._settle()
+        return self._order
 
     def _request_bucket(self, req_context: ReqContext) -> Bucket:
         state = req_context.get_state(RequestRank)
@@ -61,24 +72,24 @@ class LRUCachePolicy(CachePolicy):
             state = RequestRank(self, self._generation, Bucket(self._next_rank))
             req_context.set_state(state)
         bucket = state.bucket
-        if bucket not in self.order:
+        if bucket not in self._order:
             self._place(bucket)
         return bucket
 
     def _place(self, bucket: Bucket) -> None:
         """Put a bucket (new, or dropped once empty) at its rank's place in the order."""
-        order = self.order
+        order = self._order
         if not order or self._rank_of(next(reversed(order))) < bucket.rank:
             order[bucket] = bucket.rank  # the common case: the newest entry
             return
         # A request that emptied its bucket (finished) stores again: rare, rebuilt in O(n).
         entries = [*order, bucket]
         entries.sort(key=self._rank_of)
-        self.order = OrderedDict((entry, self._rank_of(entry)) for entry in entries)
+        self._order = OrderedDict((entry, self._rank_of(entry)) for entry in entries)
 
     def _rank_of(self, entry: OffloadKey | Bucket) -> int:
         # Counter values are unique (keys and buckets draw from one counter): no ties.
-        return entry.rank if isinstance(entry, Bucket) else self.order[entry]
+        return entry.rank if isinstance(entry, Bucket) else self._order[entry]
 
     @property
     def ranks(self) -> dict[OffloadKey, int]:
@@ -87,9 +98,9 @@ class LRUCachePolicy(CachePolicy):
 
     def _detach(self, key: OffloadKey) -> None:
         """Take a held key out of the order (from its bucket, or its own entry)."""
-        bucket = self.bucket_of.pop(key, None)
+        bucket = self._bucket_of.pop(key, None)
         if bucket is None:
-            del self.order[key]
+            del self._order[key]
             return
         del bucket.keys[key]  # its stale place in bucket.ordered is skipped (see Bucket)
         # An empty bucket stays in place while its request may still add blocks; eviction walks
@@ -97,7 +108,7 @@ class LRUCachePolicy(CachePolicy):
 
     def _use(self, keys: Iterable[OffloadKey]) -> None:
         """Give each held key a fresh rank, in iteration order (the last ends most recent)."""
-        blocks, order, bucket_of = self.blocks, self.order, self.bucket_of
+        blocks, order, bucket_of = self.blocks, self._order, self._bucket_of
         rank = self._next_rank
         for key in keys:
             if key in blocks:
@@ -120,17 +131,20 @@ class LRUCachePolicy(CachePolicy):
 
     @override
     def insert(self, key: OffloadKey, block: BlockStatus) -> None:
+        self._settle()
         self._next_rank += 1
         self.blocks[key] = block
-        self.order[key] = self._next_rank
+        self._order[key] = self._next_rank
 
     @override
     def insert_for_request(
         self, keys: Sequence[OffloadKey], blocks: Sequence[BlockStatus], req_context: ReqContext
     ) -> None:
+        if self._pending_join is not None:
+            self._settle()
         positions = req_context.offload_key_positions
         if not positions:  # the common case without positions: fresh ranks, inlined
-            rank, all_blocks, order = self._next_rank, self.blocks, self.order
+            rank, all_blocks, order = self._next_rank, self.blocks, self._order
             for key, block in zip(keys, blocks):
                 rank += 1
                 all_blocks[key] = block
@@ -138,7 +152,7 @@ class LRUCachePolicy(CachePolicy):
             self._next_rank = rank
             return
         bucket: Bucket | None = None
-        all_blocks, bucket_of = self.blocks, self.bucket_of
+        all_blocks, bucket_of = self.blocks, self._bucket_of
         for key, block in zip(keys, blocks):
             end = positions.get(key)
             if end is None:
@@ -153,11 +167,21 @@ class LRUCachePolicy(CachePolicy):
 
     @override
     def remove(self, key: OffloadKey) -> None:
+        self._settle()
         if self.blocks.pop(key, None) is not None:
             self._detach(key)
 
     @override
     def touch(self, keys: Collection[OffloadKey]) -> None:
+        pending = self._pending_join
+        if pending is not None:
+            self._pending_join = None
+            # A fresh rank outranks any request's: the access matters only for untouched keys
+            # (and joining one key never changes another's rank, so the order of the two is free).
+            touched = keys if isinstance(keys, (set, frozenset)) else set(keys)
+            if not touched.issuperset(pending.keys):
+                pending.keys = [key for key in pending.keys if key not in touched]
+                pending.apply(self.blocks, self._bucket_of, self._order)
         # A list or tuple (what the manager passes) is reversed in place, not copied first.
         self._use(reversed(keys) if isinstance(keys, (list, tuple)) else reversed(list(keys)))
 
@@ -168,30 +192,19 @@ class LRUCachePolicy(CachePolicy):
 
     @override
     def on_request_access(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        if self._pending_join is not None:
+            self._settle()
         bucket = self._request_bucket(req_context)  # taken even if no key moves, as in vLLM
         positions = req_context.offload_key_positions
-        if not positions:
-            return
-        rank = bucket.rank
-        blocks, bucket_of, order = self.blocks, self.bucket_of, self.order
-        joined = bucket.keys
-        bucket.ordered = None  # keys may join: once here rather than per key
-        for key in keys:
-            if key not in blocks or (end := positions.get(key)) is None:
-                continue
-            # Only ever younger: a later position of the same request ranks below an earlier one.
-            # (r, 0) >= (rank, -end) for a fresh rank r; pairs compared for a bucketed key.
-            held = bucket_of.get(key)
-            if held is None:
-                if order[key] >= rank:
-                    continue
-                del order[key]
-            else:
-                if held.rank > rank or (held.rank == rank and held.keys[key] >= -end):
-                    continue
-                del held.keys[key]
-            bucket_of[key] = bucket
-            joined[key] = -end
+        if positions:
+            # Applied by the next call (see the class docstring); absent keys are skipped then.
+            self._pending_join = PendingJoin(bucket, list(filter(positions.__contains__, keys)), positions)
+
+    def _settle(self) -> None:
+        """Apply the last request access if it is still pending (see the class docstring)."""
+        pending, self._pending_join = self._pending_join, None
+        if pending is not None:
+            pending.apply(self.blocks, self._bucket_of, self._order)
 
     @override
     def on_request_finished(
@@ -201,14 +214,18 @@ class LRUCachePolicy(CachePolicy):
         reused_keys: Set[OffloadKey],
         req_context: ReqContext,
     ) -> None:
-        self._use(reversed(order_request_keys(key_groups, req_context)))
+        if self._pending_join is not None:
+            self._settle()
+        # One group is already head to tail (the contract): only several need merging.
+        keys = key_groups[0] if len(key_groups) == 1 else order_request_keys(key_groups, req_context)
+        self._use(reversed(keys))
         state = req_context.get_state(RequestRank)
         if state is not None and state.owner is self and not state.bucket.keys:
-            self.order.pop(state.bucket, None)
+            self._order.pop(state.bucket, None)
 
     def _idle_in_order(self, protected: Set[OffloadKey], empty: list[Bucket]) -> Iterable[OffloadKey]:
         blocks = self.blocks
-        for entry in self.order:
+        for entry in self._order:
             if isinstance(entry, Bucket):
                 if not entry.keys:
                     empty.append(entry)
@@ -223,6 +240,8 @@ class LRUCachePolicy(CachePolicy):
     def evict(self, n: int, protected: Set[OffloadKey]) -> list[tuple[OffloadKey, BlockStatus]] | None:
         if n <= 0:
             return []
+        if self._pending_join is not None:
+            self._settle()
         victims: list[OffloadKey] = []
         empty: list[Bucket] = []
         for key in self._idle_in_order(protected, empty):
@@ -230,7 +249,7 @@ class LRUCachePolicy(CachePolicy):
             if len(victims) == n:
                 break
         for bucket in empty:  # dropping them changes no rank
-            del self.order[bucket]
+            del self._order[bucket]
         if len(victims) < n:
             return None
         blocks = self.blocks
@@ -242,8 +261,9 @@ class LRUCachePolicy(CachePolicy):
 
     @override
     def clear(self) -> None:
+        self._pending_join = None
         self.blocks.clear()
-        self.order.clear()
-        self.bucket_of.clear()
+        self._order.clear()
+        self._bucket_of.clear()
         self._next_rank = 0
         self._generation += 1
