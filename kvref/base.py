@@ -187,8 +187,9 @@ class BlockIDsLoadStoreSpec(LoadStoreSpec, ABC):
     """Blocks addressed by integer ids on their medium (co-indexed with the keys they serve)."""
 
     def __init__(self, block_ids: Iterable[int]) -> None:
-        # array('q') keeps ids as packed int64: compact, and zero-copy into torch/numpy.
-        self.block_ids: array[int] = array("q", block_ids)
+        # array('q') keeps ids as packed int64: compact, and zero-copy into torch/numpy. It fills
+        # a sized array from a list, but grows one item at a time from any other iterable.
+        self.block_ids: array[int] = array("q", block_ids if isinstance(block_ids, list) else list(block_ids))
 
     @override
     def __repr__(self) -> str:

@@ -379,7 +379,10 @@ class CPUOffloadingManager(OffloadingManager):
                 block.ref_cnt += 1
         self._num_idle_blocks -= pinned
         self._blocks_loaded += len(blocks)
-        self._record_access(self._request_access(req_context), named, req_context, reused_keys=keys)
+        state = req_context.get_state(_RequestAccess)
+        if state is None or state.owner is not self or state.generation != self._generation:
+            state = self._request_access(req_context)
+        self._record_access(state, named, req_context, reused_keys=keys)
         return CPULoadStoreSpec(map(_BLOCK_ID, blocks))
 
     @override

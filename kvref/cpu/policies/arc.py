@@ -186,43 +186,28 @@ class ARCCachePolicy(CachePolicy):
         # Step 5 takes every victim from one list when that list has enough candidates: from t1
         # while its running size stays >= target, from t2 when t1 is below target already.
         if len(t1) - n + 1 >= target:
-            victims = self._oldest_idle(t1, n, protected)
-            if victims is not None:
-                self._commit(victims, t1, self.b1)
-                return victims
+            entries, ghosts = t1, self.b1
         elif len(t1) < target:
-            victims = self._oldest_idle(t2, n, protected)
-            if victims is not None:
-                self._commit(victims, t2, self.b2)
-                return victims
-        return self._evict_from_both(n, protected)
-
-    @staticmethod
-    def _oldest_idle(
-        entries: OrderedDict[OffloadKey, BlockStatus], n: int, protected: Set[OffloadKey]
-    ) -> list[tuple[OffloadKey, BlockStatus]] | None:
-        """The `n` oldest idle, unprotected entries of one list, or None if it has fewer."""
-        found: list[tuple[OffloadKey, BlockStatus]] = []
+            entries, ghosts = t2, self.b2
+        else:
+            return self._evict_from_both(n, protected)
+        # The n oldest idle, unprotected entries of that list (inline: this runs per store).
+        victims: list[tuple[OffloadKey, BlockStatus]] = []
         for entry in entries.items():
             if entry[1].ref_cnt == 0 and entry[0] not in protected:
-                found.append(entry)
-                if len(found) == n:
-                    return found
-        return None
-
-    def _commit(
-        self,
-        victims: list[tuple[OffloadKey, BlockStatus]],
-        entries: OrderedDict[OffloadKey, BlockStatus],
-        ghosts: OrderedDict[OffloadKey, None],
-    ) -> None:
-        """Step 6 for victims of one list."""
+                victims.append(entry)
+                if len(victims) == n:
+                    break
+        else:
+            return self._evict_from_both(n, protected)
+        # Step 6 for victims of one list.
         blocks = self.blocks
         for key, _ in victims:
             del blocks[key], entries[key]
             ghosts[key] = None
         for _ in range(len(ghosts) - self.cache_capacity):
             ghosts.popitem(last=False)
+        return victims
 
     def _evict_from_both(self, n: int, protected: Set[OffloadKey]) -> list[tuple[OffloadKey, BlockStatus]] | None:
         # Monotonic iterators: each list is walked at most once per call, never restarted.
