@@ -14,6 +14,7 @@ from kvref.audit.report import OutputFormat
 from kvref.cli import audit_main as main
 from kvref.audit.model import FileError
 from kvref.audit.runner.parallel import DEFAULT_MAX_FILE_BYTES, summarize_many
+from kvref.audit.runner.scale import _Summaries  # pyright: ignore[reportPrivateUsage]
 from kvref.audit.summarise.records import ModuleSummary
 from kvref.audit.summarise.summary import summarize
 from tests.audit.test_parallel import class_names
@@ -78,6 +79,19 @@ def test_enormous_file_is_skipped_not_parsed(tmp_path: Path) -> None:
     assert error.message.startswith("skipped: 2.0 MiB is over the 1 MiB limit")
     assert results[small] == ("Small",)
     assert DEFAULT_MAX_FILE_BYTES >= 8 * 1024 * 1024  # real generated modules stay audited
+
+
+def test_a_base_module_summarised_on_demand_keeps_the_size_limit(tmp_path: Path) -> None:
+    # The runner summarises modules a lookup reaches (installed packages, the standard
+    # library) on demand: one over the limit stays skipped, it is not parsed after all.
+    big = tmp_path / "big_base.py"
+    big.write_text("class Base:\n    def work(self) -> None: ...\n" + "#" * 4096 + "\n")
+    small = tmp_path / "small_base.py"
+    small.write_text("class Base:\n    def work(self) -> None: ...\n")
+    summaries = _Summaries(tmp_path, jobs=1, cache=None, on_progress=None, max_bytes=1024)
+    assert summaries.load(big) is None
+    loaded = summaries.load(small)
+    assert isinstance(loaded, ModuleSummary)
 
 
 def test_unreadable_file_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

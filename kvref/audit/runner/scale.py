@@ -166,10 +166,12 @@ class _Summaries:
                 found = found.load()
             except Exception:  # noqa: BLE001 - a summary that will not load is recomputed
                 found = None
-        if not isinstance(found, ModuleSummary):
+        if found is None:
+            # Not summarised, or its summary would not load: summarised here, under the same
+            # size limit (a FileError from the pool is final: too large, unreadable, invalid).
             from kvref.audit.pipeline import summarize_file
 
-            found = summarize_file(path, self.root)
+            found = summarize_file(path, self.root, self.max_bytes)
         return found if isinstance(found, ModuleSummary) else None
 
 
