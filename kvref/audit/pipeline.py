@@ -93,6 +93,9 @@ class Indexed:
     checked: list[Path]
     """The modules to check (reported or dependent, summarised without error), sorted so a
     package stays together."""
+    unreadable_tops: frozenset[str] = frozenset()
+    """The top-level names of project files that could not be summarised (reported as file
+    errors, so never as packages missing from the environment)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,11 +178,11 @@ def index_project(
         elif summary is not None:
             loaded[path] = summary
     paths = [path for path in project.files if path not in failed]
-    primary, index = _build_index(project.root, paths, loaded, load, roots)
+    primary, index, unreadable_tops = _build_index(project.root, paths, loaded, load, roots, failed)
     summarised = set(project.eager).difference(failed)
     dependents = _dependent_classes(project, summarised, primary, index) if project.partial else {}
     checked = sorted(project.reported.union(dependents).intersection(summarised))
-    return Indexed(project, primary, index, errors, dependents, checked)
+    return Indexed(project, primary, index, errors, dependents, checked, unreadable_tops)
 
 
 def check(indexed: Indexed, paths: Iterable[Path], options: AnalysisOptions) -> Checked:
@@ -229,7 +232,7 @@ def collect(indexed: Indexed, parts: Iterable[Checked]) -> AnalysisResult:
     result.findings.sort(key=lambda f: (f.path, f.line, f.col, f.code))
     result.errors.sort(key=lambda e: (e.path, e.line, e.col))
     result.unresolved_bases = dict(sorted(unresolved.items()))
-    result.missing_modules = _missing_modules(unresolved, indexed.index)
+    result.missing_modules = _missing_modules(unresolved, indexed.index, indexed.unreadable_tops)
     result.suppression_lines = dict(sorted(suppression_lines.items()))
     return result
 
@@ -347,10 +350,13 @@ def _dependent_classes(
     return dependents
 
 
-def _missing_modules(unresolved: Mapping[str, int], index: ProjectIndex) -> dict[str, int]:
+def _missing_modules(
+    unresolved: Mapping[str, int], index: ProjectIndex, unreadable_tops: Collection[str]
+) -> dict[str, int]:
     """The top-level modules that cannot be found at all, with how many classes' bases lead
     into them: the packages not installed where kvref looked (one lookup per distinct name,
-    after the checks, so the hot path pays nothing)."""
+    after the checks, so the hot path pays nothing). A project file that could not be read
+    is not one: its file error says why."""
     missing: Counter[str] = Counter()
     known: dict[str, bool] = {}
     for name, count in unresolved.items():
@@ -358,7 +364,7 @@ def _missing_modules(unresolved: Mapping[str, int], index: ProjectIndex) -> dict
         if not top.isidentifier() or "(" in name:
             continue  # `<expression>`, a call (`Manager.from_queryset(QS)`): nothing to install
         if top not in known:
-            known[top] = index.module_exists(top)
+            known[top] = top in unreadable_tops or index.module_exists(top)
         if not known[top]:
             missing[top] += count
     return dict(sorted(missing.items(), key=lambda item: (-item[1], item[0])))
@@ -370,7 +376,8 @@ def _build_index(
     summaries: Mapping[Path, ModuleSummary],
     load: Load,
     roots: SearchRoots,
-) -> tuple[dict[Path, str], ProjectIndex]:
+    unreadable: Collection[Path] = (),
+) -> tuple[dict[Path, str], ProjectIndex, frozenset[str]]:
     package_dirs = {
         os.path.dirname(str(path)) for path in paths if path.name in ("__init__.py", "__init__.pyi")
     }
@@ -395,6 +402,9 @@ def _build_index(
     extra.discard(root_text)
     search = [*sorted(extra, key=lambda path: (-path.count(os.sep), path)), root_text]
     names = {path: module_names_for(str(path), search, is_package) for path in paths}
+    unreadable_tops = frozenset(
+        name.partition(".")[0] for path in unreadable for name in module_names_for(str(path), search, is_package)
+    )
     modules: dict[str, ModuleSummary] = {}
     loaders: dict[str, Callable[[], ModuleSummary | None]] = {}
     primary: dict[Path, str] = {}
@@ -427,7 +437,7 @@ def _build_index(
         package_roots=roots.package_roots,
         summarize_external=load,
     )
-    return primary, index
+    return primary, index, unreadable_tops
 
 
 def _module_context(

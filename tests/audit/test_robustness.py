@@ -81,6 +81,20 @@ def test_enormous_file_is_skipped_not_parsed(tmp_path: Path) -> None:
     assert DEFAULT_MAX_FILE_BYTES >= 8 * 1024 * 1024  # real generated modules stay audited
 
 
+def test_a_base_module_over_the_limit_is_a_file_error_not_a_missing_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "base.py").write_text("class Base:\n    def work(self) -> None: ...\n" + "#" * 3000 + "\n")
+    (tmp_path / "child.py").write_text("from base import Base\n\n\nclass C(Base):\n    def work(self) -> None: ...\n")
+    (tmp_path / "pyproject.toml").write_text('[tool.kvref]\nmax-file-size = "2 KiB"\n')
+    monkeypatch.chdir(tmp_path)
+    assert main([".", "--no-cache"]) == 2
+    err = capsys.readouterr().err
+    assert "base.py:1:1: error: skipped: 3.0 KiB is over the 2 KiB limit" in err
+    assert "base.Base (1)" in err  # C is checked against its known bases only
+    assert "not installed" not in err  # base.py is there: the file error says why it is unread
+
+
 def test_a_base_module_summarised_on_demand_keeps_the_size_limit(tmp_path: Path) -> None:
     # The runner summarises modules a lookup reaches (installed packages, the standard
     # library) on demand: one over the limit stays skipped, it is not parsed after all.
