@@ -184,12 +184,24 @@ class LoadStoreSpec(ABC):
 
 
 class BlockIDsLoadStoreSpec(LoadStoreSpec, ABC):
-    """Blocks addressed by integer ids on their medium (co-indexed with the keys they serve)."""
+    """Blocks addressed by integer ids on their medium (co-indexed with the keys they serve).
+
+    `block_ids` is an `array('q')`: packed int64, compact and zero-copy into torch/numpy.
+    """
 
     def __init__(self, block_ids: Iterable[int]) -> None:
-        # array('q') keeps ids as packed int64: compact, and zero-copy into torch/numpy. It fills
-        # a sized array from a list, but grows one item at a time from any other iterable.
-        self.block_ids: array[int] = array("q", block_ids if isinstance(block_ids, list) else list(block_ids))
+        # array fills a sized array from a list, but grows one item at a time from an iterator.
+        self._ids: array[int] | list[int] = array(
+            "q", block_ids if isinstance(block_ids, list) else list(block_ids)
+        )
+
+    @property
+    def block_ids(self) -> array[int]:
+        """The block ids, packed (on first read, for a spec built from a list it owns)."""
+        ids = self._ids
+        if isinstance(ids, list):
+            ids = self._ids = array("q", ids)
+        return ids
 
     @override
     def __repr__(self) -> str:

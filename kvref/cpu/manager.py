@@ -186,6 +186,12 @@ class CPUOffloadingManager(OffloadingManager):
         self._num_idle_blocks: int = 0
         self._lookup_counts: Callable[[], tuple[int, int, int]] = _no_lookups
         self._policy = create_cache_policy(cache_policy, self._num_blocks)
+        # The KV-cache group suffix of the first key offered for storing, and whether every key
+        # offered since (stored or refused) ends with it. Every key a request names was offered
+        # at some point, so while this holds a finishing request's keys are one group, known
+        # without a check per key (a store offers a few new keys; a request names many).
+        self._group_suffix: bytes | None = None
+        self._one_group = True
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
         # Bumped by reset_cache, so access records of requests from before are started afresh.
         self._generation: int = 0
@@ -209,6 +215,7 @@ class CPUOffloadingManager(OffloadingManager):
         self._hook_access = not is_no_op_hook(policy, "on_request_access")
         self._hook_store_miss = not is_no_op_hook(policy, "on_store_miss")
         self._policy_touch = policy.touch
+        self._one_group = False  # a policy swapped in may hold keys of any group
         self._lookup, self._lookup_counts = _make_lookup(self._blocks, *self._lookup_counts())
         if type(self).lookup is CPUOffloadingManager.lookup:
             # An instance attribute: callers reach the closure without binding a method.
@@ -229,6 +236,7 @@ class CPUOffloadingManager(OffloadingManager):
         vars(self).update(state)
         self._lookup_counts = lambda: totals
         self._policy = self._the_policy
+        self._one_group = cast(bool, state["_one_group"])
 
     @override
     def __repr__(self) -> str:
@@ -383,7 +391,7 @@ class CPUOffloadingManager(OffloadingManager):
         if state is None or state.owner is not self or state.generation != self._generation:
             state = self._request_access(req_context)
         self._record_access(state, named, req_context, reused_keys=keys)
-        return CPULoadStoreSpec(map(_BLOCK_ID, blocks))
+        return CPULoadStoreSpec.from_id_list(list(map(_BLOCK_ID, blocks)))
 
     @override
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
@@ -454,6 +462,11 @@ class CPUOffloadingManager(OffloadingManager):
         # dict.fromkeys drops repeated keys (each needs one slot) and gives a set view for free.
         requested = dict.fromkeys(keys)
         keys_to_store = list(filterfalse(blocks.__contains__, requested))
+        if keys_to_store and self._one_group:
+            suffix = self._group_suffix
+            if suffix is None:
+                suffix = self._group_suffix = _GROUP_SUFFIX(keys_to_store[0])
+            self._one_group = all(map(bytes.endswith, keys_to_store, repeat(suffix)))
         # Keys the request names here, in the order given: absent and ready ones, not pending.
         named: dict[OffloadKey, None]
         ready_keys: list[OffloadKey]
@@ -524,7 +537,9 @@ class CPUOffloadingManager(OffloadingManager):
             new_blocks = self._allocate_blocks(num_wanted)
         self._the_policy.insert_for_request(keys_to_store, new_blocks, req_context)
         state.inserted_keys.update(keys_to_store)
-        return PrepareStoreOutput(keys_to_store, CPULoadStoreSpec(map(_BLOCK_ID, new_blocks)), evicted_keys)
+        return PrepareStoreOutput(
+            keys_to_store, CPULoadStoreSpec.from_id_list(list(map(_BLOCK_ID, new_blocks))), evicted_keys
+        )
 
     def _valid_eviction(
         self,
@@ -609,9 +624,9 @@ class CPUOffloadingManager(OffloadingManager):
         seen = state.seen_keys
         recorded = req_context.offload_key_positions
         key_groups: list[list[OffloadKey]]
-        first_suffix = _GROUP_SUFFIX(next(iter(seen))) if seen else b""
-        if all(map(bytes.endswith, seen, repeat(first_suffix))):
-            key_groups = [list(seen)]  # one KV-cache group: the common case, checked in C
+        first_suffix = b"" if self._one_group or not seen else _GROUP_SUFFIX(next(iter(seen)))
+        if self._one_group or all(map(bytes.endswith, seen, repeat(first_suffix))):
+            key_groups = [list(seen)]  # one KV-cache group: the common case
         else:
             groups: dict[bytes, list[OffloadKey]] = {}
             for key, suffix in zip(seen, map(_GROUP_SUFFIX, seen)):

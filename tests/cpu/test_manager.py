@@ -702,3 +702,34 @@ def test_a_copied_or_unpickled_manager_looks_up_its_own_blocks(policy: CachePoli
         assert twin.lookup(to_key(1), REQ) is False  # its own (now empty) blocks
         assert manager.lookup(to_key(1), REQ) is True  # the original keeps its own
         assert twin.get_stats().misses == 1
+
+
+def test_a_finishing_request_passes_one_key_list_per_kv_cache_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    # While every key offered had one group suffix, the manager knows a request's keys are one
+    # group without checking each; the first key of another group, stored or refused, ends that.
+    manager = CPUOffloadingManager(2, "lru")
+    finished: list[list[list[OffloadKey]]] = []
+    original = manager.policy.on_request_finished
+
+    def record(key_groups: Any, insertion_only_keys: Any, reused_keys: Any, req_context: ReqContext) -> None:
+        finished.append([list(group) for group in key_groups])
+        original(key_groups, insertion_only_keys, reused_keys, req_context)
+
+    monkeypatch.setattr(manager.policy, "on_request_finished", record)
+
+    def key(block: int, group: int) -> OffloadKey:
+        return make_offload_key(block.to_bytes(8, "big"), group)
+
+    def request(name: str, keys: list[OffloadKey]) -> PrepareStoreOutput | None:
+        context = ReqContext(name)
+        manager.on_new_request(context)
+        output = manager.prepare_store(keys, context)
+        manager.on_request_finished(context)
+        return output
+
+    assert request("group 0", [key(1, 0), key(2, 0)]) is not None  # both slots, pending
+    assert request("refused", [key(3, 0), key(3, 1)]) is None  # no idle slot to evict
+    assert finished == [[[key(1, 0), key(2, 0)]], [[key(3, 0)], [key(3, 1)]]]
+    manager.complete_store([key(1, 0), key(2, 0)], ReqContext("worker"))
+    assert request("stored", [key(4, 1), key(4, 0)]) is not None
+    assert finished[-1] == [[key(4, 0)], [key(4, 1)]]

@@ -91,12 +91,11 @@ class ARCCachePolicy(CachePolicy):
     def insert_for_request(
         self, keys: Sequence[OffloadKey], blocks: Sequence[BlockStatus], req_context: ReqContext
     ) -> None:
-        b1, b2 = self.b1, self.b2
-        self.blocks.update(zip(keys, blocks))  # in C
-        t1 = self.t1
-        # OrderedDict.update takes a slow generic path for pairs: a loop is faster here.
+        b1, b2, t1, held = self.b1, self.b2, self.t1, self.blocks
+        # One loop for both maps: dict.update of pairs builds a tuple per key, and
+        # OrderedDict.update takes a slow generic path.
         for key, block in zip(keys, blocks):
-            t1[key] = block
+            held[key] = t1[key] = block
         # Ghost hits are rare: find them in C, then drop only those.
         for ghosts in (b1, b2):
             if ghosts and not ghosts.keys().isdisjoint(keys):
