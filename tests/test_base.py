@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import pickle
 from collections.abc import Collection
 
 import pytest
@@ -86,6 +87,19 @@ def test_block_id_specs_hold_int64_ids_and_name_their_medium() -> None:
     assert spec.medium() == CPULoadStoreSpec.medium() == "CPU"
     assert GPULoadStoreSpec([], [], []).medium() == "GPU"
     assert repr(spec) == "CPULoadStoreSpec([3, 1, 2])"
+
+
+def test_a_spec_built_from_an_id_list_packs_it_when_first_read() -> None:
+    ids = [4, 0, 7]
+    spec = CPULoadStoreSpec.from_id_list(ids)
+    assert spec == CPULoadStoreSpec([4, 0, 7])  # equal to a spec packed at once
+    assert spec.block_ids.typecode == "q" and spec.block_ids.tolist() == [4, 0, 7]
+    assert spec.block_ids is spec.block_ids  # packed once
+    assert repr(spec) == "CPULoadStoreSpec([4, 0, 7])"
+    copied = pickle.loads(pickle.dumps(CPULoadStoreSpec.from_id_list([5, 6])))  # as sent to a worker
+    assert copied.block_ids.tolist() == [5, 6]
+    with pytest.raises(OverflowError):
+        CPULoadStoreSpec([1 << 63])  # the constructor packs (and checks) at once
 
 
 def test_specs_compare_by_type_and_content() -> None:
