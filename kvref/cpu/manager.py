@@ -190,7 +190,7 @@ class CPUOffloadingManager(OffloadingManager):
         # offered since (stored or refused) ends with it. Every key a request names was offered
         # at some point, so while this holds a finishing request's keys are one group, known
         # without a check per key (a store offers a few new keys; a request names many).
-        self._group_suffix: bytes | None = None
+        self._group_suffix: frozenset[bytes] | None = None
         self._one_group = True
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
         # Bumped by reset_cache, so access records of requests from before are started afresh.
@@ -362,29 +362,35 @@ class CPUOffloadingManager(OffloadingManager):
         if isinstance(keys, _SINGLE_KEY_TYPES):
             check_key_collection(keys, "prepare_load")
         found = list(map(self._blocks.get, keys))
-        # Validated in C first (absent, then pending); the loop below only names the culprit.
-        ref_cnts: list[int] = [] if None in found else list(map(_REF_CNT, cast(list[BlockStatus], found)))
-        if len(ref_cnts) != len(found) or (ref_cnts and min(ref_cnts) < 0):
-            for key, block in zip(keys, found):
-                if block is None or block.ref_cnt < 0:
-                    raise self._protocol_error("prepare_load", key, "only stored blocks can be loaded")
+        if None in found:
+            self._refuse_load(keys, found)
         blocks = cast(list[BlockStatus], found)
-        # Validated every key: from here on nothing can fail half-way.
-        named = dict.fromkeys(keys)
-        if self._hook_non_evictable or len(named) != len(blocks):
-            # A hook to call per pinned key, or a key listed twice (pinned once).
-            pinned = 0
-            hook = self._the_policy.mark_non_evictable if self._hook_non_evictable else None
+        pinned = 0
+        if self._hook_non_evictable:
+            # A hook to call per pinned key: every block is checked before the first call.
+            if min(map(_REF_CNT, blocks), default=0) < 0:
+                self._refuse_load(keys, found)
+            hook = self._the_policy.mark_non_evictable
             for key, block in zip(keys, blocks):
                 if block.ref_cnt == 0:
                     pinned += 1
-                    if hook is not None:
-                        hook(key)
+                    hook(key)
                 block.ref_cnt += 1
         else:
-            pinned = ref_cnts.count(0)
+            # One pass: pin, count the blocks that were idle (a key listed twice pins once),
+            # and stop at a pending block, whose pins are then undone.
             for block in blocks:
-                block.ref_cnt += 1
+                count = block.ref_cnt
+                if count <= 0:
+                    if count:
+                        for pinned_block in blocks:
+                            if pinned_block is block:
+                                break
+                            pinned_block.ref_cnt -= 1
+                        self._refuse_load(keys, found)
+                    pinned += 1
+                block.ref_cnt = count + 1
+        named = dict.fromkeys(keys)
         self._num_idle_blocks -= pinned
         self._blocks_loaded += len(blocks)
         state = req_context.get_state(_RequestAccess)
@@ -392,6 +398,13 @@ class CPUOffloadingManager(OffloadingManager):
             state = self._request_access(req_context)
         self._record_access(state, named, req_context, reused_keys=keys)
         return CPULoadStoreSpec.from_id_list(list(map(_BLOCK_ID, blocks)))
+
+    def _refuse_load(self, keys: Collection[OffloadKey], found: list[BlockStatus | None]) -> NoReturn:
+        """Raise the protocol error a bad prepare_load deserves (nothing was changed)."""
+        for key, block in zip(keys, found):
+            if block is None or block.ref_cnt < 0:
+                raise self._protocol_error("prepare_load", key, "only stored blocks can be loaded")
+        raise AssertionError("prepare_load refused a valid load")  # pragma: no cover
 
     @override
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
@@ -410,11 +423,16 @@ class CPUOffloadingManager(OffloadingManager):
         blocks = cast(list[BlockStatus], found)
         # Finishing a load is not a use: the block becomes evictable with the recency it has.
         released = 0
+        unloaded = False
         for block in blocks:
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
-                released += 1
-        if blocks and min(map(_REF_CNT, blocks)) < 0:
+            count = block.ref_cnt - 1
+            block.ref_cnt = count
+            if count <= 0:
+                if count:
+                    unloaded = True
+                else:
+                    released += 1
+        if unloaded:
             # A block with no load in progress (or fewer than its key is listed): undo, name it.
             for block in blocks:
                 block.ref_cnt += 1
@@ -465,8 +483,8 @@ class CPUOffloadingManager(OffloadingManager):
         if keys_to_store and self._one_group:
             suffix = self._group_suffix
             if suffix is None:
-                suffix = self._group_suffix = _GROUP_SUFFIX(keys_to_store[0])
-            self._one_group = all(map(bytes.endswith, keys_to_store, repeat(suffix)))
+                suffix = self._group_suffix = frozenset([_GROUP_SUFFIX(keys_to_store[0])])
+            self._one_group = suffix.issuperset(map(_GROUP_SUFFIX, keys_to_store))
         # Keys the request names here, in the order given: absent and ready ones, not pending.
         named: dict[OffloadKey, None]
         ready_keys: list[OffloadKey]
