@@ -328,13 +328,18 @@ class CPUOffloadingManager(OffloadingManager):
         req_context: ReqContext,
         reused_keys: Collection[OffloadKey] = (),
     ) -> None:
-        """Record the keys a call named (a dict: no repeats, in order) and those it reused."""
+        """Record the keys a call named (a new dict, no repeats, in order, which the record may
+        keep: the caller does not change it) and those it reused."""
         if state.finished:
             # vLLM asserts here; kvref ignores accesses after the finish (a composite manager's
             # internal transfers for the request may still arrive).
             return
         seen = state.seen_keys
-        if self._hook_access:
+        if not seen:
+            state.seen_keys = named  # the request's first keys: kept, not copied
+            if self._hook_access and named:
+                self._the_policy.on_request_access(list(named), req_context)
+        elif self._hook_access:
             new_keys = list(filterfalse(seen.__contains__, named))
             if new_keys:
                 seen.update(named)

@@ -162,19 +162,20 @@ class ARCCachePolicy(CachePolicy):
         # One group is already head to tail (the contract): only several need merging.
         keys = key_groups[0] if len(key_groups) == 1 else order_request_keys(key_groups, req_context)
         for key in reversed(keys):
-            # The request's small sets first, then the list the key most likely is in. A store
-            # is not a frequency hit: the block keeps its list, and takes its recency; a reuse
-            # promotes to t2 (or refreshes there). The two sets are disjoint.
-            if key in insertion_only_keys:
-                if key in t1:
-                    t1.move_to_end(key)
-                elif key in t2:
-                    t2.move_to_end(key)
-            elif key in reused_keys:
+            # The request's small sets first (reuses, usually the most), then the list the key
+            # most likely is in. A reuse promotes to t2 (or refreshes there); a store is not a
+            # frequency hit: the block keeps its list, and takes its recency. The sets are
+            # disjoint.
+            if key in reused_keys:
                 if key in t2:
                     t2.move_to_end(key)
                 elif key in t1:
                     t2[key] = t1.pop(key)
+            elif key in insertion_only_keys:
+                if key in t1:
+                    t1.move_to_end(key)
+                elif key in t2:
+                    t2.move_to_end(key)
 
     @override
     def evict(self, n: int, protected: Set[OffloadKey]) -> list[tuple[OffloadKey, BlockStatus]] | None:
