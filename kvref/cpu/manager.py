@@ -136,17 +136,20 @@ def _make_lookup(
     cell variables rather than instance attributes, on the path every request ends with.
     """
 
+    get = blocks.get
+
     def lookup(key: OffloadKey, req_context: ReqContext) -> bool | None:
         nonlocal hits, pending, misses
-        # Every request's lookups end with a miss: it costs one containment test and no call.
-        if key in blocks:
-            if blocks[key].ref_cnt >= 0:
-                hits += 1
-                return True
-            pending += 1
-            return None
-        misses += 1
-        return False
+        # One probe (a containment test and an index would be two for a hit, the common answer).
+        block = get(key)
+        if block is None:
+            misses += 1
+            return False
+        if block.ref_cnt >= 0:
+            hits += 1
+            return True
+        pending += 1
+        return None
 
     def counts() -> tuple[int, int, int]:
         return hits, pending, misses
@@ -291,7 +294,7 @@ class CPUOffloadingManager(OffloadingManager):
         """Fresh slots first, then freed ones last-freed-first (as vLLM); writes pending."""
         start = self._num_allocated_blocks
         num_fresh = min(n, self._num_blocks - start)
-        blocks = [BlockStatus(block_id) for block_id in range(start, start + num_fresh)]
+        blocks = list(map(BlockStatus, range(start, start + num_fresh)))
         self._num_allocated_blocks = start + num_fresh
         num_reused = n - num_fresh
         if num_reused:
@@ -530,22 +533,19 @@ class CPUOffloadingManager(OffloadingManager):
             )
             # The policy's answer is checked in C (the right count, every block idle, none
             # protected); _valid_eviction repeats the checks only to report and undo a bad one.
-            if evicted is None or not (
-                (
-                    len(evicted) == num_to_evict
-                    and not any(map(_REF_CNT, map(_SECOND, evicted)))
-                    and protected.isdisjoint(map(_FIRST, evicted))
-                )
-                or self._valid_eviction(evicted, num_to_evict, protected)
-            ):
-                self._stores_refused += 1
-                if new_misses:
-                    state.refused_misses.update(new_misses)
-                return None
+            if evicted is None:
+                return self._refuse_store(state, new_misses)
+            evicted_keys = list(map(_FIRST, evicted))
+            evicted_blocks = list(map(_SECOND, evicted))
+            if not (
+                len(evicted) == num_to_evict
+                and not any(map(_REF_CNT, evicted_blocks))
+                and protected.isdisjoint(evicted_keys)
+            ) and not self._valid_eviction(evicted, num_to_evict, protected):
+                return self._refuse_store(state, new_misses)
             self._num_idle_blocks -= num_to_evict
             self._blocks_evicted += num_to_evict
-            evicted_keys = list(map(_FIRST, evicted))
-            free_list.extend(map(_SECOND, evicted))
+            free_list.extend(evicted_blocks)
             if self._events is not None:
                 self._emit(evicted_keys, removed=True)
 
@@ -563,6 +563,12 @@ class CPUOffloadingManager(OffloadingManager):
         return PrepareStoreOutput(
             keys_to_store, CPULoadStoreSpec.from_id_list(list(map(_BLOCK_ID, new_blocks))), evicted_keys
         )
+
+    def _refuse_store(self, state: _RequestAccess, new_misses: list[OffloadKey]) -> None:
+        """Count a refused store; the policy saw its misses (once per request, stored or not)."""
+        self._stores_refused += 1
+        if new_misses:
+            state.refused_misses.update(new_misses)
 
     def _valid_eviction(
         self,
