@@ -138,10 +138,12 @@ class ARCCachePolicy(CachePolicy):
             and (not b2 or b2.keys().isdisjoint(keys))
         ):
             return
+        # Bound once, outside the per-key loop (a call of the bound method is the cheaper one).
+        refresh_t2 = t2.move_to_end
         # A list or tuple (what the manager passes) is reversed in place, not copied first.
         for key in reversed(keys) if isinstance(keys, (list, tuple)) else reversed(list(keys)):
             if key in t2:
-                t2.move_to_end(key)
+                refresh_t2(key)
             elif key in t1:
                 if t1[key].ref_cnt >= 0:
                     t2[key] = t1.pop(key)
@@ -161,6 +163,7 @@ class ARCCachePolicy(CachePolicy):
         t1, t2 = self.t1, self.t2
         # One group is already head to tail (the contract): only several need merging.
         keys = key_groups[0] if len(key_groups) == 1 else order_request_keys(key_groups, req_context)
+        refresh_t2 = t2.move_to_end  # bound once, as in touch
         for key in reversed(keys):
             # The request's small sets first (reuses, usually the most), then the list the key
             # most likely is in. A reuse promotes to t2 (or refreshes there); a store is not a
@@ -168,7 +171,7 @@ class ARCCachePolicy(CachePolicy):
             # disjoint.
             if key in reused_keys:
                 if key in t2:
-                    t2.move_to_end(key)
+                    refresh_t2(key)
                 elif key in t1:
                     t2[key] = t1.pop(key)
             elif key in insertion_only_keys:

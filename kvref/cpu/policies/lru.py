@@ -109,6 +109,7 @@ class LRUCachePolicy(CachePolicy):
     def _use(self, keys: Iterable[OffloadKey]) -> None:
         """Give each held key a fresh rank, in iteration order (the last ends most recent)."""
         blocks, order, bucket_of = self.blocks, self._order, self._bucket_of
+        to_end = order.move_to_end  # bound once, outside the per-key loop
         rank = self._next_rank
         for key in keys:
             if key in blocks:
@@ -118,7 +119,7 @@ class LRUCachePolicy(CachePolicy):
                     order[key] = rank
                 else:
                     order[key] = rank
-                    order.move_to_end(key)
+                    to_end(key)
         self._next_rank = rank
 
     @override
