@@ -189,11 +189,12 @@ class CPUOffloadingManager(OffloadingManager):
         self._num_idle_blocks: int = 0
         self._lookup_counts: Callable[[], tuple[int, int, int]] = _no_lookups
         self._policy = create_cache_policy(cache_policy, self._num_blocks)
-        # The KV-cache group suffix of the first key offered for storing, and whether every key
-        # offered since (stored or refused) ends with it. Every key a request names was offered
-        # at some point, so while this holds a finishing request's keys are one group, known
-        # without a check per key (a store offers a few new keys; a request names many).
-        self._group_suffix: frozenset[bytes] | None = None
+        # The KV-cache group suffix of the first key offered for storing (a one-element set, for
+        # a check in C), and whether every key offered since (stored or refused) ends with it.
+        # Every key a request names was offered at some point, so while this holds a finishing
+        # request's keys are one group, known without a check per key (a store offers a few new
+        # keys; a request names many).
+        self._first_group: frozenset[bytes] | None = None
         self._one_group = True
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
         # Bumped by reset_cache, so access records of requests from before are started afresh.
@@ -489,10 +490,10 @@ class CPUOffloadingManager(OffloadingManager):
         requested = dict.fromkeys(keys)
         keys_to_store = list(filterfalse(blocks.__contains__, requested))
         if keys_to_store and self._one_group:
-            suffix = self._group_suffix
-            if suffix is None:
-                suffix = self._group_suffix = frozenset([_GROUP_SUFFIX(keys_to_store[0])])
-            self._one_group = suffix.issuperset(map(_GROUP_SUFFIX, keys_to_store))
+            first_group = self._first_group
+            if first_group is None:
+                first_group = self._first_group = frozenset([_GROUP_SUFFIX(keys_to_store[0])])
+            self._one_group = first_group.issuperset(map(_GROUP_SUFFIX, keys_to_store))
         # Keys the request names here, in the order given: absent and ready ones, not pending.
         named: dict[OffloadKey, None]
         ready_keys: list[OffloadKey]
@@ -653,8 +654,11 @@ class CPUOffloadingManager(OffloadingManager):
         seen = state.seen_keys
         recorded = req_context.offload_key_positions
         key_groups: list[list[OffloadKey]]
-        first_suffix = b"" if self._one_group or not seen else _GROUP_SUFFIX(next(iter(seen)))
-        if self._one_group or all(map(bytes.endswith, seen, repeat(first_suffix))):
+        if (
+            self._one_group
+            or not seen
+            or all(map(bytes.endswith, seen, repeat(_GROUP_SUFFIX(next(iter(seen))))))
+        ):
             key_groups = [list(seen)]  # one KV-cache group: the common case
         else:
             groups: dict[bytes, list[OffloadKey]] = {}

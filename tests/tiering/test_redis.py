@@ -25,7 +25,8 @@ from kvref.tiering.factory import create_secondary_tier
 from kvref.tiering.manager import create_tiering_manager
 from kvref.tiering.redis import RedisSecondaryTier
 from kvref.tiering.redis.local import LocalRedisServer
-from kvref.tiering.redis.resp import BulkInto, RespConnection, RespError
+from kvref.tiering.redis.tier import _Connections  # pyright: ignore[reportPrivateUsage]
+from kvref.tiering.redis.resp import Address, BulkInto, ConnectOptions, RespConnection, RespError
 from kvref.tiering.redis.routing import parse_server_url
 from kvref.tiering.redis.value_format import HEADER_BYTES, key_digest
 from tests.tiering.helpers import make_view, to_key, to_keys
@@ -349,6 +350,37 @@ def test_block_gone_from_the_server_is_a_miss(harness: RedisHarness, client: red
 # --- faults ---
 
 
+def test_the_io_threads_share_the_hold_off_after_a_failed_connect() -> None:
+    # After a failure each I/O thread held off reconnecting on its own clock, so one thread
+    # could still refuse a job for its own recent failure after another had reconnected: a
+    # load right after a successful store failed. The hold-off is now one per server.
+    require_redis_server()
+    server = LocalRedisServer().start()
+    shared: dict[Address, float] = {}
+    first, second = _Connections(ConnectOptions(), shared), _Connections(ConnectOptions(), shared)
+
+    def connects(connections: _Connections) -> bool:
+        try:
+            return connections.get(server.address).connected
+        except OSError:
+            return False
+
+    try:
+        server.kill()
+        with pytest.raises(OSError):
+            first.get(server.address)
+        time.sleep(0.3)
+        with pytest.raises(OSError, match="not retried yet"):
+            second.get(server.address)  # the server one thread found dead fails the other at once
+        server.start()
+        wait_for(lambda: connects(first), what="a connect after the restart")
+        assert connects(second)  # not held off by its own failure 0.3 s later
+    finally:
+        first.close_all()
+        second.close_all()
+        server.stop()
+
+
 def test_server_killed_and_restarted_during_stores() -> None:
     require_redis_server()
     server = LocalRedisServer().start()
@@ -367,7 +399,10 @@ def test_server_killed_and_restarted_during_stores() -> None:
         h.forget_answers()
         assert h.settled_lookup(before[0]) is False  # lost in the restart: a miss
         assert not h.load(before[:1])
-        assert h.load(to_keys([20])) and h.loaded_correctly(to_keys([20]))
+        # One thread's connect shows the server is back: every thread tries again at once,
+        # none waits out the hold-off of its own earlier failure.
+        for _ in range(4):
+            assert h.load(to_keys([20])) and h.loaded_correctly(to_keys([20]))
     finally:
         h.close()
         server.stop()

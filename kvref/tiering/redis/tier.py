@@ -19,7 +19,8 @@ in flight and True afterwards for `lookup_cache_s`.
 Failures: a refused, reset or silent connection fails the blocks it carried within
 `socket_timeout_s` (each receive or send that makes no progress for that long gives up), the
 connection is closed, and the next job reconnects (an address that just failed is not retried
-for `_RETRY_AFTER_FAILURE_S`, so a dead server fails jobs at once instead of once per timeout).
+by any I/O thread for `_RETRY_AFTER_FAILURE_S`, so a dead server fails jobs at once instead of
+once per timeout, and all threads try it again together).
 A block the server no longer has (evicted under `maxmemory`, lost in a restart) is a miss; a
 value whose header or checksum does not match is a miss and is deleted. An `OOM` reply (a full
 server without eviction) fails that block's store. Nothing raises on the scheduler thread.
@@ -85,12 +86,20 @@ class _Outcome:
 
 
 class _Connections:
-    """One I/O thread's connections, one per server, opened on first use."""
+    """One I/O thread's connections, one per server, opened on first use.
 
-    def __init__(self, options: ConnectOptions) -> None:
+    Args:
+        options: how to connect.
+        down_until: per server, until when not to try connecting after a failure; shared by
+            every thread of a tier, so a server one thread found dead fails the others' jobs at
+            once too, and all of them try again at the same time (a successful connect ends
+            the hold-off for all).
+    """
+
+    def __init__(self, options: ConnectOptions, down_until: dict[Address, float]) -> None:
         self._options = options
         self._connections: dict[Address, RespConnection] = {}
-        self._down_until: dict[Address, float] = {}
+        self._down_until = down_until
 
     def get(self, address: Address) -> RespConnection:
         """Return a connected connection to `address`.
@@ -110,6 +119,7 @@ class _Connections:
         except OSError:
             self.failed(address)
             raise
+        self._down_until.pop(address, None)  # up again: no thread need wait any longer
         return connection
 
     def failed(self, address: Address) -> None:
@@ -218,6 +228,8 @@ class RedisSecondaryTier(SecondaryTierManager):
             tls=tls,
         )
         self._router = Router(server.address, self._options, cluster=cluster)
+        # Shared by the I/O threads' connections (dict operations are atomic under the GIL).
+        self._down_until: dict[Address, float] = {}
 
         # --- scheduler-thread state ---
         self._storing: Counter[OffloadKey] = Counter()
@@ -419,7 +431,7 @@ class RedisSecondaryTier(SecondaryTierManager):
     # --- I/O threads ---
 
     def _work(self) -> None:
-        connections = _Connections(self._options)
+        connections = _Connections(self._options, self._down_until)
         try:
             while self._tokens.get():
                 try:
@@ -516,7 +528,7 @@ class RedisSecondaryTier(SecondaryTierManager):
             )
 
     def _check_loop(self) -> None:
-        connections = _Connections(self._options)
+        connections = _Connections(self._options, self._down_until)
         try:
             while True:
                 first = self._check_requests.get()
