@@ -24,6 +24,7 @@ __all__ = [
     "CONSTRUCTOR_NAMES",
     "DEFAULT_EXEMPT_NAMES",
     "DEFAULT_MAX_FILE_BYTES",
+    "TypingExtensions",
 ]
 
 
@@ -136,6 +137,12 @@ DEFAULT_EXEMPT_NAMES: frozenset[str] = CONSTRUCTOR_NAMES
 DEFAULT_MAX_FILE_BYTES: Final = 16 * 1024 * 1024
 
 
+TypingExtensions = Literal["runtime", "development", "conditional", "undeclared"]
+"""Where a project's declarations install `typing_extensions`: wherever it runs (a run-time
+dependency), only where its tests and tools run (groups, extras, development requirements),
+only under an environment marker, or nowhere known."""
+
+
 @dataclass(frozen=True, slots=True)
 class AnalysisOptions:
     """Policy choices where the type checkers disagree (defaults follow their consensus).
@@ -149,8 +156,9 @@ class AnalysisOptions:
             use either (`typing` needs a `python_floor` of 3.12 or later).
         python_floor: the lowest Python the project supports (None: unknown, taken as below
             3.12, so `typing.override` is never written).
-        typing_extensions_declared: the project declares `typing_extensions`; when it does
-            not (and the floor is below 3.12) a fix that would import it is unsafe.
+        typing_extensions: where the project's declarations install `typing_extensions`;
+            below a 3.12 floor, a fix that imports it is unsafe in a file it may be missing
+            for (outside tests and tools when only development declares it).
         import_line_length: ruff's line length, for an import line a fix lengthens.
         first_party: top-level module names ruff's isort files as first-party.
         max_file_bytes: files larger than this are reported as skipped, not parsed.
@@ -165,7 +173,7 @@ class AnalysisOptions:
     exempt_names: frozenset[str] = DEFAULT_EXEMPT_NAMES
     override_import: Literal["typing_extensions", "typing"] = "typing_extensions"
     python_floor: tuple[int, int] | None = None
-    typing_extensions_declared: bool = True
+    typing_extensions: TypingExtensions = "runtime"
     import_line_length: int = 88
     first_party: frozenset[str] = frozenset()
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES

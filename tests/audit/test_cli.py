@@ -240,7 +240,7 @@ def test_the_engine_gets_the_configured_override_import_and_the_project_facts(
     assert run().code == EXIT_FINDINGS
     options = project.engine.options[-1]
     assert (options.override_import, options.python_floor) == ("typing", (3, 12))
-    assert options.typing_extensions_declared and "child" in options.first_party
+    assert options.typing_extensions == "runtime" and "child" in options.first_party
 
 
 def test_override_import_typing_below_a_3_12_floor_is_a_config_error(

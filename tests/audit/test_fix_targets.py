@@ -27,10 +27,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvref.audit import AnalysisOptions, analyze, apply_fixes
+from kvref.audit.model import TypingExtensions
 from kvref.audit.discover.config import ConfigError, parse_config_table
 from kvref.audit.command import EXIT_CLEAN, EXIT_FINDINGS
 from kvref.cli import audit_main as main
-from kvref.audit.discover.project import load_project_facts, parse_target_version, requires_python_floor
+from kvref.audit.discover.project import (
+    is_development_file,
+    load_project_facts,
+    parse_target_version,
+    requires_python_floor,
+)
 from tests.audit.test_fixtures import FIXTURES, SUPPORT, fixture_files
 from tests.pythons import find_python
 
@@ -165,23 +171,58 @@ def _write(root: Path, files: dict[str, str]) -> Path:
 
 
 @pytest.mark.parametrize(
-    ("files", "declared"),
+    ("files", "scope"),
     [
-        ({"pyproject.toml": '[project]\nname = "p"\ndependencies = ["typing-extensions>=4"]\n'}, True),
-        ({"pyproject.toml": '[project]\nname = "p"\n[project.optional-dependencies]\nx = ["Typing_Extensions"]\n'}, True),
-        ({"pyproject.toml": '[tool.poetry.dependencies]\npython = "^3.10"\ntyping-extensions = "*"\n'}, True),
-        ({"pyproject.toml": '[tool.poetry.group.dev.dependencies]\ntyping_extensions = "*"\n'}, True),
-        ({"pyproject.toml": '[dependency-groups]\ndev = ["typing_extensions"]\n'}, True),
-        ({"requirements.txt": "# pinned\nattrs==23.1\ntyping_extensions==4.12.2 ; python_version < '3.12'\n"}, True),
-        ({"requirements/base.txt": "typing-extensions\n"}, True),
-        ({"setup.cfg": "[options]\ninstall_requires =\n    typing_extensions>=4\n"}, True),
-        ({"pyproject.toml": '[project]\nname = "p"\ndependencies = ["typing-inspect"]\n'}, False),
-        ({"requirements.txt": "-r other.txt\n# typing_extensions\n"}, False),
-        ({"script.py": "print()\n"}, False),  # a loose directory declares nothing
+        ({"pyproject.toml": '[project]\nname = "p"\ndependencies = ["typing-extensions>=4"]\n'}, "runtime"),
+        ({"pyproject.toml": '[project]\nname = "p"\n[project.optional-dependencies]\nx = ["Typing_Extensions"]\n'}, "development"),
+        ({"pyproject.toml": '[tool.poetry.dependencies]\npython = "^3.10"\ntyping-extensions = "*"\n'}, "runtime"),
+        ({"pyproject.toml": '[tool.poetry.dependencies]\ntyping-extensions = {version = "*", optional = true}\n'}, "development"),
+        ({"pyproject.toml": '[tool.poetry.dependencies]\ntyping-extensions = {version = "*", python = "<3.13"}\n'}, "conditional"),
+        ({"pyproject.toml": '[tool.poetry.group.main.dependencies]\ntyping-extensions = "*"\n'}, "runtime"),
+        ({"pyproject.toml": '[tool.poetry.group.dev.dependencies]\ntyping_extensions = "*"\n'}, "development"),
+        ({"pyproject.toml": '[tool.poetry.dev-dependencies]\ntyping_extensions = ">=4.0.0, <5.0"\n'}, "development"),  # rich 15
+        ({"pyproject.toml": '[dependency-groups]\ndev = ["typing_extensions"]\n'}, "development"),
+        # starlette 1.10: missing on 3.13, where the fixed module would still import it
+        ({"pyproject.toml": '[project]\nname = "p"\ndependencies = ["typing_extensions>=4.10.0; python_version < \'3.13\'"]\n'}, "conditional"),
+        ({"requirements.txt": "# pinned\nattrs==23.1\ntyping_extensions==4.12.2 ; python_version < '3.12'\n"}, "conditional"),
+        ({"requirements.txt": "typing_extensions==4.12.2  # for override\n"}, "runtime"),
+        ({"requirements/base.txt": "typing-extensions\n"}, "runtime"),
+        ({"requirements-dev.txt": "typing-extensions\n"}, "development"),
+        ({"requirements/test.txt": "typing-extensions\n"}, "development"),
+        ({"setup.cfg": "[options]\ninstall_requires =\n    typing_extensions>=4\n"}, "runtime"),
+        ({"setup.cfg": "[options.extras_require]\ntest =\n    typing_extensions>=4\n"}, "development"),
+        (  # a run-time declaration wins over a development one
+            {"pyproject.toml": '[project]\nname = "p"\ndependencies = ["typing-extensions"]\n', "requirements-dev.txt": "typing-extensions\n"},
+            "runtime",
+        ),
+        ({"pyproject.toml": '[project]\nname = "p"\ndependencies = ["typing-inspect"]\n'}, "undeclared"),
+        ({"requirements.txt": "-r other.txt\n# typing_extensions\n"}, "undeclared"),
+        ({"script.py": "print()\n"}, "undeclared"),  # a loose directory declares nothing
     ],
 )
-def test_typing_extensions_declarations(files: dict[str, str], declared: bool, tmp_path: Path) -> None:
-    assert load_project_facts(_write(tmp_path, files)).typing_extensions_declared is declared
+def test_typing_extensions_declarations(files: dict[str, str], scope: str, tmp_path: Path) -> None:
+    assert load_project_facts(_write(tmp_path, files)).typing_extensions == scope
+
+
+@pytest.mark.parametrize(
+    ("path", "development"),
+    [
+        ("tests/test_console.py", True),
+        ("docs/source/conf.py", True),
+        ("examples/app.py", True),
+        ("src/pkg/tests/helpers.py", True),
+        ("pkg/test_thing.py", True),
+        ("pkg/thing_test.py", True),
+        ("pkg/conftest.py", True),
+        ("setup.py", True),
+        ("rich/console.py", False),
+        ("src/pkg/testing/fixtures.py", False),  # shipped: sqlalchemy.testing
+        ("pkg/setup.py", False),
+        ("pkg/latest.py", False),
+    ],
+)
+def test_development_files(path: str, development: bool) -> None:
+    assert is_development_file(path) is development
 
 
 def test_facts_read_floor_line_length_and_first_party(tmp_path: Path) -> None:
@@ -256,6 +297,46 @@ def test_below_3_12_without_typing_extensions_plain_fix_leaves_kvr001(tmp_path: 
     assert "    @override\n    def run" in fixed
 
 
+def test_a_development_only_typing_extensions_is_imported_by_tests_alone(tmp_path: Path, run: Run) -> None:
+    # rich 15 declares typing-extensions only among Poetry's dev-dependencies: `pip install
+    # rich` does not install it, so `rich/` may not import it; its tests may.
+    pyproject = '[tool.poetry.dependencies]\npython = ">=3.9"\n[tool.poetry.dev-dependencies]\ntyping-extensions = ">=4"\n'
+    test_child = CHILD.replace("class Child", "class TestChild")
+    _project(tmp_path, pyproject, {"pkg/tests/__init__.py": "", "pkg/tests/test_child.py": test_child})
+    code, out = run("--output-format", "json")
+    findings = {f["path"]: f for f in json.loads(out)["findings"]}
+    assert code == EXIT_FINDINGS and set(findings) == {"pkg/child.py", "pkg/tests/test_child.py"}
+    assert findings["pkg/tests/test_child.py"]["fixable"] is True
+    assert findings["pkg/child.py"]["fixable"] is False
+    assert "typing_extensions is only a development dependency" in findings["pkg/child.py"]["fix"]["description"]
+    assert run("--fix")[0] == EXIT_FINDINGS
+    assert (tmp_path / "pkg/child.py").read_text() == CHILD
+    assert "from typing_extensions import override\n" in (tmp_path / "pkg/tests/test_child.py").read_text()
+
+
+def test_typing_extensions_under_a_marker_or_a_version_guard_is_not_everywhere(tmp_path: Path, run: Run) -> None:
+    # starlette 1.10: `typing_extensions>=4.10.0; python_version < '3.13'`, and modules that
+    # import it only in the `else` of `if sys.version_info >= (3, 13):`. On 3.13 an
+    # unconditional `from typing_extensions import override` would fail.
+    pyproject = '[project]\nname = "p"\nrequires-python = ">=3.11"\ndependencies = ["typing_extensions; python_version < \'3.13\'"]\n'
+    guarded = (
+        "import sys\n\nfrom pkg.base import Base\n\n"
+        "if sys.version_info >= (3, 13):\n    from typing import TypeVar\nelse:\n    from typing_extensions import TypeVar\n\n"
+        'T = TypeVar("T")\n\n\nclass Guarded(Base):\n    def run(self) -> int:\n        return 3\n'
+    )
+    _project(tmp_path, pyproject, {"pkg/guarded.py": guarded})
+    code, out = run("--output-format", "json")
+    findings = json.loads(out)["findings"]
+    assert code == EXIT_FINDINGS and len(findings) == 2
+    assert all(f["fixable"] is False for f in findings)
+    assert all("a dependency under a marker only" in f["fix"]["description"] for f in findings)
+    # A module that imports it unconditionally has it wherever it runs.
+    (tmp_path / "pkg/guarded.py").write_text("import typing_extensions\n\n" + guarded)
+    assert run("--fix")[0] == EXIT_FINDINGS
+    assert "@typing_extensions.override\n    def run" in (tmp_path / "pkg/guarded.py").read_text()
+    assert (tmp_path / "pkg/child.py").read_text() == CHILD
+
+
 def test_a_3_12_floor_without_typing_extensions_uses_typing_override(tmp_path: Path, run: Run) -> None:
     _project(tmp_path, '[project]\nname = "p"\nrequires-python = ">=3.12"\n')
     assert run("--fix")[0] == EXIT_CLEAN
@@ -299,7 +380,7 @@ def test_json_and_sarif_fixes_carry_the_import_edit_and_match_fix(tmp_path: Path
 def test_kvref_itself_keeps_its_safe_fix(tmp_path: Path) -> None:
     repository = Path(__file__).resolve().parents[2]
     facts = load_project_facts(repository)
-    assert facts.typing_extensions_declared and "kvref" in facts.first_party
+    assert facts.typing_extensions == "runtime" and "kvref" in facts.first_party
 
 
 def test_api_defaults_keep_the_typing_extensions_fix(tmp_path: Path) -> None:
@@ -330,7 +411,8 @@ class Program:
     class_attribute: bool
     methods: int
     floor: tuple[int, int] | None
-    te_declared: bool
+    te_declared: TypingExtensions
+    test_module: bool  # named test_generated.py: a development file
 
     def render(self) -> str:
         """The module, isort-clean and F401-clean (`__all__` names every import)."""
@@ -385,7 +467,8 @@ programs = st.builds(
     class_attribute=st.booleans(),
     methods=st.integers(1, 3),
     floor=st.sampled_from([None, (3, 11), (3, 12)]),
-    te_declared=st.booleans(),
+    te_declared=st.sampled_from(["runtime", "development", "conditional", "undeclared"]),
+    test_module=st.booleans(),
 )
 
 
@@ -396,15 +479,16 @@ def test_generated_programs_fix_to_correct_clean_idempotent_code(program: Progra
 
     source = program.render()
     directory = Path(tempfile.mkdtemp(dir=tmp_path))  # hypothesis may replay one program
-    path = directory / "generated.py"
+    path = directory / ("test_generated.py" if program.test_module else "generated.py")
     path.write_text(source, encoding="utf-8")
     assert _ruff_clean(path), source
-    options = AnalysisOptions(python_floor=program.floor, typing_extensions_declared=program.te_declared)
+    options = AnalysisOptions(python_floor=program.floor, typing_extensions=program.te_declared)
     findings = [f for f in analyze([path], root=directory, options=options).findings if f.code == "KVR001"]
     assert len(findings) == program.methods and all(f.fix is not None for f in findings)
     modern = program.floor == (3, 12)
     imports_te_already = program.te_module or program.te_self
-    unsafe = not modern and not program.te_declared and not imports_te_already
+    installed = program.te_declared == "runtime" or (program.te_declared == "development" and program.test_module)
+    unsafe = not modern and not installed and not imports_te_already
     assert {f.fix.applicability.value for f in findings if f.fix} == {"unsafe" if unsafe else "safe"}
     fixed = apply_fixes(path.read_bytes(), [f.fix for f in findings if f.fix is not None])
     compile(fixed, "generated.py", "exec")

@@ -9,6 +9,10 @@ way real code broke kvref before:
 - Textual: depends on typing_extensions, floor below 3.12, and iterates `Iterable`
   parameters in mutually exclusive branches (KVR102 must not fire there).
 - vLLM 0.33: implicit namespace packages (test directories without `__init__.py`).
+- rich 15: declares typing-extensions only among Poetry's dev-dependencies (`pip install rich`
+  does not install it), so its package may not import it.
+- Starlette 1.10: declares `typing_extensions; python_version < '3.13'` and imports it only in
+  the `else` of version checks, so no module may import it unconditionally.
 
 On each: the findings are the same cold, warm and uncached; every fixed file compiles and its
 added decorators are bound to typing's or typing_extensions' `override`; no import of a module
@@ -294,3 +298,36 @@ def test_vllm_namespace_packages_resolve_as_if_they_had_init_files(tmp_path: Pat
     assert len(as_is_keys - with_init_keys) <= 2, sorted(as_is_keys - with_init_keys)
     assert len(as_is_keys) > 5_000
     _audit_fix_and_verify(root, declared={"typing_extensions"})
+
+
+@pytest.mark.parametrize(
+    ("spec", "caveat", "declared"),
+    [
+        ("rich==15.0.0", "only a development dependency", {"pygments", "markdown_it"}),
+        ("starlette==1.10.0", "a dependency under a marker only", {"anyio"}),
+    ],
+)
+def test_typing_extensions_that_users_may_lack_is_never_imported_by_a_fix(
+    spec: str, caveat: str, declared: set[str], tmp_path: Path
+) -> None:
+    root = _copy(spec, tmp_path)
+    cold, changed = _audit_fix_and_verify(root, declared=declared)
+    kvr001 = [f for f in cold.findings if f["code"] == "KVR001"]
+    assert len(kvr001) > 100, "the project has missing overrides: the audit still reports them"
+    package = [f for f in kvr001 if not str(f["path"]).startswith(("tests/", "docs/"))]
+    assert package and all(not f["fixable"] and caveat in str(cast(dict[str, object], f["fix"])["description"]) for f in package)
+    assert not any(path.split("/")[0] not in ("tests", "docs") for path in changed), changed
+
+    # Declared unconditionally, the fixes apply to the package too, and what they write
+    # parses on Python 3.10 (no `typing.override`).
+    pyproject = root / "pyproject.toml"
+    text = pyproject.read_text(encoding="utf-8")
+    text = text.replace('typing_extensions>=4.10.0; python_version < \'3.13\'', "typing_extensions>=4.10.0")
+    text = text.replace('[tool.poetry.dependencies]\n', '[tool.poetry.dependencies]\ntyping-extensions = ">=4.4"\n')
+    pyproject.write_text(text, encoding="utf-8")
+    _, fixed = _audit_fix_and_verify(root, declared={*declared, "typing_extensions"})
+    assert any(path.split("/")[0] not in ("tests", "docs") for path in fixed)
+    python310 = find_python("3.10")
+    if python310 is not None or os.environ.get("CI"):
+        assert python310 is not None, "CI's machine has Python 3.10 (pyenv)"
+        _compiles_with(python310, root, fixed)

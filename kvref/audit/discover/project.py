@@ -7,11 +7,14 @@ Both facts are read once per run from the project root:
 - the floor: `[tool.kvref] target-version` ("py312", ruff's spelling) when set, else the lowest
   version `[project] requires-python` allows (Poetry's `python` dependency likewise); unknown
   when neither says, which the fixer treats as "below 3.12";
-- whether `typing_extensions` is declared: `[project] dependencies` and
-  `optional-dependencies`, `[dependency-groups]`, Poetry's dependencies and groups, uv's
-  dev-dependencies, `requirements*.txt` and `requirements/*.txt` at the root, and
-  `setup.cfg`'s `install_requires` / `extras_require`. A project that declares nothing at all
-  (a loose directory of scripts) has not declared it either: nothing says it is installed;
+- where `typing_extensions` is installed (`TypingExtensions`): wherever the project runs when
+  a run-time dependency names it without an environment marker (`[project] dependencies`,
+  Poetry's `dependencies`, `setup.cfg`'s `install_requires`, a `requirements*.txt` or
+  `requirements/*.txt` at the root whose name does not say dev, test, docs...); only where
+  its tests and tools run when only a group, an extra or a development requirements file
+  names it (a user who installs the package does not get those); under some markers only
+  (`; python_version < "3.13"`: missing on 3.13). A project that declares nothing at all (a
+  loose directory of scripts) has not declared it either: nothing says it is installed;
 - how ruff's isort sorts the imports a fix adds: `[tool.ruff] line-length` and the project's
   first-party top-level names (ruff's `src` defaults, `.` and `src`, plus
   `known-first-party`).
@@ -28,11 +31,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+from kvref.audit.model import TypingExtensions
+
 if TYPE_CHECKING:
     from kvref.audit.discover.config import AuditConfig
 
 __all__ = [
     "ProjectFacts",
+    "is_development_file",
     "with_project_facts",
     "load_project_facts",
     "parse_target_version",
@@ -44,8 +50,24 @@ _TARGET_VERSION = re.compile(r"py3(\d{1,2})")
 _VERSION = re.compile(r"(\d+)(?:\.(\d+))?")
 _SPECIFIER = re.compile(r"^\s*(~=|===|==|>=|<=|!=|>|<|\^|~)?\s*v?(\d+(?:\.\d+)*)(\.\*)?\s*$")
 _REQUIREMENT_NAME = re.compile(r"^\s*([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)")
+_WORDS = re.compile(r"[A-Za-z]+")
 _TYPING_EXTENSIONS = "typing-extensions"
 _DEFAULT_LINE_LENGTH = 88
+
+
+# Requirements files with one of these words in their name install what tests and tools need.
+_DEVELOPMENT_WORDS = frozenset(
+    {"dev", "develop", "development", "test", "tests", "testing", "doc", "docs", "lint", "typing",
+     "mypy", "ci", "bench", "benchmark", "benchmarks", "check", "style"}
+)
+# Files in these top-level directories, in a `tests`/`test` directory anywhere, or named like a
+# test module are run by the project's developers only, never by a user of the package.
+_DEVELOPMENT_TOPS = frozenset(
+    {"tests", "test", "testing", "docs", "doc", "examples", "example", "benchmarks", "benchmark",
+     "bench", "scripts", "tools", "ci"}
+)
+_DEVELOPMENT_FILES = frozenset({"conftest.py", "setup.py", "noxfile.py", "tasks.py", "fabfile.py"})
+_SCOPE_RANK: dict[TypingExtensions, int] = {"undeclared": 0, "conditional": 1, "development": 2, "runtime": 3}
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,13 +76,13 @@ class ProjectFacts:
 
     Attributes:
         python_floor: the lowest (major, minor) the project supports; None when unknown.
-        typing_extensions_declared: the project declares `typing_extensions` as a dependency.
+        typing_extensions: where the project's declarations install `typing_extensions`.
         line_length: ruff's line length (88 unless `[tool.ruff] line-length` says otherwise).
         first_party: top-level module names ruff's isort files as first-party.
     """
 
     python_floor: tuple[int, int] | None = None
-    typing_extensions_declared: bool = False
+    typing_extensions: TypingExtensions = "undeclared"
     line_length: int = _DEFAULT_LINE_LENGTH
     first_party: frozenset[str] = frozenset()
 
@@ -99,6 +121,21 @@ def requires_python_floor(specifiers: str) -> tuple[int, int] | None:
     return floor
 
 
+def is_development_file(relative: str) -> bool:
+    """Whether a project file (`/`-separated, relative to the root) runs only where the
+    project's developers run it: tests, docs, examples, benchmarks, scripts, build files."""
+    *directories, name = relative.split("/")
+    return (
+        bool(directories) and directories[0] in _DEVELOPMENT_TOPS
+        or "tests" in directories
+        or "test" in directories
+        or name in _DEVELOPMENT_FILES and not directories
+        or name == "conftest.py"
+        or name.startswith("test_")
+        or name.endswith("_test.py")
+    )
+
+
 def normalize_name(name: str) -> str:
     """A distribution name as PEP 503 compares them: `Typing_Extensions` -> `typing-extensions`."""
     return re.sub(r"[-_.]+", "-", name).lower()
@@ -129,12 +166,15 @@ def load_project_facts(root: Path, *, target_version: tuple[int, int] | None = N
                 floor = found
                 break
 
-    names = {normalize_name(name) for name in _declared(root, document, project, poetry, tool)}
+    typing_extensions: TypingExtensions = "undeclared"
+    for name, scope in _declared(root, document, project, poetry, tool):
+        if normalize_name(name) == _TYPING_EXTENSIONS and _SCOPE_RANK[scope] > _SCOPE_RANK[typing_extensions]:
+            typing_extensions = scope
     line_length = ruff.get("line-length", _DEFAULT_LINE_LENGTH)
     isort = _table(_table(ruff.get("lint")).get("isort")) or _table(ruff.get("isort"))
     return ProjectFacts(
         python_floor=floor,
-        typing_extensions_declared=_TYPING_EXTENSIONS in names,
+        typing_extensions=typing_extensions,
         line_length=line_length if isinstance(line_length, int) and line_length > 0 else _DEFAULT_LINE_LENGTH,
         first_party=frozenset(_first_party(root, ruff, isort)),
     )
@@ -157,11 +197,29 @@ def _strings(value: object) -> Iterator[str]:
         yield from (item for item in cast(list[object], value) if isinstance(item, str))
 
 
-def _requirement_names(lines: Iterable[str]) -> Iterator[str]:
+def _requirements(lines: Iterable[str], scope: TypingExtensions) -> Iterator[tuple[str, TypingExtensions]]:
+    """The names PEP 508 requirement lines declare; a marker (`; python_version < "3.13"`)
+    makes a run-time requirement conditional."""
     for line in lines:
         match = _REQUIREMENT_NAME.match(line)
         if match is not None and not line.lstrip().startswith(("-", "#")):
-            yield match.group(1)
+            marked = ";" in line.partition(" #")[0]
+            yield match.group(1), "conditional" if marked and scope == "runtime" else scope
+
+
+def _poetry(table: Mapping[str, object], scope: TypingExtensions) -> Iterator[tuple[str, TypingExtensions]]:
+    """Poetry's `name = "^1.0"`, `name = {version = ..., optional = true, python = ...}` or a
+    list of such tables (one per environment)."""
+    for name, value in table.items():
+        spec = _table(value)
+        if scope != "runtime":
+            yield name, scope
+        elif spec.get("optional") is True:
+            yield name, "development"  # an extra's
+        elif "python" in spec or "markers" in spec or isinstance(value, list):
+            yield name, "conditional"
+        else:
+            yield name, scope
 
 
 def _declared(
@@ -170,21 +228,24 @@ def _declared(
     project: Mapping[str, object],
     poetry: Mapping[str, object],
     tool: Mapping[str, object],
-) -> Iterator[str]:
-    """Every distribution name the project declares, in any group or extra."""
-    yield from _requirement_names(_strings(project.get("dependencies")))
+) -> Iterator[tuple[str, TypingExtensions]]:
+    """Every distribution name the project declares, in any group or extra, with where it is
+    installed: at run time (perhaps under a marker) or for development only."""
+    yield from _requirements(_strings(project.get("dependencies")), "runtime")
     for extra in _table(project.get("optional-dependencies")).values():
-        yield from _requirement_names(_strings(extra))
+        yield from _requirements(_strings(extra), "development")
     for group in _table(document.get("dependency-groups")).values():
-        yield from _requirement_names(_strings(group))  # `{include-group = ...}` tables skip
-    yield from _requirement_names(_strings(_table(tool.get("uv")).get("dev-dependencies")))
-    yield from _table(poetry.get("dependencies"))
-    yield from _table(poetry.get("dev-dependencies"))
-    for group in _table(poetry.get("group")).values():
-        yield from _table(_table(group).get("dependencies"))
+        yield from _requirements(_strings(group), "development")  # `{include-group = ...}` tables skip
+    yield from _requirements(_strings(_table(tool.get("uv")).get("dev-dependencies")), "development")
+    yield from _poetry(_table(poetry.get("dependencies")), "runtime")
+    yield from _poetry(_table(poetry.get("dev-dependencies")), "development")
+    for group_name, group in _table(poetry.get("group")).items():
+        yield from _poetry(_table(_table(group).get("dependencies")), "runtime" if group_name == "main" else "development")
     for path in _requirement_files(root):
+        words = {word.lower() for word in _WORDS.findall(path.relative_to(root).as_posix()[: -len(".txt")])}
+        scope: TypingExtensions = "development" if words & _DEVELOPMENT_WORDS else "runtime"
         try:
-            yield from _requirement_names(path.read_text(encoding="utf-8", errors="replace").splitlines())
+            yield from _requirements(path.read_text(encoding="utf-8", errors="replace").splitlines(), scope)
         except OSError:
             continue
     yield from _setup_cfg_requirements(root / "setup.cfg")
@@ -198,7 +259,7 @@ def _requirement_files(root: Path) -> Iterator[Path]:
         return
 
 
-def _setup_cfg_requirements(path: Path) -> Iterator[str]:
+def _setup_cfg_requirements(path: Path) -> Iterator[tuple[str, TypingExtensions]]:
     if not path.is_file():
         return
     parser = configparser.ConfigParser(interpolation=None)
@@ -207,10 +268,10 @@ def _setup_cfg_requirements(path: Path) -> Iterator[str]:
     except (OSError, configparser.Error, UnicodeDecodeError):
         return
     if parser.has_option("options", "install_requires"):
-        yield from _requirement_names(parser.get("options", "install_requires").splitlines())
+        yield from _requirements(parser.get("options", "install_requires").splitlines(), "runtime")
     if parser.has_section("options.extras_require"):
         for _, value in parser.items("options.extras_require"):
-            yield from _requirement_names(value.splitlines())
+            yield from _requirements(value.splitlines(), "development")
 
 
 def _first_party(root: Path, ruff: Mapping[str, object], isort: Mapping[str, object]) -> set[str]:
@@ -259,7 +320,7 @@ def with_project_facts(config: AuditConfig) -> AuditConfig:
         options=replace(
             options,
             python_floor=floor,
-            typing_extensions_declared=facts.typing_extensions_declared,
+            typing_extensions=facts.typing_extensions,
             import_line_length=facts.line_length,
             first_party=facts.first_party,
         ),

@@ -5,14 +5,17 @@ puts it: a module that binds `override` to something else (a translation context
 local function, a star import) or a class body that does keeps that binding, and the fix
 imports the decorator under a free alias instead. `typing.override` is written only where the
 project's Python floor is 3.12+; `typing_extensions` only counts as safe to import where the
-project declares it (or the module imports it already).
+project's declarations install it for the file (a run-time dependency; a development one for
+tests and tools), or where the module imports it already.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvref.audit.model import AnalysisOptions, RequiredImport
+from kvref.audit.discover.project import is_development_file
+from kvref.audit.fixes.import_edits import parse_block
+from kvref.audit.model import AnalysisOptions, RequiredImport, TypingExtensions
 from kvref.audit.summarise.imports import OVERRIDE_MODULES
 from kvref.audit.summarise.records import Binding, ClassSummary, ModuleSummary
 
@@ -31,7 +34,9 @@ class _ModuleFacts:
 def _module_facts(summary: ModuleSummary, modern: bool) -> _ModuleFacts:
     plain: list[tuple[str, str]] = []
     qualified: list[tuple[str, str]] = []
-    imports_te = False
+    # Only an import in the leading block runs wherever the module does: one under
+    # `if sys.version_info < (3, 13):` or in a `try` says nothing about newer Pythons.
+    imports_te = any(statement.module == "typing_extensions" for statement in parse_block(summary.import_facts))
     for name, bindings in summary.symbols:
         runtime = True
         all_override = all_module = True
@@ -42,11 +47,6 @@ def _module_facts(summary: ModuleSummary, modern: bool) -> _ModuleFacts:
             all_module = all_module and kind == "module" and (
                 binding.target == "typing_extensions" or (modern and binding.target == "typing")
             )
-            if not binding.type_only and (
-                (kind == "import" and binding.level == 0 and binding.module == "typing_extensions")
-                or (kind == "module" and binding.target == "typing_extensions")
-            ):
-                imports_te = True  # so it is installed wherever the module runs
         if not runtime:
             continue
         if all_override:
@@ -81,8 +81,8 @@ def override_spelling(
 
     Returns:
         (spelling, import to add or None, caveat): the caveat says why the fix is unsafe
-        ("" when it is safe): it would import `typing_extensions`, which the project does
-        not declare.
+        ("" when it is safe): it would import `typing_extensions`, which the project's
+        declarations may not install where this file runs.
     """
     modern = options.python_floor is not None and options.python_floor >= _TYPING_OVERRIDE_SINCE
     facts = cache.get(_CACHE_KEY) if cache is not None else None
@@ -98,7 +98,7 @@ def override_spelling(
             return spelling, None, ""
     module = (
         "typing"
-        if modern and (options.override_import == "typing" or not options.typing_extensions_declared)
+        if modern and (options.override_import == "typing" or options.typing_extensions != "runtime")
         else "typing_extensions"
     )
 
@@ -107,18 +107,27 @@ def override_spelling(
         return name not in facts.names and name not in in_class and not (public and summary.star_imports)
 
     alias = next(name for name in _ALIASES if free(name))
+    declared = options.typing_extensions
     caveat = ""
-    if module == "typing_extensions" and not options.typing_extensions_declared and not facts.imports_typing_extensions:
-        # Short: a large project repeats it on thousands of findings in a JSON report.
-        caveat = (
-            "unsafe: typing_extensions is undeclared; add it to the dependencies or set "
-            'target-version = "py312"'
-        )
+    if (
+        module == "typing_extensions"
+        and declared != "runtime"
+        and not (declared == "development" and is_development_file(summary.path))
+        and not facts.imports_typing_extensions
+    ):
+        caveat = _CAVEATS[declared]
     needed = RequiredImport(module, "override", "" if alias == "override" else alias)
     return alias, needed, caveat
 
 
 _CACHE_KEY = "override_spelling.module"
+# Short: a large project repeats them on thousands of findings in a JSON report.
+_CAVEATS: dict[TypingExtensions, str] = {
+    "undeclared": 'unsafe: typing_extensions is undeclared; add it to the dependencies or set target-version = "py312"',
+    "development": 'unsafe: typing_extensions is only a development dependency; add it to the dependencies or set target-version = "py312"',
+    "conditional": 'unsafe: typing_extensions is a dependency under a marker only; drop the marker or set target-version = "py312"',
+    "runtime": "",
+}
 _TYPING_OVERRIDE_SINCE = (3, 12)
 # The names the decorator is imported under, in order of preference (the first that is free).
 _ALIASES = ("override", "typing_override", "_typing_override", *(f"_typing_override{n}" for n in range(2, 100)))
