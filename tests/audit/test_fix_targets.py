@@ -35,6 +35,7 @@ from kvref.audit.discover.project import (
     is_development_file,
     load_project_facts,
     parse_target_version,
+    python_minors,
     requires_python_floor,
 )
 from tests.audit.test_fixtures import FIXTURES, SUPPORT, fixture_files
@@ -186,6 +187,15 @@ def _write(root: Path, files: dict[str, str]) -> Path:
         ({"pyproject.toml": '[project]\nname = "p"\ndependencies = ["typing_extensions>=4.10.0; python_version < \'3.13\'"]\n'}, "conditional"),
         ({"requirements.txt": "# pinned\nattrs==23.1\ntyping_extensions==4.12.2 ; python_version < '3.12'\n"}, "conditional"),
         ({"requirements.txt": "typing_extensions==4.12.2  # for override\n"}, "runtime"),
+        (  # mypy 2.4: two markers that together cover every Python
+            {"pyproject.toml": '[project]\nname = "p"\nrequires-python = ">=3.9"\ndependencies = [\n'
+             '  "typing_extensions>=4.6.0; python_version<\'3.15\'",\n'
+             '  "typing_extensions>=4.14.0; python_version>=\'3.15\'",\n]\n'},
+            "runtime",
+        ),
+        ({"pyproject.toml": '[project]\nname = "p"\nrequires-python = ">=3.9"\ndependencies = ["typing_extensions; python_version >= \'3.8\'"]\n'}, "runtime"),
+        ({"pyproject.toml": '[project]\nname = "p"\ndependencies = ["typing_extensions; python_version >= \'3.8\'"]\n'}, "conditional"),  # floor unknown
+        ({"requirements.txt": "typing_extensions; sys_platform == 'linux'\n"}, "conditional"),
         ({"requirements/base.txt": "typing-extensions\n"}, "runtime"),
         ({"requirements-dev.txt": "typing-extensions\n"}, "development"),
         ({"requirements/test.txt": "typing-extensions\n"}, "development"),
@@ -202,6 +212,24 @@ def _write(root: Path, files: dict[str, str]) -> Path:
 )
 def test_typing_extensions_declarations(files: dict[str, str], scope: str, tmp_path: Path) -> None:
     assert load_project_facts(_write(tmp_path, files)).typing_extensions == scope
+
+
+@pytest.mark.parametrize(
+    ("marker", "minors"),
+    [
+        ("python_version < '3.13'", set(range(13))),
+        ('python_version >= "3.38"', {38, 39, 40}),
+        ("python_version >= '3.10' and python_version < '3.12'", {10, 11}),
+        ("python_version < '3.2' or python_version == '3.39'", {0, 1, 39}),
+        ("python_full_version >= '3.8.1' and python_version < '3.10'", {9}),  # 3.8.0 is left out
+        ("python_version != '3.5' and python_version <= '3.6'", {0, 1, 2, 3, 4, 6}),
+        ("sys_platform == 'linux'", set[int]()),
+        ("python_version < '3.13' and sys_platform == 'linux'", set[int]()),
+        ("(python_version < '3.13')", set[int]()),
+    ],
+)
+def test_python_minors_of_markers(marker: str, minors: set[int]) -> None:
+    assert python_minors(marker) == minors
 
 
 @pytest.mark.parametrize(

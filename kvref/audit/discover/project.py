@@ -23,10 +23,11 @@ Both facts are read once per run from the project root:
 from __future__ import annotations
 
 import configparser
+import operator
 import os
 import re
 import tomllib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ProjectFacts",
     "is_development_file",
+    "python_minors",
     "with_project_facts",
     "load_project_facts",
     "parse_target_version",
@@ -49,6 +51,11 @@ __all__ = [
 _TARGET_VERSION = re.compile(r"py3(\d{1,2})")
 _VERSION = re.compile(r"(\d+)(?:\.(\d+))?")
 _SPECIFIER = re.compile(r"^\s*(~=|===|==|>=|<=|!=|>|<|\^|~)?\s*v?(\d+(?:\.\d+)*)(\.\*)?\s*$")
+_MARKER_CLAUSE = re.compile(r"""(python_version|python_full_version)\s*(<=|>=|==|!=|<|>)\s*['"](\d+(?:\.\d+){1,2})['"]""")
+_OPERATORS: dict[str, Callable[[tuple[int, ...], tuple[int, ...]], bool]] = {
+    "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq, "!=": operator.ne
+}
+_LAST_MINOR = 40  # Python 3.40: far enough that `python_version < "3.N"` never covers the future
 _REQUIREMENT_NAME = re.compile(r"^\s*([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)")
 _WORDS = re.compile(r"[A-Za-z]+")
 _TYPING_EXTENSIONS = "typing-extensions"
@@ -167,8 +174,17 @@ def load_project_facts(root: Path, *, target_version: tuple[int, int] | None = N
                 break
 
     typing_extensions: TypingExtensions = "undeclared"
-    for name, scope in _declared(root, document, project, poetry, tool):
-        if normalize_name(name) == _TYPING_EXTENSIONS and _SCOPE_RANK[scope] > _SCOPE_RANK[typing_extensions]:
+    # Run-time declarations under markers install it on these Python 3 minor versions: mypy's
+    # `python_version<'3.15'` and `python_version>='3.15'` together cover every one.
+    needed = frozenset(range(floor[1] if floor is not None and floor[0] == 3 else 0, _LAST_MINOR + 1))
+    covered: set[int] = set()
+    for name, scope, minors in _declared(root, document, project, poetry, tool):
+        if normalize_name(name) != _TYPING_EXTENSIONS:
+            continue
+        if scope == "runtime" and minors is not None:
+            covered |= minors
+            scope = "runtime" if covered >= needed else "conditional"
+        if _SCOPE_RANK[scope] > _SCOPE_RANK[typing_extensions]:
             typing_extensions = scope
     line_length = ruff.get("line-length", _DEFAULT_LINE_LENGTH)
     isort = _table(_table(ruff.get("lint")).get("isort")) or _table(ruff.get("isort"))
@@ -197,29 +213,54 @@ def _strings(value: object) -> Iterator[str]:
         yield from (item for item in cast(list[object], value) if isinstance(item, str))
 
 
-def _requirements(lines: Iterable[str], scope: TypingExtensions) -> Iterator[tuple[str, TypingExtensions]]:
-    """The names PEP 508 requirement lines declare; a marker (`; python_version < "3.13"`)
-    makes a run-time requirement conditional."""
+Declaration = tuple[str, TypingExtensions, frozenset[int] | None]
+"""(distribution name, where it is installed, the Python 3 minor versions a run-time
+declaration's marker admits: None without a marker, empty when kvref cannot tell)."""
+
+
+def _requirements(lines: Iterable[str], scope: TypingExtensions) -> Iterator[Declaration]:
+    """The names PEP 508 requirement lines declare, with their markers' Python versions."""
     for line in lines:
         match = _REQUIREMENT_NAME.match(line)
         if match is not None and not line.lstrip().startswith(("-", "#")):
-            marked = ";" in line.partition(" #")[0]
-            yield match.group(1), "conditional" if marked and scope == "runtime" else scope
+            _, marked, marker = line.partition(" #")[0].partition(";")
+            yield match.group(1), scope, python_minors(marker) if marked else None
 
 
-def _poetry(table: Mapping[str, object], scope: TypingExtensions) -> Iterator[tuple[str, TypingExtensions]]:
+def python_minors(marker: str) -> frozenset[int]:
+    """The Python 3 minor versions a PEP 508 marker admits, when it only compares
+    `python_version` / `python_full_version` (joined by `and` / `or`, no parentheses);
+    empty for any other marker. `python_full_version` must hold for a whole minor version."""
+    admitted: set[int] = set()
+    for alternative in re.split(r"\s+or\s+", marker.strip()):
+        clauses = [_MARKER_CLAUSE.fullmatch(clause.strip()) for clause in re.split(r"\s+and\s+", alternative)]
+        if not all(clauses):
+            return frozenset()
+        for minor in range(_LAST_MINOR + 1):
+            if all(_admits(clause, minor) for clause in clauses if clause is not None):
+                admitted.add(minor)
+    return frozenset(admitted)
+
+
+def _admits(clause: re.Match[str], minor: int) -> bool:
+    variable, comparison, quoted = clause.groups()
+    bound = tuple(int(part) for part in quoted.split("."))
+    low, high = ((3, minor), (3, minor)) if variable == "python_version" else ((3, minor, 0), (3, minor, 999))
+    compare = _OPERATORS[comparison]
+    return compare(low, bound) and compare(high, bound)
+
+
+def _poetry(table: Mapping[str, object], scope: TypingExtensions) -> Iterator[Declaration]:
     """Poetry's `name = "^1.0"`, `name = {version = ..., optional = true, python = ...}` or a
     list of such tables (one per environment)."""
     for name, value in table.items():
         spec = _table(value)
-        if scope != "runtime":
-            yield name, scope
-        elif spec.get("optional") is True:
-            yield name, "development"  # an extra's
-        elif "python" in spec or "markers" in spec or isinstance(value, list):
-            yield name, "conditional"
+        if scope == "runtime" and spec.get("optional") is True:
+            yield name, "development", None  # an extra's
+        elif scope == "runtime" and ("python" in spec or "markers" in spec or isinstance(value, list)):
+            yield name, scope, frozenset()  # Poetry's constraint syntax: not read
         else:
-            yield name, scope
+            yield name, scope, None
 
 
 def _declared(
@@ -228,7 +269,7 @@ def _declared(
     project: Mapping[str, object],
     poetry: Mapping[str, object],
     tool: Mapping[str, object],
-) -> Iterator[tuple[str, TypingExtensions]]:
+) -> Iterator[Declaration]:
     """Every distribution name the project declares, in any group or extra, with where it is
     installed: at run time (perhaps under a marker) or for development only."""
     yield from _requirements(_strings(project.get("dependencies")), "runtime")
@@ -259,7 +300,7 @@ def _requirement_files(root: Path) -> Iterator[Path]:
         return
 
 
-def _setup_cfg_requirements(path: Path) -> Iterator[tuple[str, TypingExtensions]]:
+def _setup_cfg_requirements(path: Path) -> Iterator[Declaration]:
     if not path.is_file():
         return
     parser = configparser.ConfigParser(interpolation=None)

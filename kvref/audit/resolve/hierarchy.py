@@ -36,6 +36,7 @@ __all__ = ["ProjectIndex"]
 
 _OBJECT_RUNTIME_ONLY = frozenset({"__lt__", "__le__", "__gt__", "__ge__"})
 _PROTOCOL = ("typing", "Protocol")
+_GENERIC = ("typing", "Generic")
 # Special forms to type checkers: their runtime helpers (`__class_getitem__`...) are no
 # members a user class overrides.
 _SPECIAL_FORMS = frozenset({("typing", "Protocol"), ("typing", "Generic")})
@@ -401,8 +402,14 @@ class ProjectIndex:
                 sequences.append(list(base_mro))
         if missing:
             return Unresolved(frozenset(missing))
-        sequences.append([b for b in info.bases if isinstance(b, ClassKey)])
-        merged = _c3_merge(sequences)
+        local = [b for b in info.bases if isinstance(b, ClassKey)]
+        merged = _c3_merge([*sequences, local])
+        if merged is None and _GENERIC in local:
+            # `class V(Generic[T], Base[T])`: `Generic[T].__mro_entries__` drops it when a
+            # later base is subscripted too (mypy's NodeVisitor), and the later bases'
+            # MROs place it.
+            kept = [(base, sequence) for base, sequence in zip(local, sequences, strict=True) if base != _GENERIC]
+            merged = _c3_merge([*(sequence for _, sequence in kept), [base for base, _ in kept]])
         if merged is None:
             return Unresolved(frozenset({f"{key.dotted} (inconsistent MRO)"}))
         return (key, *merged)
