@@ -229,6 +229,10 @@ class ProjectIndex:
                     return ModuleTarget(submodule)
                 return Unresolved(frozenset({f"{source}.{binding.target}"}))
             return self._member(ModuleTarget(source), binding.target)
+        if binding.kind == "alias" and binding.target == name and hasattr(builtins, name):
+            # `TimeoutError = TimeoutError` (asyncio.exceptions): the builtin, read before the
+            # module binds its own name.
+            return self._introspected_member(BUILTINS, name)
         if binding.kind == "alias" and binding.target:
             return self.resolve(module, binding.target)
         return NotAClass(f"{module}.{name}")

@@ -115,6 +115,8 @@ class _ModuleWalker:
                     self.functions.append(statement)
                     self._bind(statement.name, _OTHER, mode)
                     qualname = statement.name
+                    if statement.name == "__getattr__":
+                        self._lazy_attributes(statement)
                 if self._may_define_classes(statement):
                     self._walk_local_classes(statement.body, f"{qualname}.<locals>")
             elif isinstance(statement, ast.ClassDef):
@@ -140,6 +142,39 @@ class _ModuleWalker:
                 owner.attributes.extend(_assigned_names(statement, slots=True))
             else:
                 self._module_statement(statement, mode)
+
+    def _lazy_attributes(self, function: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        """PEP 562: the names a module's `__getattr__` imports on first access become fallback
+        bindings (`unittest.IsolatedAsyncioTestCase`, `concurrent.futures.ThreadPoolExecutor`).
+
+        An import counts when the name it binds is declared `global` or compared with the
+        attribute name (`if name == "Foo": from .foo import Foo`); `global Foo; from .foo import
+        Foo as f; Foo = f` binds `Foo` too.
+        """
+        nodes = list(ast.walk(function))
+        named = {name for node in nodes if isinstance(node, ast.Global) for name in node.names}
+        named |= {
+            constant.value
+            for node in nodes
+            if isinstance(node, ast.Compare)
+            for constant in ast.walk(node)
+            if isinstance(constant, ast.Constant) and isinstance(constant.value, str)
+        }
+        imported = {
+            alias.asname or alias.name: Binding("import", alias.name, node.module or "", node.level)
+            for node in nodes
+            if isinstance(node, ast.ImportFrom)
+            for alias in node.names
+            if alias.name != "*"
+        }
+        for node in nodes:
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Name) and node.value.id in imported:
+                for target in node.targets:
+                    if isinstance(target, ast.Name) and target.id in named:
+                        self._bind(target.id, imported[node.value.id], "fallback")
+        for name, binding in imported.items():
+            if name in named:
+                self._bind(name, binding, "fallback")
 
     def _walk_class(self, node: ast.ClassDef, mode: str, owner: ClassBuilder | None) -> None:
         scope = owner.qualname if owner is not None else ""
