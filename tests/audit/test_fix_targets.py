@@ -196,7 +196,16 @@ def _write(root: Path, files: dict[str, str]) -> Path:
         ({"pyproject.toml": '[project]\nname = "p"\nrequires-python = ">=3.9"\ndependencies = ["typing_extensions; python_version >= \'3.8\'"]\n'}, "runtime"),
         ({"pyproject.toml": '[project]\nname = "p"\ndependencies = ["typing_extensions; python_version >= \'3.8\'"]\n'}, "conditional"),  # floor unknown
         ({"requirements.txt": "typing_extensions; sys_platform == 'linux'\n"}, "conditional"),
-        ({"requirements/base.txt": "typing-extensions\n"}, "runtime"),
+        ({"requirements/base.txt": "typing-extensions\n"}, "runtime"),  # no package: what it runs with
+        # tornado 6.6: a package whose requirements.txt pins its developers' tools
+        ({"setup.py": "setup(name='t')\n", "requirements.txt": "typing-extensions==4.16.0\n"}, "development"),
+        ({"pyproject.toml": '[project]\nname = "p"\n', "requirements.txt": "typing-extensions\n"}, "development"),
+        ({"setup.py": "setup(install_requires=open('requirements.txt').read().split())\n", "requirements.txt": "typing-extensions\n"}, "runtime"),
+        (
+            {"pyproject.toml": '[project]\nname = "p"\ndynamic = ["dependencies"]\n[tool.setuptools.dynamic]\ndependencies = {file = ["requirements/run.txt"]}\n',
+             "requirements/run.txt": "typing-extensions\n"},
+            "runtime",
+        ),
         ({"requirements-dev.txt": "typing-extensions\n"}, "development"),
         ({"requirements/test.txt": "typing-extensions\n"}, "development"),
         ({"setup.cfg": "[options]\ninstall_requires =\n    typing_extensions>=4\n"}, "runtime"),
@@ -374,8 +383,11 @@ def test_a_3_12_floor_without_typing_extensions_uses_typing_override(tmp_path: P
 
 
 def test_target_version_overrides_requires_python(tmp_path: Path, run: Run) -> None:
-    pyproject = '[project]\nname = "p"\nrequires-python = ">=3.12"\n[tool.kvref]\ntarget-version = "py311"\n'
-    _project(tmp_path, pyproject, {"requirements.txt": "typing_extensions\n"})
+    pyproject = (
+        '[project]\nname = "p"\nrequires-python = ">=3.12"\ndependencies = ["typing_extensions"]\n'
+        '[tool.kvref]\ntarget-version = "py311"\n'
+    )
+    _project(tmp_path, pyproject)
     assert run("--fix")[0] == EXIT_CLEAN
     fixed = (tmp_path / "pkg/child.py").read_text()
     assert "from typing_extensions import override\n" in fixed and "@override\n" in fixed

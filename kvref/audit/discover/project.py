@@ -10,9 +10,10 @@ Both facts are read once per run from the project root:
 - where `typing_extensions` is installed (`TypingExtensions`): wherever the project runs when
   a run-time dependency names it without an environment marker (`[project] dependencies`,
   Poetry's `dependencies`, `setup.cfg`'s `install_requires`, a `requirements*.txt` or
-  `requirements/*.txt` at the root whose name does not say dev, test, docs...); only where
-  its tests and tools run when only a group, an extra or a development requirements file
-  names it (a user who installs the package does not get those); under some markers only
+  `requirements/*.txt` at the root whose name does not say dev, test, docs... and, in a
+  package, that its packaging reads); only where its tests and tools run when only a group, an
+  extra or a development requirements file names it (a user who installs the package does not
+  get those); under some markers only
   (`; python_version < "3.13"`: missing on 3.13). A project that declares nothing at all (a
   loose directory of scripts) has not declared it either: nothing says it is installed;
 - how ruff's isort sorts the imports a fix adds: `[tool.ruff] line-length` and the project's
@@ -282,14 +283,43 @@ def _declared(
     yield from _poetry(_table(poetry.get("dev-dependencies")), "development")
     for group_name, group in _table(poetry.get("group")).items():
         yield from _poetry(_table(_table(group).get("dependencies")), "runtime" if group_name == "main" else "development")
+    package_files = _package_requirement_files(root, project, poetry, tool)
     for path in _requirement_files(root):
-        words = {word.lower() for word in _WORDS.findall(path.relative_to(root).as_posix()[: -len(".txt")])}
-        scope: TypingExtensions = "development" if words & _DEVELOPMENT_WORDS else "runtime"
+        relative = path.relative_to(root).as_posix()
+        words = {word.lower() for word in _WORDS.findall(relative[: -len(".txt")])}
+        development = words & _DEVELOPMENT_WORDS or (package_files is not None and relative not in package_files)
+        scope: TypingExtensions = "development" if development else "runtime"
         try:
             yield from _requirements(path.read_text(encoding="utf-8", errors="replace").splitlines(), scope)
         except OSError:
             continue
     yield from _setup_cfg_requirements(root / "setup.cfg")
+
+
+def _package_requirement_files(
+    root: Path, project: Mapping[str, object], poetry: Mapping[str, object], tool: Mapping[str, object]
+) -> frozenset[str] | None:
+    """None when the project is no package (its requirements files are what it runs with);
+    else the requirements files its packaging reads as run-time dependencies (setuptools'
+    dynamic `dependencies`, a file name that `setup.py` mentions). A package's other
+    requirements files pin its developers' tools (tornado's `requirements.txt`): `pip install`
+    of the package does not read them."""
+    try:
+        setup_py = (root / "setup.py").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        setup_py = None
+    try:
+        setup_cfg = (root / "setup.cfg").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        setup_cfg = ""
+    if not project and not poetry and setup_py is None and "[metadata]" not in setup_cfg:
+        return None
+    dynamic = _table(_table(_table(tool.get("setuptools")).get("dynamic")).get("dependencies")).get("file")
+    named = {dynamic} if isinstance(dynamic, str) else set(_strings(dynamic))
+    files = {path.relative_to(root).as_posix() for path in _requirement_files(root)}
+    return frozenset(
+        name for name in files if name in named or (setup_py is not None and name.rpartition("/")[2] in setup_py)
+    )
 
 
 def _requirement_files(root: Path) -> Iterator[Path]:
