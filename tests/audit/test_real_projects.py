@@ -13,6 +13,8 @@ way real code broke kvref before:
   does not install it), so its package may not import it.
 - Starlette 1.10: declares `typing_extensions; python_version < '3.13'` and imports it only in
   the `else` of version checks, so no module may import it unconditionally.
+- tornado 6.6: a setup.py package without run-time dependencies whose requirements.txt pins its
+  developers' tools (typing-extensions among them): only its tests may import it.
 
 On each: the findings are the same cold, warm and uncached; every fixed file compiles and its
 added decorators are bound to typing's or typing_extensions' `override`; no import of a module
@@ -36,6 +38,7 @@ from typing import cast
 
 import pytest
 
+from kvref.audit.discover.project import is_development_file
 from tests.pythons import find_python
 from tools._audit_corpus import fetch_corpus
 
@@ -301,32 +304,41 @@ def test_vllm_namespace_packages_resolve_as_if_they_had_init_files(tmp_path: Pat
 
 
 @pytest.mark.parametrize(
-    ("spec", "caveat", "declared"),
+    ("spec", "caveat", "declared", "runtime"),
     [
-        ("rich==15.0.0", "only a development dependency", {"pygments", "markdown_it"}),
-        ("starlette==1.10.0", "a dependency under a marker only", {"anyio"}),
+        (
+            "rich==15.0.0",
+            "only a development dependency",
+            {"pygments", "markdown_it"},
+            ("[tool.poetry.dependencies]\n", '[tool.poetry.dependencies]\ntyping-extensions = ">=4.4"\n'),
+        ),
+        (
+            "starlette==1.10.0",
+            "a dependency under a marker only",
+            {"anyio"},
+            ("typing_extensions>=4.10.0; python_version < '3.13'", "typing_extensions>=4.10.0"),
+        ),
+        ("tornado==6.6.1", "only a development dependency", set[str](), None),  # requirements.txt: dev pins
     ],
 )
 def test_typing_extensions_that_users_may_lack_is_never_imported_by_a_fix(
-    spec: str, caveat: str, declared: set[str], tmp_path: Path
+    spec: str, caveat: str, declared: set[str], runtime: tuple[str, str] | None, tmp_path: Path
 ) -> None:
     root = _copy(spec, tmp_path)
-    cold, changed = _audit_fix_and_verify(root, declared=declared)
+    cold, changed = _audit_fix_and_verify(root, declared={*declared, "typing_extensions"})
     kvr001 = [f for f in cold.findings if f["code"] == "KVR001"]
     assert len(kvr001) > 100, "the project has missing overrides: the audit still reports them"
-    package = [f for f in kvr001 if not str(f["path"]).startswith(("tests/", "docs/"))]
+    package = [f for f in kvr001 if not is_development_file(str(f["path"]))]
     assert package and all(not f["fixable"] and caveat in str(cast(dict[str, object], f["fix"])["description"]) for f in package)
-    assert not any(path.split("/")[0] not in ("tests", "docs") for path in changed), changed
-
+    assert all(is_development_file(path) for path in changed), changed
+    if runtime is None:
+        return
     # Declared unconditionally, the fixes apply to the package too, and what they write
     # parses on Python 3.10 (no `typing.override`).
     pyproject = root / "pyproject.toml"
-    text = pyproject.read_text(encoding="utf-8")
-    text = text.replace('typing_extensions>=4.10.0; python_version < \'3.13\'', "typing_extensions>=4.10.0")
-    text = text.replace('[tool.poetry.dependencies]\n', '[tool.poetry.dependencies]\ntyping-extensions = ">=4.4"\n')
-    pyproject.write_text(text, encoding="utf-8")
+    pyproject.write_text(pyproject.read_text(encoding="utf-8").replace(*runtime), encoding="utf-8")
     _, fixed = _audit_fix_and_verify(root, declared={*declared, "typing_extensions"})
-    assert any(path.split("/")[0] not in ("tests", "docs") for path in fixed)
+    assert not all(is_development_file(path) for path in fixed)
     python310 = find_python("3.10")
     if python310 is not None or os.environ.get("CI"):
         assert python310 is not None, "CI's machine has Python 3.10 (pyenv)"
