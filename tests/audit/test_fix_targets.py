@@ -201,6 +201,11 @@ def _write(root: Path, files: dict[str, str]) -> Path:
         ({"setup.py": "setup(name='t')\n", "requirements.txt": "typing-extensions==4.16.0\n"}, "development"),
         ({"pyproject.toml": '[project]\nname = "p"\n', "requirements.txt": "typing-extensions\n"}, "development"),
         ({"setup.py": "setup(install_requires=open('requirements.txt').read().split())\n", "requirements.txt": "typing-extensions\n"}, "runtime"),
+        ({"setup.py": "from setuptools import setup\nsetup(name='t', install_requires=['attrs', 'typing_extensions>=4.4'])\n"}, "runtime"),
+        ({"setup.py": "import setuptools\nsetuptools.setup(install_requires=('typing_extensions; python_version<\"3.12\"',))\n"}, "conditional"),
+        ({"setup.py": "setup(extras_require={'test': ['typing_extensions']})\n"}, "development"),
+        ({"setup.py": "setup(install_requires=REQUIREMENTS)\n"}, "undeclared"),
+        ({"setup.py": "setup(install_requires=['typing_extensions'\n"}, "undeclared"),  # does not parse
         (
             {"pyproject.toml": '[project]\nname = "p"\ndynamic = ["dependencies"]\n[tool.setuptools.dynamic]\ndependencies = {file = ["requirements/run.txt"]}\n',
              "requirements/run.txt": "typing-extensions\n"},

@@ -9,13 +9,14 @@ Both facts are read once per run from the project root:
   when neither says, which the fixer treats as "below 3.12";
 - where `typing_extensions` is installed (`TypingExtensions`): wherever the project runs when
   a run-time dependency names it without an environment marker (`[project] dependencies`,
-  Poetry's `dependencies`, `setup.cfg`'s `install_requires`, a `requirements*.txt` or
-  `requirements/*.txt` at the root whose name does not say dev, test, docs... and, in a
-  package, that its packaging reads); only where its tests and tools run when only a group, an
-  extra or a development requirements file names it (a user who installs the package does not
-  get those); under some markers only
-  (`; python_version < "3.13"`: missing on 3.13). A project that declares nothing at all (a
-  loose directory of scripts) has not declared it either: nothing says it is installed;
+  Poetry's `dependencies`, `install_requires` in `setup.cfg` or as a literal in `setup.py`, a
+  `requirements*.txt` or `requirements/*.txt` at the root whose name does not say dev, test,
+  docs... and, in a package, that its packaging reads); only where its tests and tools run
+  when only a group, an extra or a development requirements file names it (a user who
+  installs the package does not get those); under some markers only (`; python_version <
+  "3.13"`: missing on 3.13, unless other markers cover it). A project that declares nothing
+  at all (a loose directory of scripts) has not declared it either: nothing says it is
+  installed;
 - how ruff's isort sorts the imports a fix adds: `[tool.ruff] line-length` and the project's
   first-party top-level names (ruff's `src` defaults, `.` and `src`, plus
   `known-first-party`).
@@ -23,6 +24,7 @@ Both facts are read once per run from the project root:
 
 from __future__ import annotations
 
+import ast
 import configparser
 import operator
 import os
@@ -294,6 +296,7 @@ def _declared(
         except OSError:
             continue
     yield from _setup_cfg_requirements(root / "setup.cfg")
+    yield from _setup_py_requirements(root / "setup.py")
 
 
 def _package_requirement_files(
@@ -328,6 +331,31 @@ def _requirement_files(root: Path) -> Iterator[Path]:
         yield from sorted((root / "requirements").glob("*.txt"))
     except OSError:
         return
+
+
+def _setup_py_requirements(path: Path) -> Iterator[Declaration]:
+    """`install_requires=[...]` and `extras_require={...}` of `setup(...)` calls, where literal."""
+    try:
+        tree = ast.parse(path.read_bytes())
+    except (OSError, SyntaxError, ValueError, RecursionError):
+        return
+    calls = (node for node in ast.walk(tree) if isinstance(node, ast.Call))
+    for call in calls:
+        function = call.func
+        name = function.id if isinstance(function, ast.Name) else function.attr if isinstance(function, ast.Attribute) else ""
+        if name != "setup":
+            continue
+        for keyword in call.keywords:
+            if keyword.arg == "install_requires":
+                yield from _requirements(_literal_strings(keyword.value), "runtime")
+            elif keyword.arg == "extras_require" and isinstance(keyword.value, ast.Dict):
+                for extra in keyword.value.values:
+                    yield from _requirements(_literal_strings(extra), "development")
+
+
+def _literal_strings(node: ast.expr) -> list[str]:
+    elements = node.elts if isinstance(node, ast.List | ast.Tuple) else []
+    return [e.value for e in elements if isinstance(e, ast.Constant) and isinstance(e.value, str)]
 
 
 def _setup_cfg_requirements(path: Path) -> Iterator[Declaration]:
