@@ -58,11 +58,17 @@ class RequiredImport:
             (`.base`, `..keys`).
         name: the imported name; "" for `import module [as alias]`.
         alias: the `as` name ("" for none).
+        older: where set, `module` has `name` only from Python `since` on, and the import is
+            `if sys.version_info >= since:` from `module`, `else:` from `older` (after the
+            import block; the module binds `sys` to the `sys` module).
+        since: see `older`.
     """
 
     module: str
     name: str = ""
     alias: str = ""
+    older: str = ""
+    since: tuple[int, int] = (0, 0)
 
     @property
     def bound_name(self) -> str:
@@ -137,10 +143,11 @@ DEFAULT_EXEMPT_NAMES: frozenset[str] = CONSTRUCTOR_NAMES
 DEFAULT_MAX_FILE_BYTES: Final = 16 * 1024 * 1024
 
 
-TypingExtensions = Literal["runtime", "development", "conditional", "undeclared"]
+TypingExtensions = Literal["runtime", "before-3.12", "development", "conditional", "undeclared"]
 """Where a project's declarations install `typing_extensions`: wherever it runs (a run-time
-dependency), only where its tests and tools run (groups, extras, development requirements),
-only under an environment marker, or nowhere known."""
+dependency), wherever it runs on Python below 3.12 (run-time dependencies under markers such
+as `python_version < "3.13"`), only where its tests and tools run (groups, extras, development
+requirements), only under other markers, or nowhere known."""
 
 
 @dataclass(frozen=True, slots=True)

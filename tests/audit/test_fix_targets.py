@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -184,8 +185,9 @@ def _write(root: Path, files: dict[str, str]) -> Path:
         ({"pyproject.toml": '[tool.poetry.dev-dependencies]\ntyping_extensions = ">=4.0.0, <5.0"\n'}, "development"),  # rich 15
         ({"pyproject.toml": '[dependency-groups]\ndev = ["typing_extensions"]\n'}, "development"),
         # starlette 1.10: missing on 3.13, where the fixed module would still import it
-        ({"pyproject.toml": '[project]\nname = "p"\ndependencies = ["typing_extensions>=4.10.0; python_version < \'3.13\'"]\n'}, "conditional"),
-        ({"requirements.txt": "# pinned\nattrs==23.1\ntyping_extensions==4.12.2 ; python_version < '3.12'\n"}, "conditional"),
+        ({"pyproject.toml": '[project]\nname = "p"\ndependencies = ["typing_extensions>=4.10.0; python_version < \'3.13\'"]\n'}, "before-3.12"),
+        ({"pyproject.toml": '[project]\nname = "p"\ndependencies = ["typing_extensions; python_version < \'3.10\'"]\n'}, "conditional"),
+        ({"requirements.txt": "# pinned\nattrs==23.1\ntyping_extensions==4.12.2 ; python_version < '3.12'\n"}, "before-3.12"),
         ({"requirements.txt": "typing_extensions==4.12.2  # for override\n"}, "runtime"),
         (  # mypy 2.4: two markers that together cover every Python
             {"pyproject.toml": '[project]\nname = "p"\nrequires-python = ">=3.9"\ndependencies = [\n'
@@ -202,7 +204,7 @@ def _write(root: Path, files: dict[str, str]) -> Path:
         ({"pyproject.toml": '[project]\nname = "p"\n', "requirements.txt": "typing-extensions\n"}, "development"),
         ({"setup.py": "setup(install_requires=open('requirements.txt').read().split())\n", "requirements.txt": "typing-extensions\n"}, "runtime"),
         ({"setup.py": "from setuptools import setup\nsetup(name='t', install_requires=['attrs', 'typing_extensions>=4.4'])\n"}, "runtime"),
-        ({"setup.py": "import setuptools\nsetuptools.setup(install_requires=('typing_extensions; python_version<\"3.12\"',))\n"}, "conditional"),
+        ({"setup.py": "import setuptools\nsetuptools.setup(install_requires=('typing_extensions; python_version<\"3.12\"',))\n"}, "before-3.12"),
         ({"setup.py": "setup(extras_require={'test': ['typing_extensions']})\n"}, "development"),
         ({"setup.py": "setup(install_requires=REQUIREMENTS)\n"}, "undeclared"),
         ({"setup.py": "setup(install_requires=['typing_extensions'\n"}, "undeclared"),  # does not parse
@@ -356,24 +358,53 @@ def test_a_development_only_typing_extensions_is_imported_by_tests_alone(tmp_pat
     assert "from typing_extensions import override\n" in (tmp_path / "pkg/tests/test_child.py").read_text()
 
 
-def test_typing_extensions_under_a_marker_or_a_version_guard_is_not_everywhere(tmp_path: Path, run: Run) -> None:
-    # starlette 1.10: `typing_extensions>=4.10.0; python_version < '3.13'`, and modules that
-    # import it only in the `else` of `if sys.version_info >= (3, 13):`. On 3.13 an
-    # unconditional `from typing_extensions import override` would fail.
+GUARDED = (
+    "import sys\n\nfrom pkg.base import Base\n\n"
+    "if sys.version_info >= (3, 13):\n    from typing import TypeVar\nelse:\n    from typing_extensions import TypeVar\n\n"
+    'T = TypeVar("T")\n\n\nclass Guarded(Base):\n    def run(self) -> int:\n        return 3\n'
+)
+VERSION_CHECK = (
+    "if sys.version_info >= (3, 12):\n    from typing import override\nelse:\n    from typing_extensions import override\n"
+)
+
+
+def test_typing_extensions_below_3_12_only_is_imported_behind_a_version_check(tmp_path: Path, run: Run) -> None:
+    # Starlette 1.10: `typing_extensions>=4.10.0; python_version < '3.13'`, and modules that
+    # import it only in the `else` of `if sys.version_info >= (3, 13):`. On 3.13 a plain
+    # `from typing_extensions import override` would fail; typing's exists from 3.12 on.
     pyproject = '[project]\nname = "p"\nrequires-python = ">=3.11"\ndependencies = ["typing_extensions; python_version < \'3.13\'"]\n'
-    guarded = (
-        "import sys\n\nfrom pkg.base import Base\n\n"
-        "if sys.version_info >= (3, 13):\n    from typing import TypeVar\nelse:\n    from typing_extensions import TypeVar\n\n"
-        'T = TypeVar("T")\n\n\nclass Guarded(Base):\n    def run(self) -> int:\n        return 3\n'
+    _project(tmp_path, pyproject, {"pkg/guarded.py": GUARDED})
+    code, out = run("--output-format", "json")
+    findings = json.loads(out)["findings"]
+    assert code == EXIT_FINDINGS and len(findings) == 2 and all(f["fixable"] is True for f in findings)
+    assert run("--fix")[0] == EXIT_CLEAN
+    child, guarded = ((tmp_path / "pkg" / name).read_text() for name in ("child.py", "guarded.py"))
+    assert child == (
+        "import sys\nimport typing\n\nfrom pkg.base import Base\n\n" + VERSION_CHECK
+        + "\n\nclass Child(Base):\n    @override\n    def run(self) -> int:\n        return typing.cast(int, 2)\n"
     )
-    _project(tmp_path, pyproject, {"pkg/guarded.py": guarded})
+    assert guarded.count("import sys\n") == 1 and "from pkg.base import Base\n\n" + VERSION_CHECK + "\nif sys" in guarded
+    assert _ruff_clean(tmp_path / "pkg/child.py", tmp_path / "pkg/guarded.py")
+    assert run("--fix")[0] == EXIT_CLEAN  # nothing left, nothing added twice
+    assert (tmp_path / "pkg/child.py").read_text() == child
+    # It runs here (3.11: typing_extensions'), and on a bare 3.12, which has no
+    # typing_extensions (typing's; guarded.py's own TypeVar import needs it there).
+    for python, modules in ((sys.executable, "pkg.child, pkg.guarded"), (_interpreter("3.12"), "pkg.child")):
+        program = f"import {modules}; assert pkg.child.Child.run.__override__"
+        completed = subprocess.run([python, "-c", program], cwd=tmp_path, capture_output=True, text=True)
+        assert completed.returncode == 0, completed.stderr
+
+
+def test_typing_extensions_under_other_markers_or_a_version_guard_is_not_everywhere(tmp_path: Path, run: Run) -> None:
+    pyproject = '[project]\nname = "p"\nrequires-python = ">=3.9"\ndependencies = ["typing_extensions; python_version < \'3.10\'"]\n'
+    _project(tmp_path, pyproject, {"pkg/guarded.py": GUARDED})
     code, out = run("--output-format", "json")
     findings = json.loads(out)["findings"]
     assert code == EXIT_FINDINGS and len(findings) == 2
     assert all(f["fixable"] is False for f in findings)
     assert all("a dependency under a marker only" in f["fix"]["description"] for f in findings)
     # A module that imports it unconditionally has it wherever it runs.
-    (tmp_path / "pkg/guarded.py").write_text("import typing_extensions\n\n" + guarded)
+    (tmp_path / "pkg/guarded.py").write_text("import typing_extensions\n\n" + GUARDED)
     assert run("--fix")[0] == EXIT_FINDINGS
     assert "@typing_extensions.override\n    def run" in (tmp_path / "pkg/guarded.py").read_text()
     assert (tmp_path / "pkg/child.py").read_text() == CHILD
@@ -512,7 +543,7 @@ programs = st.builds(
     class_attribute=st.booleans(),
     methods=st.integers(1, 3),
     floor=st.sampled_from([None, (3, 11), (3, 12)]),
-    te_declared=st.sampled_from(["runtime", "development", "conditional", "undeclared"]),
+    te_declared=st.sampled_from(["runtime", "before-3.12", "development", "conditional", "undeclared"]),
     test_module=st.booleans(),
 )
 
@@ -532,7 +563,9 @@ def test_generated_programs_fix_to_correct_clean_idempotent_code(program: Progra
     assert len(findings) == program.methods and all(f.fix is not None for f in findings)
     modern = program.floor == (3, 12)
     imports_te_already = program.te_module or program.te_self
-    installed = program.te_declared == "runtime" or (program.te_declared == "development" and program.test_module)
+    installed = program.te_declared in ("runtime", "before-3.12") or (
+        program.te_declared == "development" and program.test_module
+    )
     unsafe = not modern and not installed and not imports_te_already
     assert {f.fix.applicability.value for f in findings if f.fix} == {"unsafe" if unsafe else "safe"}
     fixed = apply_fixes(path.read_bytes(), [f.fix for f in findings if f.fix is not None])
@@ -543,9 +576,16 @@ def test_generated_programs_fix_to_correct_clean_idempotent_code(program: Progra
     again = [f for f in analyze([path], root=directory, options=options).findings if f.fix is not None]
     assert again == [] and apply_fixes(fixed, []) == fixed
     text = fixed.decode()
+    # Below 3.12 typing's override is imported only behind a version check.
+    unchecked = re.sub(
+        r"if sys\.version_info >= \(3, 12\):\n    from typing import (override( as \w+)?)\n"
+        r"else:\n    from typing_extensions import \1\n",
+        "",
+        text,
+    )
     if not modern:
-        assert "typing.override" not in text and "from typing import override" not in text
-    if "typing.override" in text or "from typing import override" in text:
+        assert "typing.override" not in unchecked and "from typing import override" not in unchecked
+    if "typing.override" in unchecked or "from typing import override" in unchecked:
         return  # needs Python 3.12 to run (test_a_py312_fix_imports_on_newer_pythons)
     namespace: dict[str, object] = {"__name__": "generated"}
     sys.path.insert(0, str(SUPPORT))

@@ -180,6 +180,49 @@ def test_an_unsorted_block_gets_the_import_after_its_last_statement() -> None:
     assert add(source, OVERRIDE) == b"from mypkg import x\nimport os\nfrom typing_extensions import override\n\ny = 1\n"
 
 
+def test_imports_sharing_a_line_get_blank_lines_only_where_sections_change() -> None:
+    # `sys` continues the standard-library section; `typing_extensions` opens a new one after it.
+    source = b"import os\n\nfrom mypkg import x\n"
+    assert add(source, OVERRIDE, RequiredImport("sys")) == (
+        b"import os\nimport sys\n\nfrom typing_extensions import override\n\nfrom mypkg import x\n"
+    )
+    # `__future__` opens a section before the block; `abc` goes before `os` in its own.
+    source = b"import os\n"
+    assert add(source, RequiredImport("__future__", "annotations"), RequiredImport("abc")) == (
+        b"from __future__ import annotations\n\nimport abc\nimport os\n"
+    )
+
+
+VERSIONED = RequiredImport("typing", "override", older="typing_extensions", since=(3, 12))
+IF_BLOCK = (
+    b"if sys.version_info >= (3, 12):\n    from typing import override\n"
+    b"else:\n    from typing_extensions import override\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("source", "fixed"),
+    [
+        (  # after the block, one blank line before; what followed the block keeps its gap
+            b"import sys\n\nfrom mypkg import x\n\n\nclass A(x):\n    pass\n",
+            b"import sys\n\nfrom mypkg import x\n\n" + IF_BLOCK + b"\n\nclass A(x):\n    pass\n",
+        ),
+        (  # `import sys` joins the block, the version check follows it
+            b"from __future__ import annotations\n\nfrom mypkg import x\n\ny = 1\n",
+            b"from __future__ import annotations\n\nimport sys\n\nfrom mypkg import x\n\n" + IF_BLOCK + b"\ny = 1\n",
+        ),
+        (  # no block: a new one after the docstring, then the version check
+            b'"""Doc."""\n\n\nclass A:\n    pass\n',
+            b'"""Doc."""\n\nimport sys\n\n' + IF_BLOCK + b"\n\nclass A:\n    pass\n",
+        ),
+    ],
+)
+def test_a_versioned_import_is_a_version_check_after_the_import_block(source: bytes, fixed: bytes) -> None:
+    needed = (VERSIONED,) if b"import sys" in source else (VERSIONED, RequiredImport("sys"))
+    assert add(source, *needed) == fixed
+    compile(fixed, "fixed.py", "exec")
+
+
 # --- imports a fix leaves unused ------------------------------------------------------------
 
 

@@ -12,7 +12,8 @@ way real code broke kvref before:
 - rich 15: declares typing-extensions only among Poetry's dev-dependencies (`pip install rich`
   does not install it), so its package may not import it.
 - Starlette 1.10: declares `typing_extensions; python_version < '3.13'` and imports it only in
-  the `else` of version checks, so no module may import it unconditionally.
+  the `else` of version checks, so no module may import it unconditionally: fixes import
+  `override` behind `if sys.version_info >= (3, 12):`.
 - tornado 6.6: a setup.py package without run-time dependencies whose requirements.txt pins its
   developers' tools (typing-extensions among them): only its tests may import it.
 
@@ -312,12 +313,6 @@ def test_vllm_namespace_packages_resolve_as_if_they_had_init_files(tmp_path: Pat
             {"pygments", "markdown_it"},
             ("[tool.poetry.dependencies]\n", '[tool.poetry.dependencies]\ntyping-extensions = ">=4.4"\n'),
         ),
-        (
-            "starlette==1.10.0",
-            "a dependency under a marker only",
-            {"anyio"},
-            ("typing_extensions>=4.10.0; python_version < '3.13'", "typing_extensions>=4.10.0"),
-        ),
         ("tornado==6.6.1", "only a development dependency", set[str](), None),  # requirements.txt: dev pins
     ],
 )
@@ -343,3 +338,30 @@ def test_typing_extensions_that_users_may_lack_is_never_imported_by_a_fix(
     if python310 is not None or os.environ.get("CI"):
         assert python310 is not None, "CI's machine has Python 3.10 (pyenv)"
         _compiles_with(python310, root, fixed)
+
+
+def test_starlette_imports_override_behind_a_version_check(tmp_path: Path) -> None:
+    root = _copy("starlette==1.10.0", tmp_path)
+    _, changed = _audit_fix_and_verify(root, declared={"anyio", "typing_extensions"})
+    package = [path for path in changed if path.startswith("starlette/")]
+    assert len(package) > 10, changed
+    for path in package:
+        tree = ast.parse((root / path).read_bytes())
+        # typing_extensions only in the `else` of a version check, never at the top level
+        assert not any(
+            isinstance(node, ast.ImportFrom) and node.module == "typing_extensions" for node in tree.body
+        ), path
+        checks = [
+            node for node in tree.body
+            if isinstance(node, ast.If) and ast.unparse(node.test) == "sys.version_info >= (3, 12)"
+        ]
+        assert len(checks) == 1, path
+        (check,) = checks
+        assert [ast.unparse(n) for n in (*check.body, *check.orelse)] == [
+            "from typing import override",
+            "from typing_extensions import override",
+        ], path
+    python310 = find_python("3.10")
+    if python310 is not None or os.environ.get("CI"):
+        assert python310 is not None, "CI's machine has Python 3.10 (pyenv)"
+        _compiles_with(python310, root, changed)

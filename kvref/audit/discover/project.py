@@ -77,7 +77,9 @@ _DEVELOPMENT_TOPS = frozenset(
      "bench", "scripts", "tools", "ci"}
 )
 _DEVELOPMENT_FILES = frozenset({"conftest.py", "setup.py", "noxfile.py", "tasks.py", "fabfile.py"})
-_SCOPE_RANK: dict[TypingExtensions, int] = {"undeclared": 0, "conditional": 1, "development": 2, "runtime": 3}
+_SCOPE_RANK: dict[TypingExtensions, int] = {
+    "undeclared": 0, "conditional": 1, "development": 2, "before-3.12": 3, "runtime": 4
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,14 +181,17 @@ def load_project_facts(root: Path, *, target_version: tuple[int, int] | None = N
     typing_extensions: TypingExtensions = "undeclared"
     # Run-time declarations under markers install it on these Python 3 minor versions: mypy's
     # `python_version<'3.15'` and `python_version>='3.15'` together cover every one.
+    # Covering every minor version below 3.12 is enough for a version-checked import
+    # (`typing.override` from 3.12 on): Starlette's `python_version < '3.13'`.
     needed = frozenset(range(floor[1] if floor is not None and floor[0] == 3 else 0, _LAST_MINOR + 1))
+    below_3_12 = frozenset(minor for minor in needed if minor < 12)
     covered: set[int] = set()
     for name, scope, minors in _declared(root, document, project, poetry, tool):
         if normalize_name(name) != _TYPING_EXTENSIONS:
             continue
         if scope == "runtime" and minors is not None:
             covered |= minors
-            scope = "runtime" if covered >= needed else "conditional"
+            scope = "runtime" if covered >= needed else "before-3.12" if covered >= below_3_12 else "conditional"
         if _SCOPE_RANK[scope] > _SCOPE_RANK[typing_extensions]:
             typing_extensions = scope
     line_length = ruff.get("line-length", _DEFAULT_LINE_LENGTH)

@@ -30,7 +30,7 @@ from kvref.audit.summarise.records import ImportFacts
 
 __all__ = ["ImportStatement", "import_edits", "member_sort_key", "parse_block", "section_of"]
 
-FUTURE, STANDARD_LIBRARY, THIRD_PARTY, FIRST_PARTY, LOCAL = range(5)
+FUTURE, STANDARD_LIBRARY, THIRD_PARTY, FIRST_PARTY, LOCAL, AFTER_IMPORTS = range(6)
 _INDENT = "    "
 
 
@@ -153,7 +153,7 @@ def import_edits(
     }
     for needed in dict.fromkeys(imports):
         # ruff keeps `name as alias` imports in statements of their own (combine-as-imports).
-        target = targets.get(needed.module) if needed.name and not needed.alias else None
+        target = targets.get(needed.module) if needed.name and not needed.alias and not needed.older else None
         if target is None:
             new.append(needed)
         else:
@@ -219,30 +219,32 @@ def _insertions(
     if not new:
         return []
     merged: dict[str, list[tuple[str, str]]] = {}  # names of one new `from M` share a line
-    texts: list[tuple[str, _ModuleKey, str]] = []
+    texts: list[tuple[int, _ModuleKey, str]] = []
     for needed in new:
-        if needed.name and not needed.alias:
+        if needed.older:
+            # Not an import statement isort sorts: a block of its own after the imports.
+            texts.append((AFTER_IMPORTS, _module_key(needed.module, True), _versioned(needed, newline)))
+        elif needed.name and not needed.alias:
             merged.setdefault(needed.module, []).append((needed.name, ""))
         elif needed.name:
             member = _member(needed.name, needed.alias)
             key = _module_key(needed.module, True, (needed.name, needed.alias))
-            texts.append((needed.module, key, f"from {needed.module} import {member}"))
+            texts.append((section_of(needed.module, first_party), key, f"from {needed.module} import {member}"))
         else:
             key = _module_key(needed.module, False)
-            texts.append((needed.module, key, f"import {_member(needed.module, needed.alias)}"))
+            texts.append((section_of(needed.module, first_party), key, f"import {_member(needed.module, needed.alias)}"))
     for module, members in merged.items():
         members.sort(key=lambda member: member_sort_key(*member))
         text = f"from {module} import {', '.join(_member(*m) for m in members)}"
-        texts.append((module, _module_key(module, True, members[0]), text))
+        texts.append((section_of(module, first_party), _module_key(module, True, members[0]), text))
     if not block:
-        return [_new_block(facts, texts, newline, first_party)]
+        return [_new_block(facts, texts, newline)]
     sections = [section_of(statement.module, first_party) for statement in block]
     in_order = all(a <= b for a, b in zip(sections, sections[1:]))
     placed: list[_Placed] = []
-    for module, key, text in texts:
-        section = section_of(module, first_party)
+    for section, key, text in texts:
         if not in_order:
-            placed.append(_Placed(block[-1].end_line + 1, section, key, text, False, False))
+            placed.append(_Placed(block[-1].end_line + 1, section, key, text, section == AFTER_IMPORTS, False))
             continue
         same = [s for s, sec in zip(block, sections) if sec == section]
         if same:
@@ -269,29 +271,41 @@ def _statement_key(statement: ImportStatement) -> _ModuleKey:
 def _joined(line: int, items: list[_Placed], newline: str) -> Edit:
     items.sort(key=lambda item: (item.section, item.key))
     parts: list[str] = []
-    if any(item.blank_before for item in items):
+    # Only the first item can open a section after the statement above, and only the last
+    # can close one before the statement below; the others are separated by section.
+    if items[0].blank_before:
         parts.append(newline)
     for index, item in enumerate(items):
         if index and item.section != items[index - 1].section:
             parts.append(newline)
         parts.append(item.text + newline)
-    if any(item.blank_after for item in items):
+    if items[-1].blank_after:
         parts.append(newline)
     return Edit(line, 0, line, 0, "".join(parts))
 
 
-def _new_block(
-    facts: ImportFacts, texts: Sequence[tuple[str, _ModuleKey, str]], newline: str, first_party: frozenset[str]
-) -> Edit:
+def _versioned(needed: RequiredImport, newline: str) -> str:
+    """`if sys.version_info >= since:` import from `module`, `else:` from `older`."""
+    member = _member(needed.name, needed.alias)
+    return newline.join(
+        (
+            f"if sys.version_info >= {needed.since!r}:",
+            f"{_INDENT}from {needed.module} import {member}",
+            "else:",
+            f"{_INDENT}from {needed.older} import {member}",
+        )
+    )
+
+
+def _new_block(facts: ImportFacts, texts: Sequence[tuple[int, _ModuleKey, str]], newline: str) -> Edit:
     """An import block for a module that has none: after the docstring, before the code."""
-    ordered = sorted(texts, key=lambda item: (section_of(item[0], first_party), item[1]))
+    ordered = sorted(texts, key=lambda item: (item[0], item[1]))
     parts: list[str] = []
     after_docstring = facts.insert_line < facts.next_line
     if after_docstring:
         parts.append(newline)
     previous = -1
-    for module, _, text in ordered:
-        section = section_of(module, first_party)
+    for section, _, text in ordered:
         if previous != -1 and section != previous:
             parts.append(newline)
         parts.append(text + newline)

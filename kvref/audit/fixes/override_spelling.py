@@ -29,6 +29,7 @@ class _ModuleFacts:
     candidates: tuple[tuple[str, str], ...]  # (bound name, spelling), in order of preference
     names: frozenset[str]
     imports_typing_extensions: bool
+    binds_sys: bool  # `sys` is the `sys` module wherever the module runs
 
 
 def _module_facts(summary: ModuleSummary, modern: bool) -> _ModuleFacts:
@@ -56,7 +57,11 @@ def _module_facts(summary: ModuleSummary, modern: bool) -> _ModuleFacts:
     plain.sort(key=lambda item: (item[0] != "override", item[0]))
     qualified.sort()
     names = frozenset(name for name, _ in summary.symbols)
-    return _ModuleFacts((*plain, *qualified), names, imports_te)
+    sys_bindings = dict(summary.symbols).get("sys", ())
+    binds_sys = bool(sys_bindings) and all(
+        b.kind == "module" and b.target == "sys" and not b.type_only for b in sys_bindings
+    )
+    return _ModuleFacts((*plain, *qualified), names, imports_te, binds_sys)
 
 
 def override_spelling(
@@ -64,7 +69,7 @@ def override_spelling(
     cls: ClassSummary | None,
     options: AnalysisOptions,
     cache: dict[str, object] | None = None,
-) -> tuple[str, RequiredImport | None, str]:
+) -> tuple[str, tuple[RequiredImport, ...], str]:
     """How the decorator is spelled in a class of `summary`, and the import that makes it so.
 
     A name the module already binds to `typing.override` / `typing_extensions.override` (or a
@@ -72,7 +77,9 @@ def override_spelling(
     Otherwise the decorator is imported from `typing` where the project's floor is 3.12+ and
     it prefers `typing` or does not declare `typing_extensions`, else from
     `typing_extensions`; as `override` when nothing else binds that name in the module or the
-    class body (a star import may bind any public name), else under a free alias.
+    class body (a star import may bind any public name), else under a free alias. Where
+    `typing_extensions` is installed below Python 3.12 only, the import is a version check:
+    `typing`'s from 3.12 on, `typing_extensions`' before.
 
     Args:
         summary: the module; cls: the class the decorator goes in (None: module level).
@@ -80,7 +87,7 @@ def override_spelling(
         cache: a per-module dict to keep the module's part of the answer in.
 
     Returns:
-        (spelling, import to add or None, caveat): the caveat says why the fix is unsafe
+        (spelling, imports to add, caveat): the caveat says why the fix is unsafe
         ("" when it is safe): it would import `typing_extensions`, which the project's
         declarations may not install where this file runs.
     """
@@ -95,7 +102,7 @@ def override_spelling(
         in_class = set(cls.attributes) | {method.name for method in cls.methods}
     for name, spelling in facts.candidates:
         if name not in in_class:
-            return spelling, None, ""
+            return spelling, (), ""
     module = (
         "typing"
         if modern and (options.override_import == "typing" or options.typing_extensions != "runtime")
@@ -107,6 +114,7 @@ def override_spelling(
         return name not in facts.names and name not in in_class and not (public and summary.star_imports)
 
     alias = next(name for name in _ALIASES if free(name))
+    as_name = "" if alias == "override" else alias
     declared = options.typing_extensions
     caveat = ""
     if (
@@ -115,9 +123,11 @@ def override_spelling(
         and not (declared == "development" and is_development_file(summary.path))
         and not facts.imports_typing_extensions
     ):
+        if declared == "before-3.12" and (facts.binds_sys or free("sys")):
+            versioned = RequiredImport("typing", "override", as_name, older=module, since=_TYPING_OVERRIDE_SINCE)
+            return alias, (versioned,) if facts.binds_sys else (RequiredImport("sys"), versioned), ""
         caveat = _CAVEATS[declared]
-    needed = RequiredImport(module, "override", "" if alias == "override" else alias)
-    return alias, needed, caveat
+    return alias, (RequiredImport(module, "override", as_name),), caveat
 
 
 _CACHE_KEY = "override_spelling.module"
@@ -126,6 +136,7 @@ _CAVEATS: dict[TypingExtensions, str] = {
     "undeclared": 'unsafe: typing_extensions is undeclared; add it to the dependencies or set target-version = "py312"',
     "development": 'unsafe: typing_extensions is only a development dependency; add it to the dependencies or set target-version = "py312"',
     "conditional": 'unsafe: typing_extensions is a dependency under a marker only; drop the marker or set target-version = "py312"',
+    "before-3.12": 'unsafe: typing_extensions is a dependency below Python 3.12 only, and "sys" is taken',
     "runtime": "",
 }
 _TYPING_OVERRIDE_SINCE = (3, 12)

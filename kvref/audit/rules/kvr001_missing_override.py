@@ -124,13 +124,13 @@ def _insert_override(context: ModuleContext, cls: ClassSummary | None, target: F
     if known is None:
         options = context.options
         spelling, needed, caveat = override_spelling(summary, cls, options, context.derived)
-        imports = ()
-        if needed is not None:
-            edits = cast(dict[RequiredImport, tuple[Edit, ...]], context.derived.setdefault(_IMPORT_CACHE, {}))
+        imports: tuple[Edit, ...] = ()
+        if needed:
+            edits = cast(dict[tuple[RequiredImport, ...], tuple[Edit, ...]], context.derived.setdefault(_IMPORT_CACHE, {}))
             if needed not in edits:
                 edits[needed] = import_edits(
                     summary.import_facts,
-                    (needed,),
+                    needed,
                     newline=summary.newline,
                     line_length=options.import_line_length,
                     first_party=options.first_party,
