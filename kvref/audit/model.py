@@ -166,6 +166,8 @@ class AnalysisOptions:
         typing_extensions: where the project's declarations install `typing_extensions`;
             below a 3.12 floor, a fix that imports it is unsafe in a file it may be missing
             for (outside tests and tools when only development declares it).
+        build_typing_extensions: `[build-system] requires` installs `typing_extensions` where
+            `setup.py` runs (else, below a 3.12 floor, a fix there that imports it is unsafe).
         import_line_length: ruff's line length, for an import line a fix lengthens.
         first_party: top-level module names ruff's isort files as first-party.
         max_file_bytes: files larger than this are reported as skipped, not parsed.
@@ -181,6 +183,7 @@ class AnalysisOptions:
     override_import: Literal["typing_extensions", "typing"] = "typing_extensions"
     python_floor: tuple[int, int] | None = None
     typing_extensions: TypingExtensions = "runtime"
+    build_typing_extensions: bool = False
     import_line_length: int = 88
     first_party: frozenset[str] = frozenset()
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES

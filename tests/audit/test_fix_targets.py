@@ -258,7 +258,7 @@ def test_python_minors_of_markers(marker: str, minors: set[int]) -> None:
         ("pkg/test_thing.py", True),
         ("pkg/thing_test.py", True),
         ("pkg/conftest.py", True),
-        ("setup.py", True),
+        ("setup.py", False),  # a build file: see test_setup_py_imports_only_what_the_build_installs
         ("rich/console.py", False),
         ("src/pkg/testing/fixtures.py", False),  # shipped: sqlalchemy.testing
         ("pkg/setup.py", False),
@@ -408,6 +408,26 @@ def test_typing_extensions_under_other_markers_or_a_version_guard_is_not_everywh
     assert run("--fix")[0] == EXIT_FINDINGS
     assert "@typing_extensions.override\n    def run" in (tmp_path / "pkg/guarded.py").read_text()
     assert (tmp_path / "pkg/child.py").read_text() == CHILD
+
+
+def test_setup_py_imports_only_what_the_build_installs(tmp_path: Path, run: Run) -> None:
+    # aiohttp 3.14: `pip install` of the sdist runs setup.py where only [build-system]
+    # requires is installed; a run-time typing_extensions is not there on 3.10 and 3.11.
+    setup_py = (
+        "from setuptools import setup\nfrom setuptools.command.build_ext import build_ext\n\n\n"
+        "class ParallelBuildExt(build_ext):\n    def build_extensions(self) -> None:\n        pass\n\n\n"
+        "setup(cmdclass={'build_ext': ParallelBuildExt})\n"
+    )
+    pyproject = '[build-system]\nrequires = ["setuptools"]\n[project]\nname = "p"\ndependencies = ["typing_extensions"]\n'
+    _project(tmp_path, pyproject, {"setup.py": setup_py})
+    code, out = run("--output-format", "json", "--select", "KVR001", ".")
+    findings = {f["path"]: f for f in json.loads(out)["findings"]}
+    assert set(findings) == {"setup.py", "pkg/child.py"} and findings["pkg/child.py"]["fixable"] is True
+    assert findings["setup.py"]["fixable"] is False
+    assert "only [build-system] requires is installed" in findings["setup.py"]["fix"]["description"]
+    (tmp_path / "pyproject.toml").write_text(pyproject.replace('["setuptools"]', '["setuptools", "typing_extensions>=4.4"]'))
+    code, out = run("--output-format", "json", "--select", "KVR001", ".")
+    assert all(f["fixable"] is True for f in json.loads(out)["findings"])
 
 
 def test_a_3_12_floor_without_typing_extensions_uses_typing_override(tmp_path: Path, run: Run) -> None:

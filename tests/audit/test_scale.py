@@ -145,6 +145,7 @@ def test_every_analysis_option_is_part_of_the_result_cache_key() -> None:
         "override_import": "typing",
         "python_floor": (3, 12),
         "typing_extensions": "undeclared",
+        "build_typing_extensions": True,
         "import_line_length": 100,
         "first_party": frozenset({"pkg"}),
         "max_file_bytes": 1024,

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ProjectFacts",
+    "is_build_file",
     "is_development_file",
     "python_minors",
     "with_project_facts",
@@ -76,7 +77,9 @@ _DEVELOPMENT_TOPS = frozenset(
     {"tests", "test", "testing", "docs", "doc", "examples", "example", "benchmarks", "benchmark",
      "bench", "scripts", "tools", "ci"}
 )
-_DEVELOPMENT_FILES = frozenset({"conftest.py", "setup.py", "noxfile.py", "tasks.py", "fabfile.py"})
+_DEVELOPMENT_FILES = frozenset({"conftest.py", "noxfile.py", "tasks.py", "fabfile.py"})
+# Run by the build backend, where only `[build-system] requires` is installed.
+_BUILD_FILES = frozenset({"setup.py", "hatch_build.py"})
 _SCOPE_RANK: dict[TypingExtensions, int] = {
     "undeclared": 0, "conditional": 1, "development": 2, "before-3.12": 3, "runtime": 4
 }
@@ -89,12 +92,15 @@ class ProjectFacts:
     Attributes:
         python_floor: the lowest (major, minor) the project supports; None when unknown.
         typing_extensions: where the project's declarations install `typing_extensions`.
+        build_typing_extensions: `[build-system] requires` names it without a marker (the
+            build backend runs `setup.py` where only those are installed).
         line_length: ruff's line length (88 unless `[tool.ruff] line-length` says otherwise).
         first_party: top-level module names ruff's isort files as first-party.
     """
 
     python_floor: tuple[int, int] | None = None
     typing_extensions: TypingExtensions = "undeclared"
+    build_typing_extensions: bool = False
     line_length: int = _DEFAULT_LINE_LENGTH
     first_party: frozenset[str] = frozenset()
 
@@ -135,7 +141,7 @@ def requires_python_floor(specifiers: str) -> tuple[int, int] | None:
 
 def is_development_file(relative: str) -> bool:
     """Whether a project file (`/`-separated, relative to the root) runs only where the
-    project's developers run it: tests, docs, examples, benchmarks, scripts, build files."""
+    project's developers run it: tests, docs, examples, benchmarks, scripts, task files."""
     *directories, name = relative.split("/")
     return (
         bool(directories) and directories[0] in _DEVELOPMENT_TOPS
@@ -146,6 +152,11 @@ def is_development_file(relative: str) -> bool:
         or name.startswith("test_")
         or name.endswith("_test.py")
     )
+
+
+def is_build_file(relative: str) -> bool:
+    """Whether a project file runs in the build environment (`setup.py`, `hatch_build.py`)."""
+    return relative in _BUILD_FILES
 
 
 def normalize_name(name: str) -> str:
@@ -196,9 +207,14 @@ def load_project_facts(root: Path, *, target_version: tuple[int, int] | None = N
             typing_extensions = scope
     line_length = ruff.get("line-length", _DEFAULT_LINE_LENGTH)
     isort = _table(_table(ruff.get("lint")).get("isort")) or _table(ruff.get("isort"))
+    build_requires = _table(document.get("build-system")).get("requires")
     return ProjectFacts(
         python_floor=floor,
         typing_extensions=typing_extensions,
+        build_typing_extensions=any(
+            normalize_name(name) == _TYPING_EXTENSIONS and minors is None
+            for name, _, minors in _requirements(_strings(build_requires), "runtime")
+        ),
         line_length=line_length if isinstance(line_length, int) and line_length > 0 else _DEFAULT_LINE_LENGTH,
         first_party=frozenset(_first_party(root, ruff, isort)),
     )
@@ -425,6 +441,7 @@ def with_project_facts(config: AuditConfig) -> AuditConfig:
             options,
             python_floor=floor,
             typing_extensions=facts.typing_extensions,
+            build_typing_extensions=facts.build_typing_extensions,
             import_line_length=facts.line_length,
             first_party=facts.first_party,
         ),

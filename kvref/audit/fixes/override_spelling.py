@@ -6,14 +6,15 @@ local function, a star import) or a class body that does keeps that binding, and
 imports the decorator under a free alias instead. `typing.override` is written only where the
 project's Python floor is 3.12+; `typing_extensions` only counts as safe to import where the
 project's declarations install it for the file (a run-time dependency; a development one for
-tests and tools), or where the module imports it already.
+tests and tools; `[build-system] requires` for `setup.py`), or where the module imports it
+already.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvref.audit.discover.project import is_development_file
+from kvref.audit.discover.project import is_build_file, is_development_file
 from kvref.audit.fixes.import_edits import parse_block
 from kvref.audit.model import AnalysisOptions, RequiredImport, TypingExtensions
 from kvref.audit.summarise.imports import OVERRIDE_MODULES
@@ -117,7 +118,10 @@ def override_spelling(
     as_name = "" if alias == "override" else alias
     declared = options.typing_extensions
     caveat = ""
-    if (
+    if module == "typing_extensions" and is_build_file(summary.path) and not facts.imports_typing_extensions:
+        if not options.build_typing_extensions:
+            caveat = _BUILD_CAVEAT
+    elif (
         module == "typing_extensions"
         and declared != "runtime"
         and not (declared == "development" and is_development_file(summary.path))
@@ -139,6 +143,7 @@ _CAVEATS: dict[TypingExtensions, str] = {
     "before-3.12": 'unsafe: typing_extensions is a dependency below Python 3.12 only, and "sys" is taken',
     "runtime": "",
 }
+_BUILD_CAVEAT = 'unsafe: setup.py runs where only [build-system] requires is installed; add typing_extensions there'
 _TYPING_OVERRIDE_SINCE = (3, 12)
 # The names the decorator is imported under, in order of preference (the first that is free).
 _ALIASES = ("override", "typing_override", "_typing_override", *(f"_typing_override{n}" for n in range(2, 100)))
