@@ -422,12 +422,12 @@ def test_setup_py_imports_only_what_the_build_installs(tmp_path: Path, run: Run)
     _project(tmp_path, pyproject, {"setup.py": setup_py})
     code, out = run("--output-format", "json", "--select", "KVR001", ".")
     findings = {f["path"]: f for f in json.loads(out)["findings"]}
-    assert set(findings) == {"setup.py", "pkg/child.py"} and findings["pkg/child.py"]["fixable"] is True
+    assert code == EXIT_FINDINGS and set(findings) == {"setup.py", "pkg/child.py"} and findings["pkg/child.py"]["fixable"] is True
     assert findings["setup.py"]["fixable"] is False
     assert "only [build-system] requires is installed" in findings["setup.py"]["fix"]["description"]
     (tmp_path / "pyproject.toml").write_text(pyproject.replace('["setuptools"]', '["setuptools", "typing_extensions>=4.4"]'))
     code, out = run("--output-format", "json", "--select", "KVR001", ".")
-    assert all(f["fixable"] is True for f in json.loads(out)["findings"])
+    assert code == EXIT_FINDINGS and all(f["fixable"] is True for f in json.loads(out)["findings"])
 
 
 def test_a_3_12_floor_without_typing_extensions_uses_typing_override(tmp_path: Path, run: Run) -> None:
