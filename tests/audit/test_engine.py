@@ -197,6 +197,26 @@ def test_a_dependent_found_through_a_relative_import_is_indexed_once(tmp_path: P
     assert result.files_analyzed == 3 and not result.unresolved_bases
 
 
+def test_unresolved_bases_are_named_on_one_line(tmp_path: Path) -> None:
+    source = (
+        "import collections, typing\n\n"
+        'class Pair(collections.namedtuple("Pair", ["a", "b"])):\n    pass\n\n'
+        "class Url(\n    typing.NamedTuple(\n        'Url',\n        [('scheme', typing.Optional[str])],\n    )\n):\n    pass\n\n"
+        "class Long(collections.namedtuple('Long', ['first_field', 'second_field', 'third'])):\n    pass\n\n"
+        "class Subscript(typing.Dict[\n    str, int\n], undefined_name):\n    pass\n"
+    )
+    files = write(tmp_path, {"mod.py": source})
+    result = analyze(files, root=tmp_path)
+    # A call with a short one-line text is shown whole; longer or multi-line calls as
+    # `function(...)`; anything else that spans lines, on one line.
+    assert set(result.unresolved_bases) == {
+        'collections.namedtuple("Pair", ["a", "b"])',
+        "typing.NamedTuple(...)",
+        "collections.namedtuple(...)",
+        "mod.undefined_name",
+    }
+
+
 def test_summarize_file_reads_like_the_runner(tmp_path: Path) -> None:
     # The pipeline's one-file path and the runner's cached, parallel one read through the
     # same function: neither hangs on a FIFO nor parses a file over the size limit.

@@ -50,6 +50,8 @@ class ClassBuilder:
     attributes: list[str] = field(default_factory=lambda: [])
 
 
+_LONG_BASE = 60  # characters of a base call shown whole
+
 class Freezer:
     """Builds the records of one module's classes and functions, given its names."""
 
@@ -69,7 +71,7 @@ class Freezer:
     def freeze_class(self, builder: ClassBuilder) -> ClassSummary:
         node = builder.node
         bases = tuple(
-            BaseRef(dotted_name(base) if not isinstance(base, ast.Call) else "", self._text(base))
+            BaseRef(dotted_name(base) if not isinstance(base, ast.Call) else "", self._base_text(base))
             for base in node.bases
         )
         display = builder.qualname.split("@")[0]
@@ -282,6 +284,15 @@ class Freezer:
     def _name_span(self, node: ast.ClassDef) -> Span:
         start = self._name_col(node)
         return Span(node.lineno, start, node.lineno, start + len(node.name))
+
+    def _base_text(self, base: ast.expr) -> str:
+        """How an unresolved base is named in a one-line summary: its source, on one line; a
+        long or multi-line call as `function(...)` (urllib3's `typing.NamedTuple("Url", [...])`)."""
+        one_line = base.lineno == base.end_lineno
+        text = self._text(base) if one_line else ast.unparse(base)
+        if isinstance(base, ast.Call) and (not one_line or len(text) > _LONG_BASE):
+            return f"{ast.unparse(base.func)}(...)"
+        return text
 
     def _text(self, node: ast.expr) -> str:
         line, end_line = node.lineno, node.end_lineno or node.lineno
