@@ -181,7 +181,7 @@ def index_project(
     primary, index, unreadable_tops = _build_index(project.root, paths, loaded, load, roots, failed)
     summarised = set(project.eager).difference(failed)
     dependents = _dependent_classes(project, summarised, primary, index) if project.partial else {}
-    checked = sorted(project.reported.union(dependents).intersection(summarised))
+    checked = sorted(p for p in project.reported.union(dependents).intersection(summarised) if p.suffix != ".pyi")
     return Indexed(project, primary, index, errors, dependents, checked, unreadable_tops)
 
 
@@ -408,12 +408,16 @@ def _build_index(
     modules: dict[str, ModuleSummary] = {}
     loaders: dict[str, Callable[[], ModuleSummary | None]] = {}
     primary: dict[Path, str] = {}
+    stubs: dict[str, str] = {}
     # Implementations before stubs, then path order: the first claim of a name wins.
     ordered = sorted(paths, key=lambda p: (p.suffix == ".pyi", str(p)))
     for path in ordered:
         name = names[path][0]
         if name in modules or name in loaders:
-            name = f"{name}@{relative_path(path, root)}"  # a duplicate: indexed, not importable
+            duplicate = f"{name}@{relative_path(path, root)}"  # indexed, not importable
+            if path.suffix == ".pyi":
+                stubs.setdefault(name, duplicate)  # what the module's source cannot tell
+            name = duplicate
         summary = summaries.get(path)
         if summary is not None:
             modules[name] = summary
@@ -433,6 +437,7 @@ def _build_index(
         aliases=aliases,
         packages=packages,
         scripts=scripts,
+        stubs=stubs,
         search_paths=roots.search_paths,
         package_roots=roots.package_roots,
         summarize_external=load,

@@ -344,10 +344,11 @@ class AuditRun:
             selected=selected,
             summary=Summary(
                 files_analyzed=analysis.result.files_analyzed or len(discovery.project_files),
-                files_reported=len(
-                    discovery.project_files
-                    if discovery.report_files is None
-                    else discovery.report_files
+                files_reported=sum(  # stubs are indexed, never reported
+                    path.suffix != ".pyi"
+                    for path in (
+                        discovery.project_files if discovery.report_files is None else discovery.report_files
+                    )
                 ),
                 fixed=fixing.fixed,
                 files_fixed=len(fixing.files),

@@ -109,3 +109,17 @@ def test_naming_a_directory_reports_only_that_directory(
         "pkg/deeper/grand.py:8 KVR002",
         "pkg/deeper/grand.py:12 KVR002",
     ]
+
+
+@pytest.mark.parametrize("cache", [[], ["--no-cache"]], ids=["cached", "uncached"])
+def test_a_changed_stub_reports_the_subclasses_it_breaks(
+    project: Path, capsys: pytest.CaptureFixture[str], cache: list[str]
+) -> None:
+    # pre-commit passes stubs too (`types: [python]`): a stub is never reported on itself, but
+    # the classes deriving from its classes are, as for a changed `.py`.
+    (project / "pkg" / "base.py").unlink()
+    (project / "pkg" / "base.pyi").write_text(BASE)
+    assert _findings(capsys, "pkg/base.pyi", *cache) == (0, [])
+    (project / "pkg" / "base.pyi").write_text(BASE.replace("def work", "def run"))
+    for _ in range(2):  # the second run may come from the result cache
+        assert _findings(capsys, "pkg/base.pyi", *cache) == (1, ["pkg/child.py:8 KVR002"])

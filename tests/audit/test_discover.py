@@ -112,23 +112,23 @@ def test_the_fallback_walker_agrees_with_git(tmp_path: Path, ignores: dict[str, 
 @pytest.mark.skipif(not HAS_GIT, reason="git is not installed")
 def test_git_work_tree_uses_git_and_default_excludes(tmp_path: Path) -> None:
     _git_init(tmp_path)
-    _touch(tmp_path, "pkg/a.py", "ignored.py", ".venv/lib/x.py", "build/y.py", "pkg/__pycache__/z.py", "notes.txt")
+    _touch(tmp_path, "pkg/a.py", "pkg/_ext.pyi", "ignored.py", ".venv/lib/x.py", "build/y.py", "pkg/__pycache__/z.py", "notes.txt")
     (tmp_path / ".gitignore").write_text("ignored.py\n")
     (tmp_path / ".git" / "info" / "exclude").write_text("")
     found = discover(tmp_path)
-    assert _rel(tmp_path, found.project_files) == ["pkg/a.py"]
+    assert _rel(tmp_path, found.project_files) == ["pkg/_ext.pyi", "pkg/a.py"]  # stubs are indexed too
     assert found.report_files is None
 
 
 @pytest.mark.skipif(not HAS_GIT, reason="git is not installed")
 def test_git_info_exclude_is_honoured_outside_git_too(tmp_path: Path) -> None:
-    _touch(tmp_path, "a.py", "b.py")
+    _touch(tmp_path, "a.py", "a.pyi", "b.py", "b.pyi")
     (tmp_path / ".git" / "info").mkdir(parents=True)
-    (tmp_path / ".git" / "info" / "exclude").write_text("b.py\n")
+    (tmp_path / ".git" / "info" / "exclude").write_text("b.py*\n")
     # Not a repository (no HEAD), so the walker reads .git/info/exclude itself.
     found = discover(tmp_path)
     assert found.vcs_root is None
-    assert _rel(tmp_path, found.project_files) == ["a.py"]
+    assert _rel(tmp_path, found.project_files) == ["a.py", "a.pyi"]
 
 
 def test_respect_gitignore_false_and_config_excludes(tmp_path: Path) -> None:

@@ -217,6 +217,36 @@ def test_unresolved_bases_are_named_on_one_line(tmp_path: Path) -> None:
     }
 
 
+STUB_USER = (
+    "from typing_extensions import override\n\nfrom pkg.core import Array\n\n\n"
+    "class Sub(Array):\n    def sum(self) -> int:\n        return 1\n\n"
+    "    @override\n    def gone(self) -> None: ...\n"
+)
+
+
+@pytest.mark.parametrize(
+    "sources",
+    [
+        {"pkg/core.pyi": "class Array:\n    def sum(self) -> int: ...\n"},  # pandas' `_libs`: no .py at all
+        {  # numpy's `multiarray`: a .py re-exporting an unbuilt C extension, and its stub
+            "pkg/core.py": "from pkg._core_ext import *\n",
+            "pkg/core.pyi": "class Array:\n    def sum(self) -> int: ...\n",
+        },
+    ],
+)
+def test_project_stubs_resolve_bases_and_are_never_reported(sources: dict[str, str], tmp_path: Path) -> None:
+    # The stub's own class lacks an @override a checked file would need: never reported.
+    stub = "class Base:\n    def sum(self) -> int: ...\n\nclass Array(Base):\n    def sum(self) -> int: ...\n"
+    sources = {name: stub if name.endswith(".pyi") else text for name, text in sources.items()}
+    files = write(tmp_path, {"pkg/__init__.py": "", "pkg/user.py": STUB_USER, **sources})
+    result = analyze(files, root=tmp_path)
+    assert [(f.path, f.code, f.message) for f in result.findings] == [
+        ("pkg/user.py", "KVR001", 'Method "Sub.sum" overrides "pkg.core.Array.sum" but is not decorated with @override'),
+        ("pkg/user.py", "KVR002", 'Method "Sub.gone" is decorated with @override but no base class of "Sub" defines "gone"'),
+    ]
+    assert not result.unresolved_bases
+
+
 def test_summarize_file_reads_like_the_runner(tmp_path: Path) -> None:
     # The pipeline's one-file path and the runner's cached, parallel one read through the
     # same function: neither hangs on a FIFO nor parses a file over the size limit.

@@ -44,6 +44,11 @@ DEFAULT_EXCLUDES: tuple[str, ...] = (
 )  # fmt: skip
 
 
+# Stubs are indexed (a type checker reads `ext.pyi` for a C extension, or before `ext.py`),
+# never reported on.
+_SUFFIXES = (".py", ".pyi")
+
+
 class DiscoveryError(KVRefError):
     """A path given on the command line cannot be audited (missing, or outside the project)."""
 
@@ -53,7 +58,7 @@ class Discovery:
     """The outcome of file discovery.
 
     Attributes:
-        project_files: every Python file to index (absolute paths, sorted).
+        project_files: every Python file and stub to index (absolute paths, sorted).
         report_files: the files to report on and fix, or None for all of `project_files`.
         warnings: things skipped that the user may want to know about (one line each).
         vcs_root: the top of the git work tree containing the project, if any.
@@ -137,10 +142,10 @@ def _walk(
                 is_dir = entry.is_dir()  # follows symlinks; a dangling link is neither
                 is_file = not is_dir and entry.is_file()
             except OSError as exc:  # a symlink loop (ELOOP), a vanished entry
-                if name.endswith(".py") and not excluded(name, rel):
+                if name.endswith(_SUFFIXES) and not excluded(name, rel):
                     warnings.append(f"{rel}: cannot read ({exc.strerror}), skipped")
                 continue
-            if not is_dir and not name.endswith(".py"):
+            if not is_dir and not name.endswith(_SUFFIXES):
                 continue  # neither walked nor reported, whatever the rules say
             if excluded(name, rel) or matcher.ignored(rel, is_dir=is_dir):
                 continue
@@ -189,7 +194,7 @@ def _git_files(root: Path, excludes: Sequence[str]) -> list[Path] | None:
     found: list[Path] = []
     for raw in completed.stdout.split(b"\0"):
         rel = os.fsdecode(raw)
-        if not rel.endswith(".py") or excluded_by(rel, excludes):
+        if not rel.endswith(_SUFFIXES) or excluded_by(rel, excludes):
             continue
         path = root / rel
         # --cached also lists tracked files deleted from the work tree.
@@ -202,8 +207,8 @@ def _git_files(root: Path, excludes: Sequence[str]) -> list[Path] | None:
 
 
 def _is_python_file(path: Path, text: bytes | None = None) -> bool:
-    """A `.py` file, or a script whose first line (of `text` when given) runs python."""
-    if path.suffix == ".py":
+    """A `.py` file or stub, or a script whose first line (of `text` when given) runs python."""
+    if path.suffix in _SUFFIXES:
         return True
     try:
         if text is not None:

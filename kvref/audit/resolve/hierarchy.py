@@ -53,6 +53,7 @@ class ProjectIndex:
         aliases: Mapping[str, str] | None = None,
         packages: Iterable[str] = (),
         scripts: Iterable[str] = (),
+        stubs: Mapping[str, str] | None = None,
         search_paths: Sequence[Path] = (),
         package_roots: Sequence[tuple[str, Path]] = (),
         summarize_external: Callable[[Path], ModuleSummary | None] | None = None,
@@ -71,12 +72,16 @@ class ProjectIndex:
                 so their relative imports resolve from the package itself.
             scripts: the project modules outside any regular package: their absolute
                 imports also find modules in their own directory (as `python script.py`).
+            stubs: a project module's name -> the indexed name of its `.pyi` stub, where a
+                `.py` claimed the name: a name the module's source does not resolve (a star
+                import from an unbuilt C extension, numpy's `multiarray`) is looked up there.
             search_paths: extra roots for installed packages, searched after the project.
             package_roots: (dotted package name, its directory or module file) for editable
                 installs made through an import hook, searched after `search_paths`.
             summarize_external: summarizes a standard-library or installed file (the engine
                 passes its cached summarizer); by default the file is read and summarized.
         """
+        self._stubs: Mapping[str, str] = stubs or {}
         self._table = ModuleTable(
             modules, deferred or {}, aliases or {}, packages, scripts, search_paths,
             package_roots, summarize_external,
@@ -150,6 +155,11 @@ class ProjectIndex:
             found = self._resolve_global(module, summary, name, defining)
         finally:
             self._resolving.discard(guard)
+        stub = self._stubs.get(module)
+        if isinstance(found, Unresolved) and stub is not None:
+            in_stub = self._resolve_name(stub, name, "")
+            if isinstance(in_stub, ClassKey | ModuleTarget):
+                return in_stub
         if not isinstance(found, ClassKey | ModuleTarget) and is_loaded_stdlib(module):
             # `types.ModuleType = type(sys)`: the source cannot tell, the loaded module can.
             live = self._introspected_member(module, name, sys.modules[module])
@@ -279,6 +289,8 @@ class ProjectIndex:
                     return ModuleTarget(submodule)
                 if self._table.exists(submodule):
                     return ModuleTarget(submodule)
+                if target.name in self._stubs:
+                    return self._resolve_name(target.name, attribute, "")  # through the stub
                 return Unresolved(frozenset({submodule}))
             if self._table.exists(submodule):
                 return ModuleTarget(submodule)

@@ -23,8 +23,9 @@ class ClassKey(NamedTuple):
 
     @property
     def dotted(self) -> str:
-        """The class's full dotted name."""
-        return f"{self.module}.{self.qualname}"
+        """The class's full dotted name (a stub indexed beside its module, `m@m.pyi`, as `m`)."""
+        module = self.module.partition("@")[0] if self.module.endswith(".pyi") else self.module
+        return f"{module}.{self.qualname}"
 
 
 @dataclass(frozen=True, slots=True)
