@@ -395,6 +395,33 @@ def test_typing_extensions_below_3_12_only_is_imported_behind_a_version_check(tm
         assert completed.returncode == 0, completed.stderr
 
 
+@pytest.mark.parametrize(
+    ("module", "fixable"),
+    [
+        # `sys` imported late: imported again in the block, where the version check needs it
+        ("from pkg.base import Base\n\n\nclass Late(Base):\n    def run(self) -> int:\n        return 3\n\n\nimport sys\n", True),
+        # `sys` names something else: no version check can be written
+        ("from pkg.base import Base\n\nsys = None\n\n\nclass Taken(Base):\n    def run(self) -> int:\n        return 3\n", False),
+    ],
+)
+def test_the_version_check_needs_sys_bound_to_the_module_where_it_runs(
+    module: str, fixable: bool, tmp_path: Path, run: Run
+) -> None:
+    pyproject = '[project]\nname = "p"\nrequires-python = ">=3.11"\ndependencies = ["typing_extensions; python_version < \'3.13\'"]\n'
+    _project(tmp_path, pyproject, {"pkg/other.py": module})
+    _, out = run("--output-format", "json")
+    (finding,) = [f for f in json.loads(out)["findings"] if f["path"] == "pkg/other.py"]
+    assert finding["fixable"] is fixable
+    if not fixable:
+        assert '"sys" is taken' in finding["fix"]["description"]
+        return
+    assert run("--fix")[0] == EXIT_CLEAN
+    fixed = (tmp_path / "pkg/other.py").read_text()
+    assert fixed.startswith("import sys\n\nfrom pkg.base import Base\n\n" + VERSION_CHECK)
+    completed = subprocess.run([sys.executable, "-c", "import pkg.other"], cwd=tmp_path, capture_output=True, text=True)
+    assert completed.returncode == 0, completed.stderr
+
+
 def test_typing_extensions_under_other_markers_or_a_version_guard_is_not_everywhere(tmp_path: Path, run: Run) -> None:
     pyproject = '[project]\nname = "p"\nrequires-python = ">=3.9"\ndependencies = ["typing_extensions; python_version < \'3.10\'"]\n'
     _project(tmp_path, pyproject, {"pkg/guarded.py": GUARDED})

@@ -306,8 +306,9 @@ def _declared(
     yield from _poetry(_table(poetry.get("dev-dependencies")), "development")
     for group_name, group in _table(poetry.get("group")).items():
         yield from _poetry(_table(_table(group).get("dependencies")), "runtime" if group_name == "main" else "development")
-    package_files = _package_requirement_files(root, project, poetry, tool)
-    for path in _requirement_files(root):
+    requirement_files = list(_requirement_files(root))
+    package_files = _package_requirement_files(root, requirement_files, project, poetry, tool)
+    for path in requirement_files:
         relative = path.relative_to(root).as_posix()
         words = {word.lower() for word in _WORDS.findall(relative[: -len(".txt")])}
         development = words & _DEVELOPMENT_WORDS or (package_files is not None and relative not in package_files)
@@ -321,7 +322,11 @@ def _declared(
 
 
 def _package_requirement_files(
-    root: Path, project: Mapping[str, object], poetry: Mapping[str, object], tool: Mapping[str, object]
+    root: Path,
+    requirement_files: Iterable[Path],
+    project: Mapping[str, object],
+    poetry: Mapping[str, object],
+    tool: Mapping[str, object],
 ) -> frozenset[str] | None:
     """None when the project is no package (its requirements files are what it runs with);
     else the requirements files its packaging reads as run-time dependencies (setuptools'
@@ -340,7 +345,7 @@ def _package_requirement_files(
         return None
     dynamic = _table(_table(_table(tool.get("setuptools")).get("dynamic")).get("dependencies")).get("file")
     named = {dynamic} if isinstance(dynamic, str) else set(_strings(dynamic))
-    files = {path.relative_to(root).as_posix() for path in _requirement_files(root)}
+    files = {path.relative_to(root).as_posix() for path in requirement_files}
     return frozenset(
         name for name in files if name in named or (setup_py is not None and name.rpartition("/")[2] in setup_py)
     )

@@ -30,7 +30,7 @@ class _ModuleFacts:
     candidates: tuple[tuple[str, str], ...]  # (bound name, spelling), in order of preference
     names: frozenset[str]
     imports_typing_extensions: bool
-    binds_sys: bool  # `sys` is the `sys` module wherever the module runs
+    sys_state: str  # "bound" (by the leading import block), "importable" there, or "taken"
 
 
 def _module_facts(summary: ModuleSummary, modern: bool) -> _ModuleFacts:
@@ -38,7 +38,8 @@ def _module_facts(summary: ModuleSummary, modern: bool) -> _ModuleFacts:
     qualified: list[tuple[str, str]] = []
     # Only an import in the leading block runs wherever the module does: one under
     # `if sys.version_info < (3, 13):` or in a `try` says nothing about newer Pythons.
-    imports_te = any(statement.module == "typing_extensions" for statement in parse_block(summary.import_facts))
+    block = parse_block(summary.import_facts)
+    imports_te = any(statement.module == "typing_extensions" for statement in block)
     for name, bindings in summary.symbols:
         runtime = True
         all_override = all_module = True
@@ -58,11 +59,17 @@ def _module_facts(summary: ModuleSummary, modern: bool) -> _ModuleFacts:
     plain.sort(key=lambda item: (item[0] != "override", item[0]))
     qualified.sort()
     names = frozenset(name for name, _ in summary.symbols)
+    # The version check goes right after the leading block: `sys` must be bound there already,
+    # else imported there (harmless where every other binding of `sys` is the module too).
     sys_bindings = dict(summary.symbols).get("sys", ())
-    binds_sys = bool(sys_bindings) and all(
-        b.kind == "module" and b.target == "sys" and not b.type_only for b in sys_bindings
-    )
-    return _ModuleFacts((*plain, *qualified), names, imports_te, binds_sys)
+    only_the_module = all(b.kind == "module" and b.target == "sys" and not b.type_only for b in sys_bindings)
+    if only_the_module and any(statement.module == "sys" and not statement.is_from for statement in block):
+        sys_state = "bound"
+    elif only_the_module and (sys_bindings or not summary.star_imports):
+        sys_state = "importable"
+    else:
+        sys_state = "taken"
+    return _ModuleFacts((*plain, *qualified), names, imports_te, sys_state)
 
 
 def override_spelling(
@@ -127,9 +134,9 @@ def override_spelling(
         and not (declared == "development" and is_development_file(summary.path))
         and not facts.imports_typing_extensions
     ):
-        if declared == "before-3.12" and (facts.binds_sys or free("sys")):
+        if declared == "before-3.12" and facts.sys_state != "taken":
             versioned = RequiredImport("typing", "override", as_name, older=module, since=_TYPING_OVERRIDE_SINCE)
-            return alias, (versioned,) if facts.binds_sys else (RequiredImport("sys"), versioned), ""
+            return alias, (versioned,) if facts.sys_state == "bound" else (RequiredImport("sys"), versioned), ""
         caveat = _CAVEATS[declared]
     return alias, (RequiredImport(module, "override", as_name),), caveat
 
