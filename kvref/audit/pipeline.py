@@ -370,6 +370,23 @@ def _missing_modules(
     return dict(sorted(missing.items(), key=lambda item: (-item[1], item[0])))
 
 
+def _installed_tops(roots: SearchRoots) -> Callable[[str], bool]:
+    """Whether a top-level name is importable from the target environment's search paths."""
+    editable = {name.partition(".")[0] for name, _ in roots.package_roots}
+    known: dict[str, bool] = {}
+
+    def installed(top: str) -> bool:
+        if top not in known:
+            known[top] = top in editable or any(
+                os.path.isdir(os.path.join(directory, candidate)) or os.path.isfile(os.path.join(directory, candidate))
+                for directory in map(str, roots.search_paths)
+                for candidate in (top, f"{top}-stubs", f"{top}.py", f"{top}.pyi")
+            )
+        return known[top]
+
+    return installed
+
+
 def _build_index(
     root: Path,
     paths: Sequence[Path],
@@ -425,9 +442,12 @@ def _build_index(
             loaders[name] = functools.partial(load, path)
         primary[path] = name
     aliases: dict[str, str] = {}
+    installed = _installed_tops(roots)
     for path in ordered:
         for alias in names[path][1:]:
-            if alias not in modules and alias not in aliases:
+            # celery's `examples/pydantic/` is no `pydantic` to the rest of the project when the
+            # environment has the real one: `from pydantic import BaseModel` in its tests.
+            if alias not in modules and alias not in aliases and not installed(alias.partition(".")[0]):
                 aliases[alias] = primary[path]
     packages = {primary[path] for path in paths if path.name in ("__init__.py", "__init__.pyi")}
     scripts = {primary[path] for path in paths if not is_package(os.path.dirname(str(path)))}

@@ -247,6 +247,22 @@ def test_project_stubs_resolve_bases_and_are_never_reported(sources: dict[str, s
     assert not result.unresolved_bases
 
 
+def test_a_project_directory_does_not_shadow_an_installed_package(tmp_path: Path) -> None:
+    # celery 5.7: `examples/pydantic/__init__.py` is importable as `pydantic` only with
+    # `examples/` on sys.path; its tests' `from pydantic import BaseModel` is the installed one.
+    project, site = tmp_path / "project", tmp_path / "site-packages"
+    write(site, {"pydantic/__init__.py": "class BaseModel:\n    def model_dump(self) -> dict: ...\n"})
+    user = (
+        "from typing_extensions import override\n\nfrom pydantic import BaseModel\n\n\n"
+        "class Model(BaseModel):\n    @override\n    def model_dump(self) -> dict: ...\n\n"
+        "    @override\n    def gone(self) -> None: ...\n"
+    )
+    files = write(project, {"examples/pydantic/__init__.py": "", "examples/pydantic/tasks.py": "", "tests/test_models.py": user})
+    result = analyze(files, root=project, search_paths=[site])
+    assert [(f.path, f.code, f.symbol) for f in result.findings] == [("tests/test_models.py", "KVR002", "Model.gone")]
+    assert not result.unresolved_bases
+
+
 def test_summarize_file_reads_like_the_runner(tmp_path: Path) -> None:
     # The pipeline's one-file path and the runner's cached, parallel one read through the
     # same function: neither hangs on a FIFO nor parses a file over the size limit.
