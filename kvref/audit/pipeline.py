@@ -23,6 +23,7 @@ from kvref.audit.discover.paths import absolute_path, relative_path
 from kvref.audit.model import AnalysisOptions, AnalysisResult, FileError, Finding
 from kvref.audit.resolve.hierarchy import ProjectIndex
 from kvref.audit.resolve.modules import module_names_for
+from kvref.audit.resolve.stdlib import candidate_files
 from kvref.audit.resolve.targets import ClassInfo, ClassKey, Unresolved
 from kvref.audit.rules import ALL_RULES
 from kvref.audit.rules.context import ClassContext, ModuleContext
@@ -378,9 +379,8 @@ def _installed_tops(roots: SearchRoots) -> Callable[[str], bool]:
     def installed(top: str) -> bool:
         if top not in known:
             known[top] = top in editable or any(
-                os.path.isdir(os.path.join(directory, candidate)) or os.path.isfile(os.path.join(directory, candidate))
-                for directory in map(str, roots.search_paths)
-                for candidate in (top, f"{top}-stubs", f"{top}.py", f"{top}.pyi")
+                (root / top).is_dir() or any(path.is_file() for path in candidate_files(root, top))
+                for root in roots.search_paths
             )
         return known[top]
 
