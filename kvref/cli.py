@@ -281,10 +281,11 @@ def _convert(raw: object, hint: object) -> object:
 
 
 def _catalogue_or_exit() -> "tuple[RuleInfo, ...]":
-    from kvref.audit.catalogue import load_rule_catalogue
-
     try:
-        return load_rule_catalogue()
+        # The rules (and the engine parts they use) load only for the commands that list them.
+        from kvref.audit.rules import rule_catalogue
+
+        return rule_catalogue()
     except Exception as exc:  # noqa: BLE001 - exit 2 with one line, never a traceback
         sys.stderr.write(f"kvref: internal error: cannot load the rules: {type(exc).__name__}: {exc}\n")
         raise typer.Exit(2) from None

@@ -1,8 +1,9 @@
 """What the command line knows about each rule: code, name, default, fix safety, documentation.
 
-The rule classes (`kvref.audit.rules`) declare these as class attributes; this module copies
-them into plain `RuleInfo` records, importing the rules (and so the engine) only when asked, so
-selection, `kvref rules`, `kvref explain` and the SARIF rule table never import the engine.
+The rule classes (`kvref.audit.rules`) declare these as class attributes, and
+`kvref.audit.rules.rule_catalogue` copies them into plain `RuleInfo` records. This module is
+below both: it imports nothing of kvref, so the configuration (selection), the reports (the
+SARIF rule table) and the rules themselves build on it without importing the engine.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["FixSafety", "RuleInfo", "load_rule_catalogue", "find_rule", "doc_section"]
+__all__ = ["FixSafety", "RuleInfo", "find_rule", "doc_section"]
 
 
 class FixSafety(enum.StrEnum):
@@ -70,23 +71,6 @@ def doc_section(doc: str, title: str) -> str:
         if collected is not None:
             collected.append(line)
     return textwrap.dedent("\n".join(collected)).strip() if collected is not None else ""
-
-
-def load_rule_catalogue() -> tuple[RuleInfo, ...]:
-    """Read the engine's rule registry (imported lazily: the command line should not pay for it)."""
-    from kvref.audit.rules import ALL_RULES
-
-    return tuple(
-        RuleInfo(
-            rule.code,
-            rule.name,
-            rule.default_enabled,
-            rule.fix_safety,
-            rule.summary,
-            inspect.cleandoc(rule.__doc__ or ""),
-        )
-        for rule in ALL_RULES
-    )
 
 
 def find_rule(rules: Sequence[RuleInfo], code_or_name: str) -> RuleInfo | None:

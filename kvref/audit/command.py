@@ -16,7 +16,6 @@ from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import BinaryIO, Final, TextIO
 
-from kvref.audit.catalogue import load_rule_catalogue
 from kvref.audit.report import OutputFormat
 from kvref.audit.request import (
     EXIT_CLEAN,
@@ -53,11 +52,11 @@ def real_backend() -> Backend:
     """The real engine, imported only when an audit runs."""
     from kvref.audit.fixes.edits import FixError, apply_fixes
     from kvref.audit.pipeline import analyze
+    from kvref.audit.rules import rule_catalogue
     from kvref.audit.runner.scale import analyze_at_scale
     from kvref.audit.stdin import analyze_source
 
-    rules = load_rule_catalogue()
-    return Backend(analyze, apply_fixes, FixError, rules, analyze_at_scale, analyze_source)
+    return Backend(analyze, apply_fixes, FixError, rule_catalogue(), analyze_at_scale, analyze_source)
 
 
 _FREEZE_AFTER_ALLOCATIONS: Final = 200_000

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import kvref.audit.catalogue
 import kvref.audit.command
+import kvref.audit.rules
 import kvref.audit.summarise.newer_syntax
 from kvref.cli import audit_main as main
 from kvref.cli import app
@@ -79,7 +79,7 @@ def project(
     engine = FakeEngine()
     fake: Callable[[], kvref.audit.command.Backend] = lambda: fake_backend(engine)
     monkeypatch.setattr(kvref.audit.command, "real_backend", fake)
-    monkeypatch.setattr(kvref.audit.catalogue, "load_rule_catalogue", lambda: FAKE_RULES)
+    monkeypatch.setattr(kvref.audit.rules, "rule_catalogue", lambda: FAKE_RULES)
     for name in ("NO_COLOR", "FORCE_COLOR", "GITHUB_ACTIONS"):
         monkeypatch.delenv(name, raising=False)
     root = tmp_path / "proj"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kvref.audit.catalogue import load_rule_catalogue
+from kvref.audit.rules import rule_catalogue
 from kvref.audit.command import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS
 from kvref.cli import audit_main as main
 from kvref.audit.rules import ALL_RULES
@@ -213,7 +213,7 @@ def test_rules_and_explain_cover_every_registered_rule() -> None:
     runner = CliRunner()
     listed = runner.invoke(app, ["rules"])
     assert listed.exit_code == 0
-    catalogue = load_rule_catalogue()
+    catalogue = rule_catalogue()
     assert [line.split()[0] for line in listed.stdout.splitlines()[1:]] == [r.code for r in catalogue]
     for rule in catalogue:
         explained = runner.invoke(app, ["explain", rule.code])
@@ -230,7 +230,7 @@ def test_readme_rules_table_matches_the_registry() -> None:
     table = [tuple(cell.strip() for cell in row) for row in rows]
     assert table == [
         (rule.code, rule.name, "on" if rule.default_enabled else "off", rule.fix_safety)
-        for rule in load_rule_catalogue()
+        for rule in rule_catalogue()
     ]
 
 

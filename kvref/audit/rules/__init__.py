@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
+
+from kvref.audit.catalogue import RuleInfo
 from kvref.audit.rules.base import Rule
 from kvref.audit.rules.kvr001_missing_override import MissingOverride
 from kvref.audit.rules.kvr002_stale_override import StaleOverride
@@ -9,7 +12,7 @@ from kvref.audit.rules.kvr101_narrowed_collection_parameter import NarrowedColle
 from kvref.audit.rules.kvr102_multi_pass_iterable import MultiPassIterable
 from kvref.audit.rules.kvr103_override_annotation_drift import OverrideAnnotationDrift
 
-__all__ = ["ALL_RULES", "Rule", "get_rule"]
+__all__ = ["ALL_RULES", "Rule", "get_rule", "rule_catalogue"]
 
 ALL_RULES: tuple[Rule, ...] = (
     MissingOverride(),
@@ -32,3 +35,18 @@ def get_rule(code: str) -> Rule:
     except KeyError:
         allowed = ", ".join(_BY_CODE)
         raise ValueError(f"code: unknown rule {code!r}; expected one of {allowed}") from None
+
+
+def rule_catalogue() -> tuple[RuleInfo, ...]:
+    """Every rule as the command line presents it (selection, `kvref rules`, the reports)."""
+    return tuple(
+        RuleInfo(
+            rule.code,
+            rule.name,
+            rule.default_enabled,
+            rule.fix_safety,
+            rule.summary,
+            inspect.cleandoc(rule.__doc__ or ""),
+        )
+        for rule in ALL_RULES
+    )
