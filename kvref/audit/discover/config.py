@@ -40,7 +40,7 @@ from typing import cast
 from kvref.audit.catalogue import RuleInfo
 from kvref.audit.discover.files import DEFAULT_EXCLUDES
 from kvref.audit.model import DEFAULT_EXEMPT_NAMES, AnalysisOptions
-from kvref.audit.discover.project import parse_target_version, with_project_facts
+from kvref.audit.discover.project import load_project_facts, parse_target_version
 from kvref.errors import KVRefError
 
 __all__ = [
@@ -55,6 +55,7 @@ __all__ = [
     "resolve_selection",
     "codes_matching",
     "configure",
+    "with_project_facts",
 ]
 
 CONFIG_KEYS: tuple[str, ...] = (
@@ -104,7 +105,7 @@ class AuditConfig:
         force_exclude: apply `excludes` to explicitly named files too.
         baseline: the configured baseline file (absolute), if any.
         options: the analysis policy switches and `override-import` (the project facts a
-            fix depends on are added by `kvref.audit.discover.project.with_project_facts`).
+            fix depends on are added by `with_project_facts`).
         target_version: `target-version` as (3, minor), None when not set.
     """
 
@@ -359,6 +360,35 @@ def resolve_selection(
             else:
                 enabled -= codes
     return frozenset(enabled)
+
+
+def with_project_facts(config: AuditConfig) -> AuditConfig:
+    """`config` with the project's facts in its analysis options (read once per run).
+
+    Raises:
+        ConfigError: `override-import = "typing"` where the floor is not known to be 3.12+.
+    """
+    facts = load_project_facts(config.root, target_version=config.target_version)
+    options = config.options
+    floor = facts.python_floor
+    if options.override_import == "typing" and (floor is None or floor < (3, 12)):
+        where = f"{config.source} [tool.kvref]" if config.source else "[tool.kvref]"
+        said = "unknown" if floor is None else f"{floor[0]}.{floor[1]}"
+        raise ConfigError(
+            f"{where}: override-import = 'typing' needs Python 3.12+, but the project's floor is "
+            f"{said}: set target-version = 'py312' (or requires-python = '>=3.12')"
+        )
+    return replace(
+        config,
+        options=replace(
+            options,
+            python_floor=floor,
+            typing_extensions=facts.typing_extensions,
+            build_typing_extensions=facts.build_typing_extensions,
+            import_line_length=facts.line_length,
+            first_party=facts.first_party,
+        ),
+    )
 
 
 def configure(

@@ -31,21 +31,17 @@ import os
 import re
 import tomllib
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 from kvref.audit.model import TypingExtensions
-
-if TYPE_CHECKING:
-    from kvref.audit.discover.config import AuditConfig
 
 __all__ = [
     "ProjectFacts",
     "is_build_file",
     "is_development_file",
     "python_minors",
-    "with_project_facts",
     "load_project_facts",
     "parse_target_version",
     "requires_python_floor",
@@ -420,34 +416,3 @@ def _first_party(root: Path, ruff: Mapping[str, object], isort: Mapping[str, obj
                 except OSError:  # a symlink loop, a vanished entry: not a package
                     continue
     return names
-
-
-def with_project_facts(config: AuditConfig) -> AuditConfig:
-    """`config` with the project's facts in its analysis options (read once per run).
-
-    Raises:
-        ConfigError: `override-import = "typing"` where the floor is not known to be 3.12+.
-    """
-    from kvref.audit.discover.config import ConfigError
-
-    facts = load_project_facts(config.root, target_version=config.target_version)
-    options = config.options
-    floor = facts.python_floor
-    if options.override_import == "typing" and (floor is None or floor < (3, 12)):
-        where = f"{config.source} [tool.kvref]" if config.source else "[tool.kvref]"
-        said = "unknown" if floor is None else f"{floor[0]}.{floor[1]}"
-        raise ConfigError(
-            f"{where}: override-import = 'typing' needs Python 3.12+, but the project's floor is "
-            f"{said}: set target-version = 'py312' (or requires-python = '>=3.12')"
-        )
-    return replace(
-        config,
-        options=replace(
-            options,
-            python_floor=floor,
-            typing_extensions=facts.typing_extensions,
-            build_typing_extensions=facts.build_typing_extensions,
-            import_line_length=facts.line_length,
-            first_party=facts.first_party,
-        ),
-    )
