@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvref.audit import analyze
-from kvref.audit.rules._kvr102_passes import count_passes
+from kvref.audit.summarise.passes import count_passes
 from kvref.audit.summarise.records import MultiPass
 from kvref.audit.summarise.summary import summarize
 

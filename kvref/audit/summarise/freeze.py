@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from kvref.audit.source import line_char_col
 from kvref.audit.summarise.imports import OVERRIDE_MODULES, canonical_type_name, dotted_name
+from kvref.audit.summarise.passes import multi_pass_facts
 from kvref.audit.summarise.records import (
     BaseRef,
     Binding,
@@ -104,7 +105,7 @@ class Freezer:
         multi: tuple[MultiPass, ...] = ()
         for _, _, _, _, annotation, _ in params:
             if annotation is not None and annotation.head in _ITERATION_HEADS:
-                multi = _multi_pass_facts(node, params)
+                multi = multi_pass_facts(node, params)
                 break
         indent = None if prefix.strip() else prefix
         if not node.decorator_list:
@@ -309,15 +310,6 @@ class Freezer:
         parts.extend(self.lines[line : end_line - 1])
         parts.append(self.lines[end_line - 1][:end_col])
         return "\n".join(parts)
-
-
-def _multi_pass_facts(
-    node: ast.FunctionDef | ast.AsyncFunctionDef, params: tuple[ParamRow, ...]
-) -> tuple[MultiPass, ...]:
-    # KVR102 owns this analysis; imported on first use, since the rules import this module.
-    from kvref.audit.rules._kvr102_passes import multi_pass_facts
-
-    return multi_pass_facts(node, params)
 
 
 def _flatten_union(members: list[TypeExpr]) -> tuple[TypeExpr, ...]:

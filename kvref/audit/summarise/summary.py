@@ -26,12 +26,13 @@ from collections.abc import Iterator, Sequence
 from typing import Final
 
 from kvref.audit.source import SummaryError, decode_source, detect_newline, split_lines
+from kvref.audit.summarise.assignments import target_names
 from kvref.audit.summarise.freeze import ClassBuilder, Freezer
 from kvref.audit.summarise.imports import dotted_name, import_facts
 from kvref.audit.summarise.records import Binding, ImportFacts, ModuleSummary
 from kvref.audit.summarise.suppress import candidate_lines
 
-__all__ = ["summarize", "target_names"]
+__all__ = ["summarize"]
 
 _CLASS_WORD = re.compile(r"class\b")
 
@@ -350,17 +351,6 @@ def _mentions_iteration(args: ast.arguments) -> bool:
         if isinstance(annotation, ast.Constant) and "Iter" in str(annotation.value):
             return True
     return False
-
-
-def target_names(target: ast.expr) -> Iterator[str]:
-    """The names an assignment target binds (through tuples, lists and starred targets)."""
-    if isinstance(target, ast.Name):
-        yield target.id
-    elif isinstance(target, ast.Tuple | ast.List):
-        for element in target.elts:
-            yield from target_names(element)
-    elif isinstance(target, ast.Starred):
-        yield from target_names(target.value)
 
 
 def _type_checking_test(test: ast.expr) -> bool | None:

@@ -1,8 +1,9 @@
 """KVR102's analysis: how many times one run of a function consumes each Iterable parameter.
 
-It runs while a file is summarised (the summary keeps no `ast`): the summariser calls
-`multi_pass_facts` for each function with an `Iterable`/`Iterator` annotation and stores the
-`MultiPass` facts it returns, which `kvr102_multi_pass_iterable` reports.
+It runs while a file is summarised, since the summary keeps no `ast`, so it lives in the
+summariser's layer, below the rule: `freeze.py` calls `multi_pass_facts` for each function with
+an `Iterable`/`Iterator` annotation and stores the `MultiPass` facts it returns, which
+`kvref.audit.rules.kvr102_multi_pass_iterable` reports.
 
 A pass is a `for` loop, a comprehension, an `in` test, unpacking, `*x` spreading, `yield
 from`, or a call that consumes its argument (`len`, `list`, `sorted`, `sum`, `str.join`,
@@ -25,8 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
+from kvref.audit.summarise.assignments import target_names
 from kvref.audit.summarise.records import MultiPass, ParamRow
-from kvref.audit.summarise.summary import target_names
 
 __all__ = ["Pass", "count_passes", "multi_pass_facts"]
 
