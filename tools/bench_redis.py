@@ -35,7 +35,8 @@ from kvref.tiering.redis import RedisSecondaryTier
 from kvref.tiering.redis.local import LocalRedisServer, redis_server_path
 
 # Sizes and keys are spelled as in the tiering benchmark, which runs this one with --redis.
-from bench_tiering import human, key_of, parse_size  # noqa: E402  (tools/ is on sys.path)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _tier_bench import human, key_of, parse_size  # noqa: E402
 
 __all__ = ["main", "bench_block_size"]
 

@@ -41,7 +41,7 @@ if __package__ in (None, ""):
 
 import xxhash
 
-from kvref.base import OffloadingManager, OffloadKey, ReqContext, make_offload_key
+from kvref.base import OffloadingManager, ReqContext
 from kvref.cpu.manager import CPUOffloadingManager
 from kvref.cpu.shared_region import DEFAULT_REGION_DIR, SharedOffloadRegion
 from kvref.tiering.base import JobMetadata
@@ -49,28 +49,13 @@ from kvref.tiering.fs import FileSystemSecondaryTier
 from kvref.tiering.fs.pool import default_threads
 from kvref.tiering.manager import CPUPrimaryTierOffloadingManager, TieringOffloadingManager
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _tier_bench import human, key_of, parse_size  # noqa: E402
+from bench_redis import main as bench_redis  # noqa: E402  (run by --redis)
+
 __all__ = ["main"]
 
-_SIZES = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 CTX = ReqContext(req_id="bench")
-
-
-def parse_size(text: str) -> int:
-    text = text.strip().upper().removesuffix("IB").removesuffix("B")
-    if text and text[-1] in _SIZES:
-        return int(float(text[:-1]) * _SIZES[text[-1]])
-    return int(text)
-
-
-def human(size: int) -> str:
-    for unit, factor in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if size >= factor and size % factor == 0:
-            return f"{size // factor} {unit}"
-    return f"{size} B"
-
-
-def key_of(i: int) -> OffloadKey:
-    return make_offload_key(i.to_bytes(32, "big"), 0)
 
 
 def fill(rows: memoryview) -> None:
@@ -371,9 +356,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.skip_scheduler:
             bench_scheduler(args, work_dir)
         if args.redis:
-            sys.path.insert(0, str(Path(__file__).resolve().parent))
-            from bench_redis import main as bench_redis
-
             bench_redis(["--repeats", str(args.repeats)])
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
