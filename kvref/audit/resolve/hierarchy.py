@@ -1,9 +1,11 @@
-"""The project index: module names, import resolution, classes and their C3 MROs.
+"""The project index: the classes base expressions lead to, their C3 MROs and members.
 
 `ProjectIndex` answers "which class does this base expression name?" across the project,
 then the extra search roots (installed packages, `.pyi` stubs preferred), then the running
 interpreter's standard library source (parsed lazily with `summarize`, cached per process),
-and `builtins` plus already-loaded C modules by introspection (nothing is imported).
+and `builtins` plus already-loaded C modules by introspection (nothing is imported). Names are
+followed by `NameResolver` (`names.py`); this module builds each class's `ClassInfo` from its
+summary (or the live class), linearises its bases and finds the members it overrides.
 
 Anything that cannot be followed to a class (an uninstalled package, a base computed by a
 call) is `Unresolved`; a class whose MRO contains one has an unresolved MRO, and the rules
@@ -14,23 +16,13 @@ from __future__ import annotations
 
 import builtins
 import sys
-import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from kvref.audit.resolve.modules import ModuleTable
-from kvref.audit.resolve.stdlib import TYPING_REDIRECTS, is_loaded_stdlib, loaded_extension
-from kvref.audit.resolve.targets import (
-    BUILTINS,
-    ClassInfo,
-    ClassKey,
-    MemberHit,
-    ModuleTarget,
-    NotAClass,
-    Target,
-    Unresolved,
-)
-from kvref.audit.summarise.records import Binding, ClassSummary, FunctionSummary, ModuleSummary
+from kvref.audit.resolve.names import NameResolver
+from kvref.audit.resolve.targets import BUILTINS, ClassInfo, ClassKey, MemberHit, Target, Unresolved
+from kvref.audit.summarise.records import FunctionSummary, ModuleSummary
 
 __all__ = ["ProjectIndex"]
 
@@ -81,20 +73,17 @@ class ProjectIndex:
             summarize_external: summarizes a standard-library or installed file (the engine
                 passes its cached summarizer); by default the file is read and summarized.
         """
-        self._stubs: Mapping[str, str] = stubs or {}
         self._table = ModuleTable(
             modules, deferred or {}, aliases or {}, packages, scripts, search_paths,
             package_roots, summarize_external,
         )
+        self._names = NameResolver(self._table, stubs or {})
         self._infos: dict[ClassKey, ClassInfo | None] = {}
         self._mros: dict[ClassKey, tuple[ClassKey, ...] | Unresolved] = {}
         self._in_progress: set[ClassKey] = set()
-        self._names: dict[tuple[str, str, str], Target] = {}
-        self._live: dict[ClassKey, type] = {}
         self._base_infos: dict[ClassKey, list[ClassInfo]] = {}
         self._hits: dict[tuple[ClassKey, str], MemberHit | None] = {}
         self._known_ancestors: dict[ClassKey, tuple[ClassKey, ...]] = {}
-        self._resolving: set[tuple[str, str]] = set()
 
     def module(self, name: str) -> ModuleSummary | None:
         """The summary of a module by dotted name (project, search paths, stdlib)."""
@@ -108,217 +97,15 @@ class ProjectIndex:
         """The absolute name of `from <level dots><imported> import ...` inside `module`."""
         return self._table.absolute_module(module, imported, level)
 
-    # --- names ----------------------------------------------------------------------------
+    # --- names (names.py) -----------------------------------------------------------------
 
     def resolve(self, module: str, dotted: str, scope: str = "") -> Target:
         """What a dotted expression written in `module` (inside class `scope`) refers to."""
-        head, *rest = dotted.split(".")
-        target = self._resolve_name(module, head, scope)
-        for attribute in rest:
-            target = self._member(target, attribute)
-        return target
+        return self._names.resolve(module, dotted, scope)
 
     def resolve_class(self, module: str, dotted: str, scope: str = "") -> ClassKey | Unresolved:
         """Like `resolve`, but anything that is not a class becomes `Unresolved`."""
-        if not dotted:
-            return Unresolved(frozenset({"<expression>"}))
-        target = self.resolve(module, dotted, scope)
-        if isinstance(target, ClassKey | Unresolved):
-            return target
-        name = target.dotted if isinstance(target, NotAClass) else target.name
-        return Unresolved(frozenset({name}))
-
-    def _resolve_name(self, module: str, name: str, scope: str) -> Target:
-        module = self._table.aliases.get(module, module)
-        cache_key = (module, name, scope)
-        cached = self._names.get(cache_key)
-        if cached is None:
-            cached = self._resolve_name_uncached(module, name, scope)
-            self._names[cache_key] = cached
-        return cached
-
-    def _resolve_name_uncached(
-        self, module: str, name: str, scope: str, defining: str = ""
-    ) -> Target:
-        if module == BUILTINS or (summary := self.module(module)) is None:
-            return self._introspected_member(module, name)
-        classes = self._table.class_table(module, summary)
-        while scope:
-            if f"{scope}.{name}" in classes and f"{scope}.{name}" != defining:
-                return ClassKey(module, f"{scope}.{name}")
-            scope = classes[scope].scope if scope in classes else ""
-        guard = (module, name)
-        if guard in self._resolving:
-            return Unresolved(frozenset({f"{module}.{name}"}))
-        self._resolving.add(guard)
-        try:
-            found = self._resolve_global(module, summary, name, defining)
-        finally:
-            self._resolving.discard(guard)
-        stub = self._stubs.get(module)
-        if isinstance(found, Unresolved) and stub is not None:
-            in_stub = self._resolve_name(stub, name, "")
-            if isinstance(in_stub, ClassKey | ModuleTarget):
-                return in_stub
-        if not isinstance(found, ClassKey | ModuleTarget) and is_loaded_stdlib(module):
-            # `types.ModuleType = type(sys)`: the source cannot tell, the loaded module can.
-            live = self._introspected_member(module, name, sys.modules[module])
-            if isinstance(live, ClassKey):
-                return live
-        return found
-
-    def _resolve_base(self, key: ClassKey, cls: ClassSummary, dotted: str) -> ClassKey | Unresolved:
-        """A base expression of `cls`; `class Thread(Thread):` means the name bound before."""
-        head, _, rest = dotted.partition(".")
-        if head != cls.name:
-            return self.resolve_class(key.module, dotted, cls.scope)
-        target = self._resolve_name_uncached(key.module, head, cls.scope, defining=key.qualname)
-        for attribute in rest.split(".") if rest else ():
-            target = self._member(target, attribute)
-        if isinstance(target, ClassKey | Unresolved):
-            return target
-        return Unresolved(frozenset({dotted}))
-
-    def _resolve_global(
-        self, module: str, summary: ModuleSummary, name: str, defining: str = ""
-    ) -> Target:
-        bindings = self._table.symbol_table(module, summary).get(name, ())
-        if defining:
-            bindings = tuple(b for b in bindings if not (b.kind == "class" and b.target == defining))
-        if bindings:
-            # The binding a type checker sees first decides, even when it cannot be
-            # resolved: `except ImportError: Base = object` must not stand in for an
-            # uninstalled base (that would invent KVR002s).
-            return self._follow(module, bindings[0], name)
-        for star_module, level in summary.star_imports:
-            source = self.absolute_module(module, star_module, level)
-            exported = self.module(source)
-            if exported is not None and self._exports(source, exported, name):
-                return self._resolve_name(source, name, "")
-            if exported is None and loaded_extension(source) is not None:
-                target = self._introspected_member(source, name)
-                if not isinstance(target, Unresolved):
-                    return target
-        if hasattr(builtins, name):
-            return self._introspected_member(BUILTINS, name)
-        return Unresolved(frozenset({f"{module}.{name}"}))
-
-    def _exports(self, module: str, summary: ModuleSummary, name: str) -> bool:
-        if summary.all_names is not None:
-            return name in summary.all_names
-        table = self._table.symbol_table(module, summary)
-        return not name.startswith("_") and (
-            name in table or any(self._star_exports(module, summary, name))
-        )
-
-    def _star_exports(self, module: str, summary: ModuleSummary, name: str) -> Iterable[bool]:
-        for star_module, level in summary.star_imports:
-            source = self.absolute_module(module, star_module, level)
-            exported = self.module(source)
-            yield exported is not None and source != module and self._exports(source, exported, name)
-
-    def _follow(self, module: str, binding: Binding, name: str) -> Target:
-        if binding.kind == "class":
-            return ClassKey(module, binding.target)
-        if binding.kind == "module":
-            target = self._script_sibling(module, binding.target)
-            if self._table.exists(target):
-                return ModuleTarget(target)
-            return Unresolved(frozenset({binding.target}))
-        if binding.kind == "import":
-            source = self.absolute_module(module, binding.module, binding.level)
-            if binding.level == 0:
-                source = self._script_sibling(module, source)
-            if source in ("typing", "typing_extensions"):
-                redirected = self._typing_member(binding.target)
-                if redirected is not None:
-                    return redirected
-            if not self._table.exists(source):
-                submodule = f"{source}.{binding.target}" if source else binding.target
-                if self._table.exists(submodule):
-                    return ModuleTarget(submodule)
-                return Unresolved(frozenset({f"{source}.{binding.target}"}))
-            return self._member(ModuleTarget(source), binding.target)
-        if binding.kind == "alias" and binding.target == name and hasattr(builtins, name):
-            # `TimeoutError = TimeoutError` (asyncio.exceptions): the builtin, read before the
-            # module binds its own name.
-            return self._introspected_member(BUILTINS, name)
-        if binding.kind == "alias" and binding.target:
-            return self.resolve(module, binding.target)
-        return NotAClass(f"{module}.{name}")
-
-    def _script_sibling(self, module: str, imported: str) -> str:
-        """`imported` as a script sees it: a module next to it wins when nothing else exists.
-
-        A file outside any regular package (a script, a test directory without
-        `__init__.py`) runs with its own directory on `sys.path`.
-        """
-        if module not in self._table.scripts or "." not in module or self._table.exists(imported):
-            return imported
-        sibling = f"{module.rpartition('.')[0]}.{imported}"
-        return sibling if self._table.exists(sibling) else imported
-
-    def _typing_member(self, name: str) -> Target | None:
-        if name in TYPING_REDIRECTS:
-            module, attribute = TYPING_REDIRECTS[name]
-            return self._resolve_name(module, attribute, "")
-        if name in ("Protocol", "Generic"):
-            return self._resolve_name("typing", name, "") if self.module("typing") else None
-        if name == "Any":
-            return Unresolved(frozenset({"typing.Any"}))
-        return None
-
-    def _member(self, target: Target, attribute: str) -> Target:
-        if isinstance(target, ModuleTarget):
-            target = ModuleTarget(self._table.aliases.get(target.name, target.name))
-            if target.name in ("typing", "typing_extensions"):
-                redirected = self._typing_member(attribute)
-                if redirected is not None:
-                    return redirected
-            summary = self.module(target.name)
-            submodule = f"{target.name}.{attribute}"
-            if summary is not None:
-                table = self._table.symbol_table(target.name, summary)
-                if attribute in table or any(self._star_exports(target.name, summary, attribute)):
-                    found = self._resolve_name(target.name, attribute, "")
-                    # `from torch import nn` inside torch/__init__.py: the submodule.
-                    if isinstance(found, ClassKey | ModuleTarget) or not self._table.exists(
-                        submodule
-                    ):
-                        return found
-                    return ModuleTarget(submodule)
-                if self._table.exists(submodule):
-                    return ModuleTarget(submodule)
-                if target.name in self._stubs:
-                    return self._resolve_name(target.name, attribute, "")  # through the stub
-                return Unresolved(frozenset({submodule}))
-            if self._table.exists(submodule):
-                return ModuleTarget(submodule)
-            return self._introspected_member(target.name, attribute)
-        if isinstance(target, ClassKey):
-            info = self.class_info(target)
-            nested = f"{target.qualname}.{attribute}"
-            if info is not None and info.module_summary is not None:
-                if nested in self._table.class_table(target.module, info.module_summary):
-                    return ClassKey(target.module, nested)
-            return NotAClass(f"{target.dotted}.{attribute}")
-        if isinstance(target, Unresolved):
-            return Unresolved(frozenset(f"{n}.{attribute}" for n in target.names))
-        return NotAClass(f"{target.dotted}.{attribute}")
-
-    def _introspected_member(
-        self, module: str, name: str, loaded: types.ModuleType | None = None
-    ) -> Target:
-        if loaded is None:
-            loaded = builtins if module == BUILTINS else loaded_extension(module)
-        value = getattr(loaded, name, None) if loaded is not None else None
-        if isinstance(value, type):
-            return self._live_key(value)
-        if isinstance(value, types.ModuleType):
-            return ModuleTarget(value.__name__)
-        if value is not None:
-            return NotAClass(f"{module}.{name}")
-        return Unresolved(frozenset({f"{module}.{name}"}))
+        return self._names.resolve_class(module, dotted, scope)
 
     # --- classes --------------------------------------------------------------------------
 
@@ -342,7 +129,7 @@ class ProjectIndex:
         for method in cls.methods:
             methods.setdefault(method.name, []).append(method)
         bases: list[ClassKey | Unresolved] = [
-            self._resolve_base(key, cls, base.dotted) if base.dotted
+            self._names.resolve_base(key, cls, base.dotted) if base.dotted
             else Unresolved(frozenset({base.text}))
             for base in cls.bases
         ]
@@ -358,21 +145,15 @@ class ProjectIndex:
             module_summary=summary,
         )
 
-    def _live_key(self, value: type) -> ClassKey:
-        """The key of a live class, remembered: `types.ModuleType` says it is `builtins.module`."""
-        key = ClassKey(value.__module__, value.__qualname__)
-        self._live.setdefault(key, value)
-        return key
-
     def _introspected_info(self, key: ClassKey) -> ClassInfo | None:
-        value: object = self._live.get(key)
+        value: object = self._names.live_class(key)
         if value is None:
             value = builtins if key.module == BUILTINS else sys.modules.get(key.module)
             for part in key.qualname.split(".") if value is not None else ():
                 value = getattr(value, part, None)
         if not isinstance(value, type):
             return None
-        bases = tuple(self._live_key(b) for b in value.__bases__)
+        bases = tuple(self._names.live_key(b) for b in value.__bases__)
         members = frozenset(value.__dict__)
         if value is object:
             # At runtime object has slot wrappers for every rich comparison; the type checkers
