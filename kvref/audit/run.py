@@ -376,6 +376,15 @@ class AuditRun:
     def _write_report(self, report: Report, fixing: _FixOutcome) -> None:
         """Findings (or statistics, a diff, fixed stdin text) on stdout; the rest on stderr."""
         request = self.request
+        fixed_findings: Sequence[Finding] = fixing.fixed_findings
+        repository_paths = report
+        if self.source is not None and request.stdin_filename is not None:
+            # Text on stdin is named as `--stdin-filename` gave it, for the editor that passed
+            # it; GitHub annotations and SARIF stay repository-relative (`repository_paths`),
+            # which is what their readers resolve.
+            named = _as_given(request.stdin_filename, self.cwd)
+            report = _renamed(report, self.source[0], named)
+            fixed_findings = [_renamed_finding(f, self.source[0], named) for f in fixed_findings]
         # With `- --fix` stdout carries the fixed text, so the findings go to stderr.
         findings_out = self.stderr if self.source is not None and request.fix else self.stdout
         if request.diff:
@@ -390,13 +399,15 @@ class AuditRun:
         else:
             text = request.output_format is OutputFormat.TEXT
             color = text and use_color(findings_out, os.environ)
-            findings_out.write(render(request.output_format, report, color=color))
+            human = request.output_format in (OutputFormat.TEXT, OutputFormat.JSON)
+            shown = report if human else repository_paths
+            findings_out.write(render(request.output_format, shown, color=color))
         if self.source is not None and request.fix and not request.diff:
             self.stdout.write(self.source[1].decode("utf-8", "surrogateescape"))
         self.stdout.flush()
         if request.show_fixes:
             applied = request.fix and not request.diff
-            self.stderr.write(render_fix_listing(fixing.fixed_findings, report.rules, applied=applied))
+            self.stderr.write(render_fix_listing(fixed_findings, report.rules, applied=applied))
         self.stderr.write(
             render_summary(
                 report,
@@ -405,6 +416,31 @@ class AuditRun:
                 quiet=request.quiet,
             )
         )
+
+
+def _as_given(stdin_filename: Path, cwd: Path) -> str:
+    """`--stdin-filename` as the findings name it: as written when relative (it is relative to
+    the current directory), relative to the current directory when absolute and inside it, as
+    ruff does; with `/` separators, like every reported path."""
+    if not stdin_filename.is_absolute():
+        return Path(os.path.normpath(stdin_filename)).as_posix()
+    try:
+        return Path(os.path.abspath(stdin_filename)).relative_to(os.path.abspath(cwd)).as_posix()
+    except ValueError:
+        return stdin_filename.as_posix()
+
+
+def _renamed_finding(finding: Finding, path: str, named: str) -> Finding:
+    return replace(finding, path=named) if finding.path == path else finding
+
+
+def _renamed(report: Report, path: str, named: str) -> Report:
+    """`report` with the file at project-relative `path` named `named`."""
+    return replace(
+        report,
+        findings=[_renamed_finding(finding, path, named) for finding in report.findings],
+        errors=[replace(error, path=named) if error.path == path else error for error in report.errors],
+    )
 
 
 def _uri_prefix(root: Path, vcs_root: Path | None) -> str:

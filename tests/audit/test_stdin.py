@@ -5,6 +5,7 @@ is ever written."""
 from __future__ import annotations
 
 import io
+import json
 import subprocess
 import sys
 import textwrap
@@ -150,6 +151,43 @@ def test_stdin_through_the_console_script(project: Path) -> None:
     assert (project / "pkg/child.py").read_text() == ON_DISK
 
 
+# --- findings name the file as --stdin-filename gave it, relative to the current directory
+# --- (as ruff does), wherever the project root is.
+
+
+def test_stdin_findings_are_named_as_given_outside_any_project(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # No pyproject.toml: pkg/ is the project root, and the path is still pkg/mod.py.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pkg").mkdir()
+    text = "class A:\n    def f(self) -> None: ...\n\n\nclass B(A):\n    def f(self) -> None: ...\n"
+    code, out, _ = _run(monkeypatch, capsys, text, "--stdin-filename", "pkg/mod.py")
+    assert code == EXIT_FINDINGS
+    assert out.startswith("pkg/mod.py:6:9: KVR001 ")
+    code, out, _ = _run(monkeypatch, capsys, text, "--stdin-filename", "./pkg/mod.py", "--output-format", "json")
+    assert json.loads(out)["findings"][0]["path"] == "pkg/mod.py"
+
+
+def test_stdin_findings_are_named_relative_to_the_current_directory(
+    project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(project / "pkg")  # below the project root
+    code, out, _ = _run(monkeypatch, capsys, EDITED, "--stdin-filename", "child.py")
+    assert code == EXIT_FINDINGS
+    assert out.startswith("child.py:5:9: KVR001 ")
+    code, out, _ = _run(monkeypatch, capsys, EDITED, "--stdin-filename", str(project / "pkg/child.py"))
+    assert out.startswith("child.py:5:9: KVR001 ")  # an absolute PATH inside it, relative
+    code, out, err = _run(monkeypatch, capsys, "def (:\n", "--stdin-filename", "child.py")
+    assert (code, out) == (EXIT_ERROR, "")
+    assert err.startswith("child.py:1:")
+    code, out, err = _run(monkeypatch, capsys, EDITED, "--stdin-filename", "child.py", "--fix", "--show-fixes")
+    assert "- child.py:\n    1 x KVR001 (missing-override)" in err
+    # GitHub annotations stay repository-relative: GitHub resolves them from the checkout.
+    code, out, _ = _run(monkeypatch, capsys, EDITED, "--stdin-filename", "child.py", "--output-format", "github")
+    assert out.startswith("::error file=pkg/child.py,line=5,")
+
+
 # --- PATH in another project than the current directory (an editor's working directory is
 # --- rarely the project of the buffer it lints).
 
@@ -178,10 +216,11 @@ def test_stdin_filename_in_another_project_is_audited_in_that_project(
     name = str(project / "pkg/child.py") if absolute else "../proj/pkg/child.py"
     code, out, err = _run(monkeypatch, capsys, EDITED, "--stdin-filename", name)
     # Base comes from the sibling module pkg/base.py of PATH, the configuration from PATH's
-    # pyproject.toml; paths are reported relative to that project, as for any file of it.
+    # pyproject.toml; the finding names the file as PATH was given (outside the current
+    # directory, absolute stays absolute).
     assert code == EXIT_FINDINGS, err
     assert out.splitlines() == [
-        'pkg/child.py:5:9: KVR001 Method "Child.work" overrides "pkg.base.Base.work" '
+        f'{name}:5:9: KVR001 Method "Child.work" overrides "pkg.base.Base.work" '
         "but is not decorated with @override"
     ]
     assert "Checked 1 file (3 indexed)." in err
