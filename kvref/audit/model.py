@@ -89,11 +89,15 @@ class Fix:
             of one file may carry the very same import edit (applied once).
         description: a short imperative line, e.g. "Add @override", followed by why the fix
             is unsafe when that is not the rule's usual reason.
+        unsafe_reason: why an unsafe fix is unsafe, one clause ("the body may rely on the
+            narrower type..."); the summary groups the fixes withheld without
+            `--unsafe-fixes` by it. Empty for a safe fix.
     """
 
     applicability: Applicability
     edits: tuple[Edit, ...]
     description: str = ""
+    unsafe_reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)

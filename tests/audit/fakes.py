@@ -95,7 +95,7 @@ def _finding(path: str, node: ast.FunctionDef, symbol: str, lines: list[str]) ->
     if name.startswith("narrow_") and "Sequence" in lines[line - 1]:
         start = lines[line - 1].index("Sequence")
         edit = Edit(line, start, line, start + len("Sequence"), "Collection")
-        fix = Fix(Applicability.UNSAFE, (edit,), description="Widen to Collection")
+        fix = Fix(Applicability.UNSAFE, (edit,), "Widen to Collection", "the body may index it")
         return make("KVR101", f"`{name}` narrows a Collection parameter to Sequence", fix)
     if name.startswith("twice_"):
         return make("KVR102", f"`{name}` iterates an Iterable twice")

@@ -383,7 +383,7 @@ def test_loads_refuses_foreign_classes() -> None:
 _TEXT = st.text(max_size=8)
 _EDITS = st.builds(Edit, st.integers(1, 9), st.integers(0, 9), st.integers(1, 9), st.integers(0, 9), _TEXT)
 _FIXES = st.builds(
-    Fix, st.sampled_from(Applicability), st.lists(_EDITS, max_size=3).map(tuple), _TEXT
+    Fix, st.sampled_from(Applicability), st.lists(_EDITS, max_size=3).map(tuple), _TEXT, _TEXT
 )
 _FINDINGS = st.builds(
     Finding,
@@ -406,7 +406,7 @@ def test_the_result_strategy_sets_every_field() -> None:
     # A field added to these records must be added to the strategies above (and so be
     # round-tripped by the result cache), or a warm run would drop it: a fix's imports
     # once were (a separate field then), and --fix wrote annotations without their import.
-    assert [f.name for f in dataclasses.fields(Fix)] == ["applicability", "edits", "description"]
+    assert [f.name for f in dataclasses.fields(Fix)] == ["applicability", "edits", "description", "unsafe_reason"]
     assert len(dataclasses.fields(Finding)) == 9
     assert [f.name for f in dataclasses.fields(AnalysisResult)] == [
         "findings", "errors", "unresolved_bases", "files_analyzed", "suppression_lines",

@@ -271,6 +271,7 @@ def test_unsafe_fixes_need_the_flag(project: Project, run: Callable[..., Outcome
     assert outcome.code == EXIT_FINDINGS
     assert (project.root / "m.py").read_text() == source
     assert "(1 more with --unsafe-fixes)" in outcome.stderr
+    assert "\n1 KVR101 fix needs --unsafe-fixes: the body may index it.\n" in outcome.stderr
     outcome = run("--fix", "--unsafe-fixes")
     assert outcome.code == EXIT_CLEAN
     assert (project.root / "m.py").read_text() == "def narrow_x(keys: Collection[int]): pass\n"

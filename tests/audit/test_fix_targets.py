@@ -341,6 +341,18 @@ def test_below_3_12_without_typing_extensions_plain_fix_leaves_kvr001(tmp_path: 
     assert "    @override\n    def run" in fixed
 
 
+def test_the_summary_says_what_a_withheld_kvr001_fix_needs(
+    tmp_path: Path, run: Run, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _project(tmp_path, '[project]\nname = "p"\nrequires-python = ">=3.11"\n', {"pkg/other.py": CHILD})
+    assert main(["pkg"]) == EXIT_FINDINGS  # `run` set the directory and the cache
+    assert capsys.readouterr().err.splitlines()[:2] == [
+        "Found 2 findings (2 more with --unsafe-fixes).",
+        '2 KVR001 fixes need --unsafe-fixes: typing_extensions is undeclared; add it to the '
+        'dependencies or set target-version = "py312".',
+    ]
+
+
 def test_a_development_only_typing_extensions_is_imported_by_tests_alone(tmp_path: Path, run: Run) -> None:
     # rich 15 declares typing-extensions only among Poetry's dev-dependencies: `pip install
     # rich` does not install it, so `rich/` may not import it; its tests may.

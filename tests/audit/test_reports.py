@@ -21,7 +21,7 @@ from tests.audit.conftest import Project
 from tests.audit.fakes import FAKE_RULES
 
 SAFE = Fix(Applicability.SAFE, (Edit(3, 4, 3, 4, "@override\n    "),), "Add @override")
-UNSAFE = Fix(Applicability.UNSAFE, (Edit(7, 20, 7, 28, "Collection"),), "Widen")
+UNSAFE = Fix(Applicability.UNSAFE, (Edit(7, 20, 7, 28, "Collection"),), "Widen", "the body may index it")
 
 
 def _report(summary: Summary | None = None) -> Report:
@@ -62,6 +62,7 @@ def test_summary_counts_fixability_errors_and_bases() -> None:
     assert summary.splitlines() == [
         "pkg/broken.py:4:2: error: syntax error: invalid syntax",
         "Found 3 findings (1 fixable with --fix; 1 more with --unsafe-fixes).",
+        "1 KVR101 fix needs --unsafe-fixes: the body may index it.",
         "2 findings hidden by the baseline.",
         "1 finding suppressed by inline comments.",
         "2 base classes could not be resolved, so 4 classes inheriting from them were only "
@@ -70,6 +71,35 @@ def test_summary_counts_fixability_errors_and_bases() -> None:
         "Checked 3 files (5 indexed).",
     ]
     assert "2 fixable with --fix" in render_summary(_report(Summary(unsafe_fixes=True)))
+
+
+def test_summary_says_why_fixes_are_withheld_one_line_per_reason() -> None:
+    def unsafe(code: str, reason: str) -> Finding:
+        fix = Fix(Applicability.UNSAFE, (Edit(1, 0, 1, 0, "x"),), "Fix", reason)
+        return Finding("m.py", 1, 1, 1, 2, code, "message", "C.f", fix)
+
+    undeclared = 'typing_extensions is undeclared; add it to the dependencies or set target-version = "py312"'
+    findings = [
+        *(unsafe("KVR001", undeclared) for _ in range(3)),
+        unsafe("KVR001", "setup.py runs where only [build-system] requires is installed"),
+        *(unsafe("KVR101", "the body may index it") for _ in range(2)),
+        unsafe("KVR103", ""),
+        Finding("m.py", 2, 1, 2, 2, "KVR001", "message", "C.g", SAFE),
+    ]
+    report = Report(findings, [], FAKE_RULES, frozenset({"KVR001", "KVR101", "KVR103"}), Summary(files_reported=1))
+    assert render_summary(report).splitlines() == [
+        "Found 8 findings (1 fixable with --fix; 7 more with --unsafe-fixes).",
+        f"3 KVR001 fixes need --unsafe-fixes: {undeclared}.",
+        "2 KVR101 fixes need --unsafe-fixes: the body may index it.",
+        "1 KVR001 fix needs --unsafe-fixes: setup.py runs where only [build-system] requires is installed.",
+        "1 KVR103 fix needs --unsafe-fixes.",
+        "Checked 1 file (0 indexed).",
+    ]
+    assert f"3 KVR001 fixes need --unsafe-fixes: {undeclared}." in render_summary(report, diff=True)
+    applied = Report(findings, [], FAKE_RULES, frozenset(), Summary(files_reported=1, unsafe_fixes=True))
+    assert "needs --unsafe-fixes" not in render_summary(applied)
+    assert "need --unsafe-fixes" not in render_summary(applied)
+    assert render_summary(report, quiet=True) == ""
 
 
 def test_json_shape() -> None:

@@ -95,9 +95,9 @@ def override_spelling(
         cache: a per-module dict to keep the module's part of the answer in.
 
     Returns:
-        (spelling, imports to add, caveat): the caveat says why the fix is unsafe
-        ("" when it is safe): it would import `typing_extensions`, which the project's
-        declarations may not install where this file runs.
+        (spelling, imports to add, unsafe reason): why the fix is unsafe ("" when it is
+        safe): it would import `typing_extensions`, which the project's declarations may not
+        install where this file runs.
     """
     modern = options.python_floor is not None and options.python_floor >= _TYPING_OVERRIDE_SINCE
     facts = cache.get(_CACHE_KEY) if cache is not None else None
@@ -144,13 +144,13 @@ def override_spelling(
 _CACHE_KEY = "override_spelling.module"
 # Short: a large project repeats them on thousands of findings in a JSON report.
 _CAVEATS: dict[TypingExtensions, str] = {
-    "undeclared": 'unsafe: typing_extensions is undeclared; add it to the dependencies or set target-version = "py312"',
-    "development": 'unsafe: typing_extensions is only a development dependency; add it to the dependencies or set target-version = "py312"',
-    "conditional": 'unsafe: typing_extensions is a dependency under a marker only; drop the marker or set target-version = "py312"',
-    "before-3.12": 'unsafe: typing_extensions is a dependency below Python 3.12 only, and "sys" is taken',
+    "undeclared": 'typing_extensions is undeclared; add it to the dependencies or set target-version = "py312"',
+    "development": 'typing_extensions is only a development dependency; add it to the dependencies or set target-version = "py312"',
+    "conditional": 'typing_extensions is a dependency under a marker only; drop the marker or set target-version = "py312"',
+    "before-3.12": 'typing_extensions is a dependency below Python 3.12 only, and "sys" is taken',
     "runtime": "",
 }
-_BUILD_CAVEAT = 'unsafe: setup.py runs where only [build-system] requires is installed; add typing_extensions there'
+_BUILD_CAVEAT = 'setup.py runs where only [build-system] requires is installed; add typing_extensions there'
 _TYPING_OVERRIDE_SINCE = (3, 12)
 # The names the decorator is imported under, in order of preference (the first that is free).
 _ALIASES = ("override", "typing_override", "_typing_override", *(f"_typing_override{n}" for n in range(2, 100)))

@@ -98,6 +98,21 @@ def _plural(count: int, word: str, plural: str | None = None) -> str:
     return f"{count} {word}" if count == 1 else f"{count} {plural or word + 's'}"
 
 
+def _withheld_fixes(findings: Sequence[Finding]) -> list[str]:
+    """One line per (code, reason) of the fixes that need `--unsafe-fixes`, most first."""
+    reasons = Counter(
+        (finding.code, finding.fix.unsafe_reason)
+        for finding in findings
+        if finding.fix is not None and not is_fixable(finding, unsafe_fixes=False)
+    )
+    ranked = sorted(reasons.items(), key=lambda item: (-item[1], item[0]))
+    return [
+        f"{_plural(count, code + ' fix', code + ' fixes')} "
+        f"{'needs' if count == 1 else 'need'} --unsafe-fixes{': ' + reason if reason else ''}."
+        for (code, reason), count in ranked
+    ]
+
+
 def render_summary(
     report: Report, *, color: bool = False, diff: bool = False, quiet: bool = False
 ) -> str:
@@ -133,6 +148,8 @@ def render_summary(
         if not summary.unsafe_fixes and any_fix > safe:
             notes.append(f"{any_fix - safe} more with --unsafe-fixes")
         lines.append(line + (f" ({'; '.join(notes)})." if notes else "."))
+        if not summary.unsafe_fixes:
+            lines.extend(_withheld_fixes(report.findings))
     elif not report.errors and not (diff and summary.fixed):
         lines.append(_paint("All checks passed.", _CYAN, color))
 

@@ -216,7 +216,7 @@ def _related_parameters(context: ModuleContext) -> Iterator[ParamPair]:
                     )
 
 
-def annotation_fix(context: ModuleContext, pair: ParamPair, title: str) -> Fix | None:
+def annotation_fix(context: ModuleContext, pair: ParamPair, title: str, unsafe_reason: str) -> Fix | None:
     """The unsafe fix that rewrites the override's annotation to the base's spelling.
 
     It also imports what the new text names and the module lacks; None (no fix) when a
@@ -237,4 +237,4 @@ def annotation_fix(context: ModuleContext, pair: ParamPair, title: str) -> Fix |
         context.summary.import_facts, imports, newline=context.summary.newline,
         line_length=options.import_line_length, first_party=options.first_party,
     )
-    return Fix(Applicability.UNSAFE, (edit, *added), description=title)
+    return Fix(Applicability.UNSAFE, (edit, *added), description=title, unsafe_reason=unsafe_reason)

@@ -34,6 +34,9 @@ class Rule(abc.ABC):
     fix_safety: ClassVar[FixSafety] = FixSafety.NONE
     fix_title: ClassVar[str] = ""
     """What a fix does, in the imperative ("Add @override"); empty for rules without one."""
+    unsafe_fix_reason: ClassVar[str] = ""
+    """Why the rule's fixes are unsafe, one clause (its `Fix.unsafe_reason`); empty where they
+    are safe, or where each fix says why (KVR001's depend on the project's declarations)."""
 
     @property
     def fixable(self) -> bool:

@@ -142,5 +142,6 @@ def _insert_override(context: ModuleContext, cls: ClassSummary | None, target: F
     return Fix(
         applicability=Applicability.UNSAFE if caveat else Applicability.SAFE,
         edits=tuple(sorted((decorator, *imports), key=lambda edit: (edit.start_line, edit.start_col))),
-        description=f"{MissingOverride.fix_title} ({caveat})" if caveat else MissingOverride.fix_title,
+        description=f"{MissingOverride.fix_title} (unsafe: {caveat})" if caveat else MissingOverride.fix_title,
+        unsafe_reason=caveat,
     )

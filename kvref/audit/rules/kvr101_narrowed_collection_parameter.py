@@ -59,10 +59,11 @@ class NarrowedCollectionParameter(Rule):
     )
     fix_safety = FixSafety.UNSAFE
     fix_title = "Annotate the parameter as the base method does"
+    unsafe_fix_reason = "the function body may rely on the narrower type (indexing, len)"
 
     @override
     def check(self, context: ModuleContext) -> Iterator[Finding]:
         # Narrower or unrelated: callers of the base may pass what the override cannot take.
         for pair in overridden_parameters(context, Relation.NARROWED, Relation.INCOMPATIBLE):
-            fix = annotation_fix(context, pair, self.fix_title)
+            fix = annotation_fix(context, pair, self.fix_title, self.unsafe_fix_reason)
             yield self.report(context, pair.span, pair.symbol, fix, **pair.fields())

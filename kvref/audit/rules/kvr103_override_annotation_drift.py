@@ -58,10 +58,11 @@ class OverrideAnnotationDrift(Rule):
     default_enabled = False
     fix_safety = FixSafety.UNSAFE
     fix_title = "Annotate the parameter as the base method does"
+    unsafe_fix_reason = "direct callers of the override may pass what only the wider annotation allows"
 
     @override
     def check(self, context: ModuleContext) -> Iterator[Finding]:
         # Legal but not uniform: a wider collection, or the same one spelled differently.
         for pair in overridden_parameters(context, Relation.WIDENED, Relation.RESPELLED):
-            fix = annotation_fix(context, pair, self.fix_title)
+            fix = annotation_fix(context, pair, self.fix_title, self.unsafe_fix_reason)
             yield self.report(context, pair.span, pair.symbol, fix, **pair.fields())

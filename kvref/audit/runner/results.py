@@ -29,6 +29,7 @@ def _encode_result(result: AnalysisResult) -> tuple[object, ...]:
                     for e in f.fix.edits
                 ),
                 f.fix.description,
+                f.fix.unsafe_reason,
             ),
         )
         for f in result.findings
@@ -68,10 +69,12 @@ def _decode_result(data: object) -> AnalysisResult:
         )
         fix = None
         if fix_data is not None:
-            applicability, edits, description = cast(
-                tuple[str, tuple[tuple[int, int, int, int, str], ...], str], fix_data
+            applicability, edits, description, unsafe_reason = cast(
+                tuple[str, tuple[tuple[int, int, int, int, str], ...], str, str], fix_data
             )
-            fix = Fix(Applicability(applicability), tuple(Edit(*edit) for edit in edits), description)
+            fix = Fix(
+                Applicability(applicability), tuple(Edit(*edit) for edit in edits), description, unsafe_reason
+            )
         findings.append(Finding(path, line, col, end_line, end_col, code, message, symbol, fix))
     return AnalysisResult(
         findings=findings,
