@@ -353,14 +353,28 @@ def demo(
 
 
 def _require_torch() -> None:
-    """Exit 2 with one line when torch (the `kvref[torch]` extra) cannot be imported."""
+    """Exit 2 with one line when torch (the `kvref[torch]` extra) cannot be imported: it is
+    not installed, or it is and its import fails (a missing CUDA library is an `OSError`, a
+    build for other libraries an `ImportError`, a missing dependency of torch's a
+    `ModuleNotFoundError` naming that dependency)."""
     try:
         importlib.import_module("torch")
     except ModuleNotFoundError as missing:
-        if (missing.name or "").partition(".")[0] != "torch":
-            raise
-        sys.stderr.write("kvref: error: `kvref demo` needs torch: pip install 'kvref[torch]'\n")
-        raise typer.Exit(EXIT_ERROR) from None
+        if (missing.name or "").partition(".")[0] == "torch":
+            sys.stderr.write("kvref: error: `kvref demo` needs torch: pip install 'kvref[torch]'\n")
+            raise typer.Exit(EXIT_ERROR) from None
+        _torch_fails_to_import(missing)
+    except Exception as error:  # noqa: BLE001 - whatever torch's import raises is one line
+        _torch_fails_to_import(error)
+
+
+def _torch_fails_to_import(error: Exception) -> NoReturn:
+    text = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+    sys.stderr.write(
+        "kvref: error: `kvref demo` needs torch, which is installed but fails to import: "
+        f"{type(error).__name__}: {text}\n"
+    )
+    raise typer.Exit(EXIT_ERROR) from None
 
 
 def demo_main(argv: Sequence[str]) -> int:

@@ -160,6 +160,46 @@ def test_kvref_demo_with_torch_unimportable_is_one_line_and_exit_2(argv: list[st
     assert completed.stderr == "kvref: error: `kvref demo` needs torch: pip install 'kvref[torch]'\n"
 
 
+BROKEN_TORCH = [
+    # torch installed, but a CUDA library it links is missing: the dynamic loader's OSError.
+    pytest.param(
+        "raise OSError('libcudart.so.12: cannot open shared object file: No such file or directory')",
+        "OSError: libcudart.so.12: cannot open shared object file: No such file or directory",
+        id="cuda-library",
+    ),
+    # A torch built for another Python or against other libraries.
+    pytest.param(
+        "raise ImportError('libtorch_cpu.so: undefined symbol: _ZN3c10')",
+        "ImportError: libtorch_cpu.so: undefined symbol: _ZN3c10",
+        id="abi",
+    ),
+    # One of torch's own dependencies is missing (torch itself was found).
+    pytest.param(
+        "import sympy_is_not_installed_here",
+        "ModuleNotFoundError: No module named 'sympy_is_not_installed_here'",
+        id="dependency",
+    ),
+]
+
+
+@pytest.mark.parametrize(("torch_init", "error"), BROKEN_TORCH)
+def test_kvref_demo_with_torch_that_fails_to_import_is_one_line_and_exit_2(
+    torch_init: str, error: str, tmp_path: Path
+) -> None:
+    # A `torch` package ahead of any installed one, failing as a broken install does.
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch/__init__.py").write_text(torch_init + "\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(CHECKOUT)])}
+    completed = subprocess.run(
+        [sys.executable, "-m", "kvref", "demo", "--requests", "2", "--device", "cpu"],
+        env=env, capture_output=True, text=True, check=False,
+    )
+    assert (completed.returncode, completed.stdout) == (2, ""), completed.stderr
+    assert completed.stderr == (
+        f"kvref: error: `kvref demo` needs torch, which is installed but fails to import: {error}\n"
+    )
+
+
 def test_kvref_demo_usage_errors_exit_2_through_typer(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--device", "tpu"]) == 2
     assert main(["--layers", "many"]) == 2
