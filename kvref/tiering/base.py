@@ -20,9 +20,9 @@ seen from the primary and move blocks between it and a secondary tier. A cascade
 secondary's `submit_store` (it reads the primary); a promotion is its `submit_load` (it writes
 the primary).
 
-A secondary tier addresses the primary through a zero-copy, C-contiguous 2-D memoryview of
-shape `(num_blocks, row_items)` of any format (bytes, or e.g. a float16/uint16 view exported by
-torch or numpy); `PrimaryBlocks` wraps it and hands out one row of bytes per block id.
+A secondary tier addresses the primary through a zero-copy, C-contiguous memoryview whose first
+dimension is the block, of any format (bytes, or e.g. a float16/uint16 view exported by torch or
+numpy); `PrimaryBlocks` wraps it and hands out one row of `strides[0]` bytes per block id.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from __future__ import annotations
 import pickle
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from typing_extensions import override
@@ -78,34 +78,50 @@ class JobMetadata:
 
 @dataclass(frozen=True)
 class JobResult:
-    """The outcome of one job: `success` is False if any of its blocks failed."""
+    """The outcome of one job (vLLM: `tiering.base.JobResult`).
+
+    Attributes:
+        job_id: the job's id.
+        success: True when every block of the job was moved; False when any failed.
+        successful_keys: for a failed promotion, the blocks that were nevertheless written into
+            their primary slots completely and verified (the manager keeps them and releases
+            only the others); None when every block shares the fate `success` says. Always a
+            subset of the job's keys.
+        transfer_time: seconds the tier spent moving the job's blocks (None if not measured);
+            a measurement, so results compare equal without it.
+        transfer_bytes: bytes the tier moved for the job (None if not measured).
+    """
 
     job_id: JobId
     success: bool
+    successful_keys: tuple[OffloadKey, ...] | None = None
+    transfer_time: float | None = field(default=None, compare=False)
+    transfer_bytes: int | None = field(default=None, compare=False)
 
 
 class PrimaryBlocks:
     """Rows of the primary tier's memory, as seen by a secondary tier.
 
     Args:
-        primary_kv_view: a C-contiguous 2-D memoryview `(num_blocks, row_items)` of any item
-            format, e.g. `SharedOffloadRegion.create_kv_memoryview()` (bytes) or a float16 view
-            of the same memory. A row is `row_items * itemsize` bytes.
+        primary_kv_view: a C-contiguous memoryview of at least two dimensions whose first one
+            is the block (vLLM's `SharedOffloadRegion.create_kv_memoryview()` is
+            `(num_blocks, row_bytes)` bytes; a float16 view of the same memory, or one shaped
+            `(num_blocks, layers, items)`, serves as well). A row is `strides[0]` bytes.
 
     Raises:
-        ValueError: the view is not 2-D or not C-contiguous.
+        ValueError: the view has fewer than two dimensions or is not C-contiguous.
     """
 
     def __init__(self, primary_kv_view: memoryview[Any]) -> None:
-        if primary_kv_view.ndim != 2 or not primary_kv_view.c_contiguous:
+        if primary_kv_view.ndim < 2 or not primary_kv_view.c_contiguous:
             raise ValueError(
-                f"primary_kv_view must be a C-contiguous 2-D memoryview (num_blocks, row_items),"
+                "primary_kv_view must be a C-contiguous memoryview (num_blocks, row_items, ...),"
                 f" got ndim={primary_kv_view.ndim}, c_contiguous={primary_kv_view.c_contiguous}"
             )
-        shape = primary_kv_view.shape
-        assert shape is not None
+        shape, strides = primary_kv_view.shape, primary_kv_view.strides
+        assert shape is not None and strides is not None
         self.num_blocks: int = shape[0]
-        self.block_bytes: int = shape[1] * primary_kv_view.itemsize
+        self.block_bytes: int = strides[0]
         self._flat: memoryview = _flat_bytes(primary_kv_view)
 
     def row(self, block_id: int) -> memoryview:
@@ -167,6 +183,24 @@ class SecondaryTierManager(ABC):
             flight, or an asynchronous lookup is pending): ask again in a later step.
         """
 
+    def contains(self, keys: Sequence[OffloadKey]) -> list[bool]:
+        """Say whether the tier holds each block now, asking the medium itself; may block.
+
+        For callers off the scheduler thread (vLLM's asynchronous lookups run it on a thread of
+        their own while the scheduler thread keeps using the tier): one such caller at a time
+        is safe. A block whose store is still in flight is not held yet.
+
+        Args:
+            keys: the blocks.
+
+        Returns:
+            One answer per key, in order. A tier that cannot reach its medium answers False.
+
+        Raises:
+            NotImplementedError: the tier does not offer blocking existence checks (the default).
+        """
+        raise NotImplementedError(f"{type(self).__name__} offers no blocking existence check")
+
     @abstractmethod
     def submit_store(self, job: JobMetadata) -> None:
         """Start copying primary blocks into the tier (a cascade).
@@ -184,7 +218,9 @@ class SecondaryTierManager(ABC):
         """Start copying blocks from the tier into already reserved primary slots (a promotion).
 
         If any block is missing or unreadable the job fails; a block that failed this way must
-        answer False to later lookups, so it is not promoted again and again.
+        answer False to later lookups, so it is not promoted again and again. The blocks of a
+        failed job that were written completely and verified are listed in its result's
+        `successful_keys`; no other slot is ever reported as loaded.
 
         Args:
             job: the blocks to copy (`job.is_promotion` is True).

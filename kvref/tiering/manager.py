@@ -325,9 +325,15 @@ class TieringOffloadingManager(OffloadingManager):
                     )
                     continue
                 del self._jobs[result.job_id]
-                self._settle(tier_index, entry[1], result.success)
+                self._settle(tier_index, entry[1], result.success, result.successful_keys)
 
-    def _settle(self, tier_index: int, job: JobMetadata, success: bool) -> None:
+    def _settle(
+        self,
+        tier_index: int,
+        job: JobMetadata,
+        success: bool,
+        successful_keys: Collection[OffloadKey] | None = None,
+    ) -> None:
         failed = self._failed_promotions[tier_index]
         stats = self._stats[tier_index + 1]
         if not success:
@@ -337,9 +343,26 @@ class TieringOffloadingManager(OffloadingManager):
         else:
             stats.blocks_stored += len(job.keys)
         if job.is_promotion:
-            self._primary.complete_write(job.keys, job.req_context, success)
-            if not success and self._failed_promotion_memory:
-                for key in job.keys:
+            if success:
+                self._primary.complete_write(job.keys, job.req_context, True)
+                return
+            # As vLLM: the blocks of a failed promotion that the tier wrote completely stay.
+            kept = set(successful_keys or ())
+            if not kept.issubset(job.keys):
+                logger.warning(
+                    "secondary tier %s reported successful keys that job %d does not have; "
+                    "all of its blocks are dropped",
+                    self._tiers[tier_index].medium,
+                    job.job_id,
+                )
+                kept.clear()
+            lost = [key for key in job.keys if key not in kept]
+            if kept:
+                stats.blocks_loaded += len(kept)
+                self._primary.complete_write([key for key in job.keys if key in kept], job.req_context, True)
+            self._primary.complete_write(lost, job.req_context, False)
+            if self._failed_promotion_memory:
+                for key in lost:
                     failed[key] = None
                     failed.move_to_end(key)
                 while len(failed) > self._failed_promotion_memory:

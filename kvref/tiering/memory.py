@@ -9,8 +9,9 @@ least recently used blocks.
 
 from __future__ import annotations
 
+import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from typing_extensions import override
@@ -68,6 +69,11 @@ class InMemorySecondaryTier(SecondaryTierManager):
         return None if key in self._pending_stores else False
 
     @override
+    def contains(self, keys: Sequence[OffloadKey]) -> list[bool]:
+        blocks = self._blocks  # a dict read is atomic: safe beside the scheduler thread
+        return [key in blocks for key in keys]
+
+    @override
     def submit_store(self, job: JobMetadata) -> None:
         self._pending_stores.update(job.keys)
         self._queue.append(job)
@@ -81,11 +87,11 @@ class InMemorySecondaryTier(SecondaryTierManager):
         results: list[JobResult] = []
         while self._queue:
             job = self._queue.popleft()
-            success = self._load(job) if job.is_promotion else self._store(job)
-            results.append(JobResult(job.job_id, success))
+            results.append(self._load(job) if job.is_promotion else self._store(job))
         return results
 
-    def _store(self, job: JobMetadata) -> bool:
+    def _store(self, job: JobMetadata) -> JobResult:
+        started = time.monotonic()
         self._pending_stores.subtract(job.keys)
         self._pending_stores = +self._pending_stores  # drop the keys that reached 0
         stored: list[OffloadKey] = []
@@ -97,7 +103,12 @@ class InMemorySecondaryTier(SecondaryTierManager):
         if self._events is not None and stored:
             self._events.append(OffloadingEvent(stored, self.medium, removed=False))
         self._evict_over_capacity()
-        return True
+        return JobResult(
+            job.job_id,
+            True,
+            transfer_time=time.monotonic() - started,
+            transfer_bytes=len(stored) * self._primary.block_bytes,
+        )
 
     def _evict_over_capacity(self) -> None:
         if self._capacity is None or len(self._blocks) <= self._capacity:
@@ -110,12 +121,22 @@ class InMemorySecondaryTier(SecondaryTierManager):
         if self._events is not None:
             self._events.append(OffloadingEvent(evicted, self.medium, removed=True))
 
-    def _load(self, job: JobMetadata) -> bool:
-        if any(key not in self._blocks for key in job.keys):
-            return False
+    def _load(self, job: JobMetadata) -> JobResult:
+        started = time.monotonic()
+        loaded: list[OffloadKey] = []
         for key, block_id in zip(job.keys, job.block_ids):
-            self._primary.row(block_id)[:] = self._blocks[key]
-        return True
+            block = self._blocks.get(key)
+            if block is not None:
+                self._primary.row(block_id)[:] = block
+                loaded.append(key)
+        success = len(loaded) == len(job.keys)
+        return JobResult(
+            job.job_id,
+            success,
+            successful_keys=None if success or not loaded else tuple(loaded),
+            transfer_time=time.monotonic() - started,
+            transfer_bytes=len(loaded) * self._primary.block_bytes,
+        )
 
     @override
     def num_evicted_blocks(self) -> int:

@@ -62,6 +62,7 @@ class ScriptedTier(InMemorySecondaryTier):
         calls: ("store" | "load" | "touch" | "finished", request id, keys) in call order.
         hold: while True, `get_finished_jobs` reports nothing (jobs stay in flight).
         failing_loads: loads naming any of these keys fail, although `lookup` still says True.
+        report_successful: the `successful_keys` such a failed load reports (default: none).
         polls: how many times `get_finished_jobs` was called.
     """
 
@@ -70,6 +71,7 @@ class ScriptedTier(InMemorySecondaryTier):
         self.calls: list[tuple[str, str, tuple[OffloadKey, ...]]] = []
         self.hold = False
         self.failing_loads: set[OffloadKey] = set()
+        self.report_successful: tuple[OffloadKey, ...] | None = None
         self.polls = 0
         self.shutdown_called = False
         self._forced_failures: list[JobResult] = []
@@ -83,7 +85,7 @@ class ScriptedTier(InMemorySecondaryTier):
     def submit_load(self, job: JobMetadata) -> None:
         self.calls.append(("load", job.req_context.req_id, tuple(job.keys)))
         if self.failing_loads.intersection(job.keys):
-            self._forced_failures.append(JobResult(job.job_id, False))
+            self._forced_failures.append(JobResult(job.job_id, False, self.report_successful))
         else:
             super().submit_load(job)
 
@@ -112,6 +114,10 @@ class ScriptedTier(InMemorySecondaryTier):
 
     def kinds(self, *kinds: str) -> list[tuple[str, str, tuple[OffloadKey, ...]]]:
         return [call for call in self.calls if call[0] in kinds]
+
+    def lose(self, key: OffloadKey) -> None:
+        """Drop a block silently, as a server evicting it would (lookups asked before still hit)."""
+        self._blocks.pop(key, None)
 
 
 def make_tiering(

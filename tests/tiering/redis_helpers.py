@@ -101,7 +101,8 @@ class RedisHarness:
     def finish(self) -> bool:
         self.tier.drain_jobs()
         results = list(self.tier.get_finished_jobs())
-        assert results == [JobResult(self.job_ids, results[0].success)]
+        assert [result.job_id for result in results] == [self.job_ids]
+        self.last_result: JobResult = results[0]
         return results[0].success
 
     def settled_lookup(self, key: OffloadKey, timeout_s: float = 5.0) -> bool:

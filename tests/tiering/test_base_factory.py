@@ -38,14 +38,24 @@ def test_primary_blocks_rows() -> None:
 @pytest.mark.parametrize(
     ("view", "message"),
     [
-        (memoryview(bytearray(8)), "C-contiguous 2-D memoryview"),
-        (memoryview(bytearray(16)).cast("B", (4, 4))[::2], "C-contiguous 2-D memoryview"),
-        (memoryview(bytearray(16)).cast("i"), "C-contiguous 2-D memoryview"),
+        (memoryview(bytearray(8)), r"C-contiguous memoryview \(num_blocks, row_items, ...\).*ndim=1"),
+        (memoryview(bytearray(16)).cast("B", (4, 4))[::2], "c_contiguous=False"),
+        (memoryview(bytearray(16)).cast("i"), "ndim=1"),
     ],
 )
 def test_primary_blocks_rejects_unusable_views(view: memoryview, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         PrimaryBlocks(view)
+
+
+def test_primary_blocks_rows_are_the_first_dimension_of_any_view() -> None:
+    # vLLM hands tiers a (num_chunks, row_bytes) view; a (blocks, layers, items) one works too.
+    view = memoryview(bytearray(3 * 2 * 4 * 4)).cast("f", (3, 2, 4))
+    blocks = PrimaryBlocks(view)
+    assert (blocks.num_blocks, blocks.block_bytes) == (3, 32)
+    blocks.row(2)[:] = bytes(range(32))
+    assert bytes(view[2:3]) == bytes(range(32))
+    blocks.release()
 
 
 def uint16_view(num_blocks: int, items: int) -> memoryview[Any]:

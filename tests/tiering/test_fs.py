@@ -82,7 +82,8 @@ class Harness:
     def finish(self) -> bool:
         self.tier.drain_jobs()
         results = list(self.tier.get_finished_jobs())
-        assert results == [JobResult(self.job_ids, results[0].success)]
+        assert [result.job_id for result in results] == [self.job_ids]
+        self.last_result: JobResult = results[0]
         return results[0].success
 
     def files(self, suffix: str = ".kvs") -> list[Path]:
@@ -159,11 +160,16 @@ def test_stored_keys_are_not_written_twice(harness: Harness) -> None:
     assert len(harness.files()) == 2 and first[0] in harness.files()
 
 
-def test_load_of_a_missing_block_fails_without_io(harness: Harness) -> None:
+def test_load_of_a_missing_block_fails_and_loads_the_others(harness: Harness) -> None:
     k1, k2 = to_keys([1, 2])
     assert harness.store([k1])
     assert not harness.load([k1, k2], [3, 4])
+    # As vLLM's: the job fails, and the block that was there is loaded and reported as such.
+    assert harness.last_result.successful_keys == (k1,)
+    assert harness.row(3) == content(k1)
     assert harness.tier.lookup(k1, CTX) is True  # k1 itself is fine
+    assert not harness.load([k2], [4])
+    assert harness.last_result.successful_keys is None  # nothing loaded: no partial success
 
 
 def test_capacity_evicts_least_recently_used_segments(tmp_path: Path) -> None:
@@ -533,6 +539,7 @@ def test_damaged_record_fails_the_load_and_becomes_a_miss(
     damage(*record_of(harness, k2))  # k2 is the segment's second (last) record
     assert not harness.load([k1, k2], [4, 5])
     assert harness.row(4) == content(k1)
+    assert harness.last_result.successful_keys == (k1,)  # only the block verified whole
     assert harness.tier.lookup(k2, CTX) is False  # never offered again
     assert harness.tier.lookup(k1, CTX) is True
     assert harness.tier.take_events() == [OffloadingEvent([k2], "fs", removed=True)]

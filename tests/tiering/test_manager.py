@@ -252,6 +252,47 @@ def test_failed_promotion_frees_the_slot_and_then_misses(tmp_path: Path) -> None
     assert manager.lookup(k1, R1) is True
 
 
+def test_failed_promotion_keeps_the_blocks_the_tier_loaded(tmp_path: Path) -> None:
+    # As vLLM's manager: a failed job's `successful_keys` are complete in their slots and stay;
+    # only the others are freed (and that tier is not asked for them again).
+    manager, (t0, t1) = make_tiering(tmp_path, num_blocks=2)
+    k1, k2, k3, k4 = to_keys([1, 2, 3, 4])
+    store(manager, [k1, k2])
+    evict_from_primary(manager, [k1, k2], [k3, k4])
+    assert manager.lookup(k1, R1) is None
+    assert manager.lookup(k2, R1) is None
+    t0.lose(k2)  # gone from the first tier between the lookup and the load
+    manager.end_step()
+    assert t0.kinds("load") == [("load", "r1", (k1, k2))]
+    assert manager.lookup(k1, R1) is True
+    assert load(manager, k1) == content(k1)
+    assert manager.lookup(k2, R1) is None  # t0 failed it; t1 still has it
+    manager.end_step()
+    assert t1.kinds("load") == [("load", "r1", (k2,))]
+    assert manager.lookup(k2, R1) is True and load(manager, k2) == content(k2)
+    stats = manager.tier_stats()
+    assert (stats[t0.medium].failed_jobs, stats[t0.medium].blocks_loaded) == (1, 1)
+
+
+def test_unknown_successful_keys_fail_the_whole_promotion(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A tier naming a key its job does not have is not trusted with any: nothing is kept.
+    manager, (t0,) = make_tiering(tmp_path, num_blocks=2, num_tiers=1)
+    k1, k2, k3 = to_keys([1, 2, 3])
+    store(manager, [k1])
+    evict_from_primary(manager, [k1], [k2, k3])
+    t0.failing_loads.add(k1)
+    t0.report_successful = (k1, k3)
+    assert manager.lookup(k1, R1) is None
+    with caplog.at_level(logging.WARNING):
+        manager.end_step()
+        assert manager.lookup(k1, R1) is False
+    assert "reported successful keys that job" in caplog.text
+    assert manager.primary.lookup(k3, R1) is True  # untouched by the bogus report
+    assert manager.primary.num_free_blocks == 1  # k1's reserved slot was freed
+
+
 def test_promotion_without_room_in_primary_is_a_miss(tmp_path: Path) -> None:
     manager, tiers = make_tiering(tmp_path, num_blocks=1, num_tiers=1)
     k1, k2, k3 = to_keys([1, 2, 3])

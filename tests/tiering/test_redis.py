@@ -331,6 +331,7 @@ def test_damaged_value_fails_the_load_becomes_a_miss_and_is_deleted(
     assert harness.store([good, bad])
     damage(client, harness.tier.redis_key(bad))
     assert not harness.load([good, bad])
+    assert harness.last_result.successful_keys == (good,) and harness.loaded_correctly([good])
     assert harness.tier.lookup(bad, CTX) is False  # the ABC: a failed block answers False
     assert client.exists(harness.tier.redis_key(bad)) == 0  # other engines won't trip on it
     assert list(harness.tier.take_events())[-1] == OffloadingEvent([bad], "redis", removed=True)

@@ -93,6 +93,8 @@ def test_killed_node_fails_only_its_blocks() -> None:
             started = time.monotonic()
             assert h.load(alive, list(range(len(alive)))) and h.loaded_correctly(alive)
             assert not h.load([alive[0], dead[0]], [0, 1])  # the job fails: one block is gone
+            assert h.last_result.successful_keys == (alive[0],)  # the other one loaded
+            assert h.loaded_correctly([alive[0]], [0])
             assert time.monotonic() - started < 2.0
             h.forget_answers()
             assert all(h.settled_lookup(key) for key in alive)

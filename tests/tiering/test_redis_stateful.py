@@ -74,6 +74,11 @@ class RedisTierMachine(RuleBasedStateMachine):
         if ok:
             assert self.h.loaded_correctly(keys)
         else:
+            # The blocks reported loaded are exactly those the server held intact, and their
+            # bytes are right; a failed block is never reported (its slot may hold anything).
+            held = [key for key in keys if key in self.on_server]
+            assert self.h.last_result.successful_keys == (tuple(held) if held else None)
+            assert self.h.loaded_correctly(held, [keys.index(key) for key in held])
             failed = [key for key in keys if key not in self.on_server]
             for key in failed:
                 assert self.h.tier.lookup(key, CTX) is False

@@ -42,7 +42,7 @@ logger = logging.getLogger(__name__)
 class _Job:
     """A submitted job's I/O (only the scheduler thread touches it; see `_task_done`)."""
 
-    __slots__ = ("meta", "segments", "reads", "remaining", "failed", "failed_keys")
+    __slots__ = ("meta", "segments", "reads", "remaining", "failed", "failed_keys", "io_span", "moved")
 
     def __init__(self, meta: JobMetadata) -> None:
         self.meta = meta
@@ -52,6 +52,27 @@ class _Job:
         self.failed = False
         # Blocks whose load failed, and paths of segments whose write failed.
         self.failed_keys: list[OffloadKey | str] = []
+        # (first task's start, last task's end) on the monotonic clock; None: no I/O ran.
+        self.io_span: tuple[float, float] | None = None
+        self.moved = 0  # blocks written or loaded completely
+
+    def add_span(self, start: float, end: float) -> None:
+        span = self.io_span
+        self.io_span = (start, end) if span is None else (min(span[0], start), max(span[1], end))
+
+    def result(self, block_bytes: int) -> JobResult:
+        loaded = self.failed and self.meta.is_promotion and self.moved
+        failed = set(self.failed_keys)
+        span = self.io_span
+        return JobResult(
+            self.meta.job_id,
+            not self.failed,
+            successful_keys=(
+                tuple(key for key, _entry in self.reads if key not in failed) if loaded else None
+            ),
+            transfer_time=None if span is None else span[1] - span[0],
+            transfer_bytes=None if span is None else self.moved * block_bytes,
+        )
 
 
 class FileSystemSecondaryTier(SecondaryTierManager):
@@ -123,7 +144,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         # (deque appends and pops are atomic: the scheduler thread never waits on a lock that
         # an I/O thread could hold).
         self._done: list[_Job] = []
-        self._completions: deque[tuple[_Job, Sequence[OffloadKey | str]]] = deque()
+        self._completions: deque[tuple[_Job, Sequence[OffloadKey | str], float, float]] = deque()
         self._closed = False
 
         try:
@@ -212,6 +233,17 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         return None if entry.segment.writing else True
 
     @override
+    def contains(self, keys: Sequence[OffloadKey]) -> list[bool]:
+        # The in-memory index is the truth (the root is this process's alone); a dict read is
+        # atomic, so another thread may ask while the scheduler thread updates it.
+        index = self._index
+        answers: list[bool] = []
+        for key in keys:
+            entry = index.get(key)
+            answers.append(entry is not None and not entry.segment.writing)
+        return answers
+
+    @override
     def submit_store(self, job: JobMetadata) -> None:
         state = _Job(job)
         new: dict[OffloadKey, int] = {}
@@ -269,18 +301,23 @@ class FileSystemSecondaryTier(SecondaryTierManager):
     @override
     def submit_load(self, job: JobMetadata) -> None:
         state = _Job(job)
-        for key in job.keys:
+        block_ids: list[int] = []
+        for key, block_id in zip(job.keys, job.block_ids):
             entry = self._index.get(key)
             if entry is None or entry.segment.writing:
-                state.reads.clear()
-                break
+                # Missing: the job fails, but the blocks that are here still load (and are
+                # reported in `successful_keys`, so the manager keeps them).
+                state.failed = True
+                state.failed_keys.append(key)
+                continue
             state.reads.append((key, entry))
-        if self._closed or len(state.reads) != len(job.keys) or not state.reads:
+            block_ids.append(block_id)
+        if self._closed or not state.reads:
             state.failed = True
             state.reads.clear()
             self._finish(state)
             return
-        tasks = plan_read_tasks(state.reads, job.block_ids, self.block_bytes)
+        tasks = plan_read_tasks(state.reads, block_ids, self.block_bytes)
         state.remaining = len(tasks)
         for key, entry in state.reads:
             entry.segment.readers += 1
@@ -293,10 +330,11 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         done, self._done = self._done, []
         completions = self._completions
         while completions:
-            state, failures = completions.popleft()
+            state, failures, start, end = completions.popleft()
             if failures:
                 state.failed = True
                 state.failed_keys.extend(failures)
+            state.add_span(start, end)
             state.remaining -= 1
             if state.remaining == 0:
                 done.append(state)
@@ -306,7 +344,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
                 self._settle_load(state)
             else:
                 self._settle_store(state)
-            results.append(JobResult(state.meta.job_id, not state.failed))
+            results.append(state.result(self.block_bytes))
         return results
 
     def _settle_store(self, state: _Job) -> None:
@@ -319,6 +357,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
                 self._forget(segment)
             else:
                 written.update(segment.keys)
+        state.moved = len(written)
         stored = [key for key in dict.fromkeys(state.meta.keys) if key in written]
         if self._events is not None and stored:
             self._events.append(OffloadingEvent(stored, self.medium, removed=False))
@@ -326,6 +365,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
     def _settle_load(self, state: _Job) -> None:
         failed = set(state.failed_keys)
         dropped: list[OffloadKey] = []
+        state.moved = sum(key not in failed for key, _entry in state.reads)
         for key, entry in state.reads:
             segment = entry.segment
             segment.readers -= 1
@@ -423,22 +463,30 @@ class FileSystemSecondaryTier(SecondaryTierManager):
 
     # --- I/O threads ---
 
-    def _task_done(self, state: _Job, failures: Sequence[OffloadKey | str]) -> None:
-        """Post one task's outcome (the blocks or the segment that failed; empty: success)."""
-        self._completions.append((state, failures))
+    def _task_done(
+        self, state: _Job, failures: Sequence[OffloadKey | str], start: float | None = None
+    ) -> None:
+        """Post one task's outcome (the blocks or the segment that failed; empty: success).
+
+        `start` is when the task began its I/O (None: cancelled before any).
+        """
+        end = time.monotonic()
+        self._completions.append((state, failures, end if start is None else start, end))
 
     def _write_task(
         self, state: _Job, segment: Segment, records: list[tuple[OffloadKey, int]]
     ) -> IOTask:
         def run() -> None:
+            start = time.monotonic()
             ok = self._io.write_segment(segment.path, records)
-            self._task_done(state, () if ok else (segment.path,))
+            self._task_done(state, () if ok else (segment.path,), start)
 
         return IOTask(run, lambda: self._task_done(state, (segment.path,)))
 
     def _read_task(self, state: _Job, path: str, runs: list[Run]) -> IOTask:
         def run() -> None:
-            self._task_done(state, self._io.read_runs(path, runs))
+            start = time.monotonic()
+            self._task_done(state, self._io.read_runs(path, runs), start)
 
         return IOTask(run, lambda: self._task_done(state, [key for _, run in runs for key, _ in run]))
 

@@ -14,7 +14,9 @@ existence checks for `lookup`, batched and pipelined the same way.
 Lookups: the tier cannot know what other engines stored or what the server evicted, so `lookup`
 of a block it has no fresh answer for queues an `EXISTS` and answers None ("ask again"); the
 answer is kept for `lookup_cache_s`. A block stored by this tier answers None while its store is
-in flight and True afterwards for `lookup_cache_s`.
+in flight and True afterwards for `lookup_cache_s`. The thread answering those checks starts with
+the first `lookup`; `contains` asks the server directly on its caller's thread instead (vLLM's
+asynchronous lookups call it from their own thread, and never call `lookup`).
 
 Failures: a refused, reset or silent connection fails the blocks it carried within
 `socket_timeout_s` (each receive or send that makes no progress for that long gives up), the
@@ -68,7 +70,7 @@ _CRLF = b"\r\n"
 class _Job:
     """A submitted job: filled in by one I/O thread, settled by the scheduler thread."""
 
-    __slots__ = ("meta", "blocks", "ok_keys", "failed", "missing_keys")
+    __slots__ = ("meta", "blocks", "ok_keys", "failed", "missing_keys", "seconds")
 
     def __init__(self, meta: JobMetadata, blocks: list[tuple[OffloadKey, int]]) -> None:
         self.meta = meta
@@ -77,6 +79,18 @@ class _Job:
         self.failed = False
         # Loads: blocks the server did not have or that failed verification.
         self.missing_keys: list[OffloadKey] = []
+        self.seconds: float | None = None  # how long its I/O thread moved it
+
+    def result(self, block_bytes: int) -> JobResult:
+        ok = self.ok_keys
+        partial = self.failed and self.meta.is_promotion and ok
+        return JobResult(
+            self.meta.job_id,
+            not self.failed,
+            successful_keys=tuple(ok) if partial else None,
+            transfer_time=self.seconds,
+            transfer_bytes=len(ok) * block_bytes if self.seconds is not None else None,
+        )
 
 
 class _Outcome:
@@ -253,16 +267,17 @@ class RedisSecondaryTier(SecondaryTierManager):
         self._idle = threading.Condition()
         self._finished = 0  # under _idle
         self._last_warning = 0.0
+        # `contains` callers share one set of connections, one caller at a time.
+        self._contains_lock = threading.Lock()
+        self._contains_connections = _Connections(self._options, self._down_until)
 
         self._threads = [
             threading.Thread(target=self._work, name=f"kvref-{name}-io{i}", daemon=True)
             for i in range(num_connections)
         ]
-        self._threads.append(
-            threading.Thread(target=self._check_loop, name=f"kvref-{name}-lookup", daemon=True)
-        )
         for thread in self._threads:
             thread.start()
+        self._check_thread: threading.Thread | None = None  # started by the first lookup
 
     def redis_key(self, key: OffloadKey) -> bytes:
         """Return the Redis key block `key` is stored under."""
@@ -318,9 +333,35 @@ class RedisSecondaryTier(SecondaryTierManager):
         if self._closed:
             return False
         if key not in self._checking:
+            if self._check_thread is None:
+                self._check_thread = threading.Thread(
+                    target=self._check_loop, name=f"kvref-{self.medium}-lookup", daemon=True
+                )
+                self._check_thread.start()
             self._checking.add(key)
             self._check_requests.put(key)
         return None
+
+    @override
+    def contains(self, keys: Sequence[OffloadKey]) -> list[bool]:
+        if not keys:
+            return []
+        redis_keys = [self.redis_key(key) for key in keys]
+        with self._contains_lock:
+            if self._closed:
+                return [False] * len(keys)
+            try:
+                outcomes = self._pipeline(
+                    self._contains_connections,
+                    redis_keys,
+                    lambda i: [encode_command(b"EXISTS", redis_keys[i])],
+                    self._read_exists,
+                )
+            except Exception as exc:  # unreachable or a bug: absent, never an exception
+                logger.exception("redis tier %s: existence check failed", self.medium)
+                self._warn("lookup", exc)
+                return [False] * len(keys)
+        return [outcome == _Outcome.OK for outcome in outcomes]
 
     @override
     def submit_store(self, job: JobMetadata) -> None:
@@ -369,7 +410,7 @@ class RedisSecondaryTier(SecondaryTierManager):
                 self._settle_load(state)
             else:
                 self._settle_store(state)
-            results.append(JobResult(state.meta.job_id, not state.failed))
+            results.append(state.result(self.block_bytes))
         return results
 
     def _settle_store(self, state: _Job) -> None:
@@ -413,11 +454,14 @@ class RedisSecondaryTier(SecondaryTierManager):
         if self._closed:
             return
         self._closed = True
-        for _ in range(len(self._threads) - 1):
+        for _ in self._threads:
             self._tokens.put(False)  # after every queued job's token: those get cancelled
         self._check_requests.put(None)
-        for thread in self._threads:
+        threads = self._threads if self._check_thread is None else [*self._threads, self._check_thread]
+        for thread in threads:
             thread.join()
+        with self._contains_lock:  # a `contains` in progress finishes with its connection
+            self._contains_connections.close_all()
         self._primary.release()
 
     @override
@@ -441,10 +485,13 @@ class RedisSecondaryTier(SecondaryTierManager):
                 try:
                     if self._closed:
                         state.failed = True
-                    elif state.meta.is_promotion:
-                        self._load(connections, state)
                     else:
-                        self._store(connections, state)
+                        started = time.monotonic()
+                        if state.meta.is_promotion:
+                            self._load(connections, state)
+                        else:
+                            self._store(connections, state)
+                        state.seconds = time.monotonic() - started
                 except Exception as exc:  # a bug must not kill the thread or lose the job
                     logger.exception("redis tier %s: job %d failed", self.medium, state.meta.job_id)
                     self._warn("job", exc)
