@@ -45,6 +45,8 @@ __all__ = ["CPUOffloadingManager", "describe_block"]
 logger = logging.getLogger(__name__)
 
 # What check_key_collection refuses; tested inline first, so a valid call costs no extra frame.
+# Callers test `keys.__class__ is not list` before it: an isinstance test against this tuple
+# fails slowly, type by type, and a list (what the connector passes) is never one of them.
 _SINGLE_KEY_TYPES = (bytes, bytearray, memoryview, str)
 # C-level accessors for the per-key loops: a key's 4-byte KV-cache group suffix, a block's
 # fields, the halves of an eviction's (key, block) pairs.
@@ -214,6 +216,7 @@ class CPUOffloadingManager(OffloadingManager):
         self._the_policy = policy
         blocks = policy.block_map()
         self._blocks: Mapping[OffloadKey, BlockStatus] = blocks if blocks is not None else _PolicyBlocks(policy)
+        self._get_block = self._blocks.get  # bound once: one attribute load per call, not two
         self._hook_evictable = not is_no_op_hook(policy, "mark_evictable")
         self._hook_non_evictable = not is_no_op_hook(policy, "mark_non_evictable")
         self._hook_access = not is_no_op_hook(policy, "on_request_access")
@@ -222,22 +225,27 @@ class CPUOffloadingManager(OffloadingManager):
         self._one_group = False  # a policy swapped in may hold keys of any group
         self._lookup, self._lookup_counts = _make_lookup(self._blocks, *self._lookup_counts())
         if type(self).lookup is CPUOffloadingManager.lookup:
-            # An instance attribute: callers reach the closure without binding a method.
-            vars(self)["lookup"] = self._lookup
+            # An instance attribute: callers reach the closure without binding a method. Set
+            # through setattr, not vars(): vars() turns the instance's inline attribute values
+            # into a dict, which makes every later attribute access of the manager slower.
+            object.__setattr__(self, "lookup", self._lookup)
 
     @override
     def __getstate__(self) -> dict[str, object]:
         # The lookup closure is bound to this manager's block map: copies and unpickled managers
-        # get their own (see __setstate__), starting from this one's counts.
+        # get their own (see __setstate__), starting from this one's counts. (vars() slows this
+        # manager's attribute access from now on, see the _policy setter: copies are for tests
+        # and snapshots, off the serving path.)
         state = dict(vars(self))
-        for name in ("lookup", "_lookup", "_lookup_counts"):
+        for name in ("lookup", "_lookup", "_lookup_counts", "_get_block"):
             state.pop(name, None)
         state["_lookup_totals"] = self._lookup_counts()
         return state
 
     def __setstate__(self, state: dict[str, object]) -> None:
         totals = cast(tuple[int, int, int], state.pop("_lookup_totals"))
-        vars(self).update(state)
+        for name, value in state.items():  # not vars().update: see the _policy setter
+            object.__setattr__(self, name, value)
         self._lookup_counts = lambda: totals
         self._policy = self._the_policy
         self._one_group = cast(bool, state["_one_group"])
@@ -368,9 +376,9 @@ class CPUOffloadingManager(OffloadingManager):
 
     @override
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> CPULoadStoreSpec:
-        if isinstance(keys, _SINGLE_KEY_TYPES):
+        if keys.__class__ is not list and isinstance(keys, _SINGLE_KEY_TYPES):
             check_key_collection(keys, "prepare_load")
-        found = list(map(self._blocks.get, keys))
+        found = list(map(self._get_block, keys))
         if None in found:
             self._refuse_load(keys, found)
         blocks = cast(list[BlockStatus], found)
@@ -417,16 +425,15 @@ class CPUOffloadingManager(OffloadingManager):
 
     @override
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        if isinstance(keys, _SINGLE_KEY_TYPES):
+        if keys.__class__ is not list and isinstance(keys, _SINGLE_KEY_TYPES):
             check_key_collection(keys, "touch")
         self._policy_touch(keys)
 
     @override
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        if isinstance(keys, _SINGLE_KEY_TYPES):
+        if keys.__class__ is not list and isinstance(keys, _SINGLE_KEY_TYPES):
             check_key_collection(keys, "complete_load")
-        get = self._blocks.get
-        found = list(map(get, keys))
+        found = list(map(self._get_block, keys))
         if None in found:
             self._refuse_release(keys, found)
         blocks = cast(list[BlockStatus], found)
@@ -483,7 +490,7 @@ class CPUOffloadingManager(OffloadingManager):
         room is sought, so a refused store (None) still counts as the request naming the keys;
         no block, slot or event changes.
         """
-        if isinstance(keys, _SINGLE_KEY_TYPES):
+        if keys.__class__ is not list and isinstance(keys, _SINGLE_KEY_TYPES):
             check_key_collection(keys, "prepare_store")
         blocks = self._blocks
         # dict.fromkeys drops repeated keys (each needs one slot) and gives a set view for free.
@@ -603,9 +610,17 @@ class CPUOffloadingManager(OffloadingManager):
     def complete_store(
         self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True
     ) -> None:
-        if isinstance(keys, _SINGLE_KEY_TYPES):
+        if keys.__class__ is not list and isinstance(keys, _SINGLE_KEY_TYPES):
             check_key_collection(keys, "complete_store")
-        get = self._blocks.get
+        get = self._get_block
+        # Keys already stored or never prepared are ignored (the call is idempotent): a call
+        # that names no pending block ends here, having built nothing.
+        for key in keys:
+            block = get(key)
+            if block is not None and block.ref_cnt < 0:
+                break
+        else:
+            return
         if not success:
             policy = self._the_policy
             for key in keys:

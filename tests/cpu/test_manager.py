@@ -368,6 +368,21 @@ def test_complete_store_is_idempotent_and_ignores_unknown_keys(cache_policy: Cac
 
 
 @both_policies
+@pytest.mark.parametrize("success", [True, False])
+def test_completing_no_pending_block_changes_nothing(cache_policy: CachePolicyName, success: bool) -> None:
+    manager = make_manager(num_blocks=4, cache_policy=cache_policy, enable_events=True)
+    store(manager, [1, 2])
+    manager.take_events()
+    before, stats = snapshot(manager), manager.get_stats()
+    # already stored, never prepared, both, as a list and as other collections
+    for keys in (to_keys([1]), to_keys([9]), to_keys([2, 9, 1]), tuple(to_keys([1, 9])), set(to_keys([2]))):
+        manager.complete_store(keys, REQ, success=success)
+    assert manager.get_stats() == stats  # (before snapshot, whose lookups count)
+    assert snapshot(manager) == before
+    assert manager.take_events() == []
+
+
+@both_policies
 def test_failed_store_frees_its_pending_blocks_silently(cache_policy: CachePolicyName) -> None:
     manager = make_manager(num_blocks=3, cache_policy=cache_policy)
     store(manager, [1])
