@@ -5,11 +5,16 @@ BIN := $(VENV)/bin
 # The stamp depends on pyproject.toml, so editing dependencies refreshes the venv.
 STAMP := $(VENV)/.kvref-installed
 
-.PHONY: run test typecheck audit pytest bench clean redis-server
+.PHONY: run test typecheck audit pytest pytest-vllm vllm-env bench clean redis-server
 
 # Set-up takes a minute or two on a fresh machine: each step says what it does, and pip shows
 # what it collects and installs (no -q), so a slow step is never silent.
 PIP := $(BIN)/python -m pip --disable-pip-version-check
+# vLLM 0.33 (its offloading code and tests, CPU-only) lives in an environment of its own, built
+# once by tools/vllm_env.py in kvref's cache outside the checkout and linked here; a later
+# `make test`, from this checkout or a fresh clone, reuses it. tests/vllm run there.
+VLLM_VENV := .venv-vllm
+VLLM_PYTHON := $(VLLM_VENV)/bin/python
 
 $(STAMP): pyproject.toml
 	@echo "==> creating $(VENV) with $(PYTHON)"
@@ -21,6 +26,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 	@echo "==> $(VENV) is ready"
 
+vllm-env:
+	$(PYTHON) tools/vllm_env.py --link $(VLLM_VENV)
+
 # The Redis tier's tests start their own servers; Debian's package provides redis-server.
 redis-server:
 	@command -v redis-server >/dev/null || (echo "==> installing Debian's redis-server (tests start their own servers)" && apt-get update && apt-get install -y redis-server)
@@ -31,19 +39,27 @@ run: $(STAMP)
 	# "fixes would apply" (expected here); anything else (2: an error) fails the run.
 	$(BIN)/kvref audit examples/engine --diff --unsafe-fixes; test $$? -eq 1
 
-typecheck: $(STAMP)
+typecheck: $(STAMP) vllm-env
 	@echo "==> pyright (strict)"
 	$(BIN)/pyright
+	@echo "==> pyright (strict) on the code that imports vLLM, in its environment"
+	$(BIN)/pyright -p pyrightconfig.vllm.json
 
-audit: $(STAMP)
+# --python: vLLM's classes resolve, so the tiers built on them are checked against them too.
+audit: $(STAMP) vllm-env
 	@echo "==> kvref audit kvref"
-	$(BIN)/kvref audit kvref
+	$(BIN)/kvref audit kvref --python $(VLLM_VENV)
 
 pytest: $(STAMP) redis-server
 	@echo "==> pytest"
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --ignore=tests/vllm
 
-test: typecheck audit pytest
+# VLLM_TARGET_DEVICE=cpu: vLLM's CPU platform (its wheel would otherwise look for a GPU).
+pytest-vllm: vllm-env redis-server
+	@echo "==> pytest tests/vllm, next to vLLM 0.33 (in $(VLLM_VENV))"
+	VLLM_TARGET_DEVICE=cpu $(VLLM_PYTHON) -m pytest -q tests/vllm
+
+test: typecheck audit pytest pytest-vllm
 
 bench: $(STAMP)
 	$(BIN)/python tools/bench_manager.py
@@ -51,4 +67,4 @@ bench: $(STAMP)
 	$(BIN)/python tools/bench_transfer.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis
