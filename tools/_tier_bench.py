@@ -1,16 +1,21 @@
-"""What the tier benchmarks (`bench_tiering.py`, `bench_redis.py`) share: block sizes as the
-command line spells them and as the tables print them, and the keys of the blocks they move.
+"""What the tier benchmarks (`bench_tiering.py`, `bench_redis.py`, `bench_vllm_tiers.py`) share:
+block sizes as the command line spells them and as the tables print them, the keys of the blocks
+they move, and the Redis tiers' baseline, a redis-py pipeline moving the same bytes.
 
-It lives below both, so `bench_tiering.py --redis` can run `bench_redis.py` without the two
+It lives below them, so `bench_tiering.py --redis` can run `bench_redis.py` without the two
 importing each other.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol, cast
+
 # The benchmarks that import this put the checkout on sys.path first.
 from kvref.base import OffloadKey, make_offload_key
 
-__all__ = ["parse_size", "human", "key_of"]
+__all__ = ["parse_size", "human", "key_of", "RedisPyPipeline"]
 
 _SIZES = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -34,3 +39,58 @@ def human(size: int) -> str:
 def key_of(i: int) -> OffloadKey:
     """The offload key of the benchmark's `i`-th block (group 0)."""
     return make_offload_key(i.to_bytes(32, "big"), 0)
+
+
+class _Pipeline(Protocol):
+    """The part of redis-py's pipeline used here (redis-py's own annotations are partial)."""
+
+    def set(self, name: bytes, value: memoryview) -> object: ...
+    def get(self, name: bytes) -> object: ...
+    def execute(self) -> list[Any]: ...
+
+
+class _Client(Protocol):
+    def pipeline(self, transaction: bool = True) -> _Pipeline: ...
+    def flushall(self) -> object: ...
+    def close(self) -> None: ...
+
+
+class RedisPyPipeline:
+    """The Redis tiers' baseline: one redis-py (+ hiredis) client, one pipeline per job.
+
+    A store job is a pipeline of SETs of its rows' memoryviews; a load job a pipeline of GETs,
+    each reply copied into its row. Jobs run one after another.
+    """
+
+    def __init__(self, url: str) -> None:
+        import redis  # the benchmarks' optional baseline (the `redis` extra)
+
+        self._client = cast(_Client, redis.Redis.from_url(url, socket_timeout=30))  # pyright: ignore[reportUnknownMemberType]
+
+    def flush(self) -> None:
+        """Empty the server (every phase writes into an empty server)."""
+        self._client.flushall()
+
+    def store(self, keys: Sequence[bytes], rows: Sequence[memoryview], job_blocks: int) -> float:
+        """SET `rows[i]` under `keys[i]`, `job_blocks` per pipeline; return the seconds taken."""
+        started = time.perf_counter()
+        for start in range(0, len(keys), job_blocks):
+            pipe = self._client.pipeline(transaction=False)
+            for i in range(start, min(start + job_blocks, len(keys))):
+                pipe.set(keys[i], rows[i])
+            pipe.execute()
+        return time.perf_counter() - started
+
+    def load(self, keys: Sequence[bytes], rows: Sequence[memoryview], job_blocks: int) -> float:
+        """GET `keys[i]` into `rows[i]`, `job_blocks` per pipeline; return the seconds taken."""
+        started = time.perf_counter()
+        for start in range(0, len(keys), job_blocks):
+            pipe = self._client.pipeline(transaction=False)
+            for i in range(start, min(start + job_blocks, len(keys))):
+                pipe.get(keys[i])
+            for i, value in zip(range(start, len(keys)), pipe.execute()):
+                rows[i][:] = value
+        return time.perf_counter() - started
+
+    def close(self) -> None:
+        self._client.close()

@@ -24,7 +24,6 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol, cast
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -36,25 +35,11 @@ from kvref.tiering.redis.local import LocalRedisServer, redis_server_path
 
 # Sizes and keys are spelled as in the tiering benchmark, which runs this one with --redis.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _tier_bench import human, key_of, parse_size  # noqa: E402
+from _tier_bench import RedisPyPipeline, human, key_of, parse_size  # noqa: E402
 
 __all__ = ["main", "bench_block_size"]
 
 CTX = ReqContext(req_id="bench")
-
-
-class _Pipeline(Protocol):
-    """The part of redis-py's pipeline used here (redis-py's own annotations are partial)."""
-
-    def set(self, name: bytes, value: memoryview) -> object: ...
-    def get(self, name: bytes) -> object: ...
-    def execute(self) -> list[Any]: ...
-
-
-class _Client(Protocol):
-    def pipeline(self, transaction: bool = True) -> _Pipeline: ...
-    def flushall(self) -> object: ...
-    def close(self) -> None: ...
 
 
 def best_of(repeats: int, run: Callable[[], float]) -> float:
@@ -65,8 +50,6 @@ def bench_block_size(
     url: str, block_bytes: int, total: int, job_blocks: int, connections: Sequence[int], repeats: int
 ) -> dict[str, float]:
     """Return GB/s per phase for one block size ("tier store (1)", "redis-py load", ...)."""
-    import redis
-
     count = max(job_blocks, total // block_bytes)
     # Rows [0, count) are the source, [count, 2 count) the destination of loads.
     view = memoryview(bytearray(2 * count * block_bytes)).cast("B", (2 * count, block_bytes))
@@ -77,7 +60,7 @@ def bench_block_size(
         flat[start:end] = chunk[: end - start]
     keys = [key_of(i) for i in range(count)]
     moved = count * block_bytes / 1e9
-    client = cast(_Client, redis.Redis.from_url(url, socket_timeout=30))  # pyright: ignore[reportUnknownMemberType]
+    baseline = RedisPyPipeline(url)
     figures: dict[str, float] = {}
 
     def row(i: int) -> memoryview:
@@ -99,7 +82,7 @@ def bench_block_size(
     for n_connections in connections:
 
         def tier_store() -> float:
-            client.flushall()
+            baseline.flush()
             # A new tier each time: it remembers no stores, so every block is sent.
             tier = RedisSecondaryTier(view, url, num_connections=n_connections, socket_timeout_s=30)
             try:
@@ -132,31 +115,17 @@ def bench_block_size(
             tier.shutdown()
 
     redis_keys = [b"bench:" + key.hex().encode() for key in keys]
+    sources = [row(i) for i in range(count)]
+    destinations = [row(count + i) for i in range(count)]
 
     def pipeline_store() -> float:
-        client.flushall()
-        started = time.perf_counter()
-        for start in range(0, count, job_blocks):
-            pipe = client.pipeline(transaction=False)
-            for i in range(start, min(start + job_blocks, count)):
-                pipe.set(redis_keys[i], row(i))
-            pipe.execute()
-        return time.perf_counter() - started
-
-    def pipeline_load() -> float:
-        started = time.perf_counter()
-        for start in range(0, count, job_blocks):
-            pipe = client.pipeline(transaction=False)
-            for i in range(start, min(start + job_blocks, count)):
-                pipe.get(redis_keys[i])
-            for i, value in zip(range(start, count), pipe.execute()):
-                row(count + i)[:] = value
-        return time.perf_counter() - started
+        baseline.flush()
+        return baseline.store(redis_keys, sources, job_blocks)
 
     figures["redis-py store"] = moved / best_of(repeats, pipeline_store)
-    figures["redis-py load"] = moved / best_of(repeats, pipeline_load)
-    client.flushall()
-    client.close()
+    figures["redis-py load"] = moved / best_of(repeats, lambda: baseline.load(redis_keys, destinations, job_blocks))
+    baseline.flush()
+    baseline.close()
     flat.release()
     return figures
 

@@ -1,0 +1,51 @@
+"""The pytest plugin of `tools/vllm_suite.py`'s runs of vLLM's own tests (`-p _vllm_suite_plugin`).
+
+Loaded as a top-level module from `tools/` because vLLM's sdist has `tests` and `tools` packages
+of its own, which the run must import. It marks every test `skip_global_cleanup` (vLLM's marker
+for tests that need no GPU cleanup; its autouse cleanup otherwise costs a third of a second a
+test), and writes a JSON report into the file `$KVREF_VLLM_SUITE_REPORT` names: where
+`vllm.v1.kv_offload` was imported from (so the caller can tell which copy of vLLM ran) and each
+test's outcome by node id.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+__all__ = ["REPORT_ENV", "pytest_collection_modifyitems", "pytest_runtest_logreport", "pytest_sessionfinish"]
+
+REPORT_ENV = "KVREF_VLLM_SUITE_REPORT"
+_outcomes: dict[str, str] = {}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(pytest.mark.skip_global_cleanup)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # A test's verdict is its worst phase: a failed call, else an error in setup or teardown.
+    if report.failed:
+        outcome = "failed" if report.when == "call" else "error"
+    elif report.skipped:
+        outcome = "skipped"
+    else:
+        outcome = "passed"
+    previous = _outcomes.get(report.nodeid)
+    if previous in (None, "passed") or (previous == "skipped" and outcome != "passed"):
+        _outcomes[report.nodeid] = outcome
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    destination = os.environ.get(REPORT_ENV)
+    if not destination:
+        return
+    package = importlib.import_module("vllm.v1.kv_offload")
+    assert package.__file__ is not None
+    report = {"imported_from": str(Path(package.__file__).resolve().parent), "outcomes": _outcomes}
+    Path(destination).write_text(json.dumps(report, indent=1, sort_keys=True))
