@@ -98,7 +98,7 @@ class _RequestAccess:
 
 
 class _PolicyBlocks(Mapping[OffloadKey, BlockStatus]):
-    """A policy's blocks seen through `get`, for policies that keep no `block_map`."""
+    """A policy's blocks seen through `get`, for policies that keep no `block_maps`."""
 
     def __init__(self, policy: CachePolicy) -> None:
         self._get = policy.get
@@ -129,12 +129,16 @@ def _no_lookups() -> tuple[int, int, int]:
 
 
 def _make_lookup(
-    blocks: Mapping[OffloadKey, BlockStatus], hits: int, pending: int, misses: int
+    blocks: Mapping[OffloadKey, BlockStatus],
+    other_blocks: Mapping[OffloadKey, BlockStatus] | None,
+    hits: int,
+    pending: int,
+    misses: int,
 ) -> tuple[Callable[[OffloadKey, ReqContext], bool | None], Callable[[], tuple[int, int, int]]]:
-    """Return a manager's lookup over `blocks` and the reader of its counters (hits, pending,
-    misses), which start at the values given.
+    """Return a manager's lookup over `blocks` (then `other_blocks`, if any) and the reader of
+    its counters (hits, pending, misses), which start at the values given.
 
-    A closure rather than a method: no bound method per call, and the map and counters are
+    A closure rather than a method: no bound method per call, and the maps and counters are
     cell variables rather than instance attributes, on the path every request ends with.
     """
 
@@ -153,10 +157,27 @@ def _make_lookup(
         pending += 1
         return None
 
+    def lookup_in_two(key: OffloadKey, req_context: ReqContext) -> bool | None:
+        nonlocal hits, pending, misses
+        block = get(key)
+        if block is None:
+            block = get_other(key)
+            if block is None:
+                misses += 1
+                return False
+        if block.ref_cnt >= 0:
+            hits += 1
+            return True
+        pending += 1
+        return None
+
     def counts() -> tuple[int, int, int]:
         return hits, pending, misses
 
-    return lookup, counts
+    if other_blocks is None:
+        return lookup, counts
+    get_other = other_blocks.get
+    return lookup_in_two, counts
 
 
 class CPUOffloadingManager(OffloadingManager):
@@ -172,7 +193,7 @@ class CPUOffloadingManager(OffloadingManager):
         ValueError: `num_blocks` is not an integer >= 1 or `cache_policy` is not a known
             policy.
 
-    Speed: lookups and completions read blocks straight from the policy's `block_map` (no
+    Speed: lookups and completions read blocks straight from the policy's `block_maps` (no
     policy call per key), hooks a policy declares no-ops are not called, and each slot keeps
     one `BlockStatus` for its lifetime (reused, not reallocated, when the slot is).
     """
@@ -214,16 +235,22 @@ class CPUOffloadingManager(OffloadingManager):
     def _policy(self, policy: CachePolicy) -> None:
         # Rebind the fast paths to the policy (tests swap in policies after construction).
         self._the_policy = policy
-        blocks = policy.block_map()
-        self._blocks: Mapping[OffloadKey, BlockStatus] = blocks if blocks is not None else _PolicyBlocks(policy)
-        self._get_block = self._blocks.get  # bound once: one attribute load per call, not two
+        maps = policy.block_maps()
+        if not 1 <= len(maps) <= 2:
+            maps = (_PolicyBlocks(policy),)
+        # Where blocks are read directly: the first map, and a second one (ARC's t2) or None.
+        self._blocks: Mapping[OffloadKey, BlockStatus] = maps[0]
+        self._other_blocks: Mapping[OffloadKey, BlockStatus] | None = maps[1] if len(maps) == 2 else None
+        # Bound once: one attribute load per call, not two.
+        self._get_block = self._blocks.get
+        self._get_other_block = None if self._other_blocks is None else self._other_blocks.get
         self._hook_evictable = not is_no_op_hook(policy, "mark_evictable")
         self._hook_non_evictable = not is_no_op_hook(policy, "mark_non_evictable")
         self._hook_access = not is_no_op_hook(policy, "on_request_access")
         self._hook_store_miss = not is_no_op_hook(policy, "on_store_miss")
         self._policy_touch = policy.touch
         self._one_group = False  # a policy swapped in may hold keys of any group
-        self._lookup, self._lookup_counts = _make_lookup(self._blocks, *self._lookup_counts())
+        self._lookup, self._lookup_counts = _make_lookup(self._blocks, self._other_blocks, *self._lookup_counts())
         if type(self).lookup is CPUOffloadingManager.lookup:
             # An instance attribute: callers reach the closure without binding a method. Set
             # through setattr, not vars(): vars() turns the instance's inline attribute values
@@ -237,7 +264,7 @@ class CPUOffloadingManager(OffloadingManager):
         # manager's attribute access from now on, see the _policy setter: copies are for tests
         # and snapshots, off the serving path.)
         state = dict(vars(self))
-        for name in ("lookup", "_lookup", "_lookup_counts", "_get_block"):
+        for name in ("lookup", "_lookup", "_lookup_counts", "_get_block", "_get_other_block"):
             state.pop(name, None)
         state["_lookup_totals"] = self._lookup_counts()
         return state
@@ -318,7 +345,14 @@ class CPUOffloadingManager(OffloadingManager):
         return blocks
 
     def _protocol_error(self, operation: str, key: OffloadKey, detail: str) -> OffloadProtocolError:
-        return OffloadProtocolError(operation, key, describe_block(self._blocks.get(key)), detail)
+        return OffloadProtocolError(operation, key, describe_block(self._find([key])[0]), detail)
+
+    def _find(self, keys: Collection[OffloadKey]) -> list[BlockStatus | None]:
+        """The block of each key, or None."""
+        found = list(map(self._get_block, keys))
+        if None in found and self._get_other_block is not None:
+            found = list(map(self._get_other_block, keys, found))  # see prepare_load
+        return found
 
     def _emit(self, keys: list[OffloadKey], removed: bool) -> None:
         if self._events is not None and keys:
@@ -380,7 +414,13 @@ class CPUOffloadingManager(OffloadingManager):
             check_key_collection(keys, "prepare_load")
         found = list(map(self._get_block, keys))
         if None in found:
-            self._refuse_load(keys, found)
+            get_other = self._get_other_block
+            if get_other is not None:
+                # The second map's blocks, with the first's as defaults (the maps are disjoint):
+                # one more probe per key, in C.
+                found = list(map(get_other, keys, found))
+            if None in found:
+                self._refuse_load(keys, found)
         blocks = cast(list[BlockStatus], found)
         pinned = 0
         if self._hook_non_evictable:
@@ -435,7 +475,10 @@ class CPUOffloadingManager(OffloadingManager):
             check_key_collection(keys, "complete_load")
         found = list(map(self._get_block, keys))
         if None in found:
-            self._refuse_release(keys, found)
+            if self._get_other_block is not None:
+                found = list(map(self._get_other_block, keys, found))  # see prepare_load
+            if None in found:
+                self._refuse_release(keys, found)
         blocks = cast(list[BlockStatus], found)
         # Finishing a load is not a use: the block becomes evictable with the recency it has.
         released = 0
@@ -455,9 +498,9 @@ class CPUOffloadingManager(OffloadingManager):
             self._refuse_release(keys, found)
         self._num_idle_blocks += released
         if self._hook_evictable:
-            mark_evictable, held = self._the_policy.mark_evictable, self._blocks
-            for key in dict.fromkeys(keys):
-                if held[key].ref_cnt == 0:
+            mark_evictable = self._the_policy.mark_evictable
+            for key, block in dict(zip(keys, blocks)).items():  # a key listed twice, once
+                if block.ref_cnt == 0:
                     mark_evictable(key)
 
     def _refuse_release(self, keys: Collection[OffloadKey], found: list[BlockStatus | None]) -> NoReturn:
@@ -473,8 +516,8 @@ class CPUOffloadingManager(OffloadingManager):
         releases: dict[OffloadKey, int] = {}
         for key in keys:
             releases[key] = releases.get(key, 0) + 1
-        for key, count in releases.items():
-            block = self._blocks[key]
+        for (key, count), block in zip(releases.items(), self._find(releases)):
+            assert block is not None, "a missing block is refused before repeats are counted"
             if block.ref_cnt < count:
                 raise self._protocol_error(
                     "complete_load", key, f"listed {count} times but only {block.ref_cnt} loads are in progress"
@@ -492,10 +535,12 @@ class CPUOffloadingManager(OffloadingManager):
         """
         if keys.__class__ is not list and isinstance(keys, _SINGLE_KEY_TYPES):
             check_key_collection(keys, "prepare_store")
-        blocks = self._blocks
         # dict.fromkeys drops repeated keys (each needs one slot) and gives a set view for free.
         requested = dict.fromkeys(keys)
-        keys_to_store = list(filterfalse(blocks.__contains__, requested))
+        keys_to_store = list(filterfalse(self._blocks.__contains__, requested))
+        other_blocks = self._other_blocks
+        if other_blocks is not None and keys_to_store:
+            keys_to_store = list(filterfalse(other_blocks.__contains__, keys_to_store))
         if keys_to_store and self._one_group:
             first_group = self._first_group
             if first_group is None:
@@ -507,8 +552,9 @@ class CPUOffloadingManager(OffloadingManager):
         if len(keys_to_store) == len(requested):
             named, ready_keys = requested, []
         else:
-            ready_keys = [key for key in requested if key in blocks and blocks[key].ref_cnt >= 0]
-            named = dict.fromkeys([key for key in requested if key not in blocks or blocks[key].ref_cnt >= 0])
+            found = self._find(requested)
+            ready_keys = [key for key, block in zip(requested, found) if block is not None and block.ref_cnt >= 0]
+            named = dict.fromkeys([key for key, block in zip(requested, found) if block is None or block.ref_cnt >= 0])
 
         state = req_context.get_state(_RequestAccess)
         if state is None or state.owner is not self or state.generation != self._generation:
@@ -612,11 +658,14 @@ class CPUOffloadingManager(OffloadingManager):
     ) -> None:
         if keys.__class__ is not list and isinstance(keys, _SINGLE_KEY_TYPES):
             check_key_collection(keys, "complete_store")
-        get = self._get_block
+        get, get_other = self._get_block, self._get_other_block
         # Keys already stored or never prepared are ignored (the call is idempotent): a call
-        # that names no pending block ends here, having built nothing.
+        # that names no pending block ends here, having built nothing. A block is looked for
+        # in the second map (if any) only when the first lacks it.
         for key in keys:
             block = get(key)
+            if block is None and get_other is not None:
+                block = get_other(key)
             if block is not None and block.ref_cnt < 0:
                 break
         else:
@@ -625,6 +674,8 @@ class CPUOffloadingManager(OffloadingManager):
             policy = self._the_policy
             for key in keys:
                 block = get(key)
+                if block is None and get_other is not None:
+                    block = get_other(key)
                 if block is not None and block.ref_cnt < 0:
                     policy.remove(key)
                     self._free_list.append(block)
@@ -633,6 +684,8 @@ class CPUOffloadingManager(OffloadingManager):
         stored_keys: list[OffloadKey] = []
         for key in keys:
             block = get(key)
+            if block is None and get_other is not None:
+                block = get_other(key)
             if block is not None and block.ref_cnt < 0:
                 block.ref_cnt = 0
                 stored_keys.append(key)

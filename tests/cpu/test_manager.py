@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import copy
 
-from collections.abc import Iterable, Set
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -27,6 +27,7 @@ from kvref.base import (
 )
 from kvref.cpu.common import CPULoadStoreSpec
 from kvref.cpu.manager import CPUOffloadingManager
+from kvref.cpu.policies._arc_ghosts import GhostList
 from kvref.cpu.policies.arc import ARCCachePolicy
 from kvref.cpu.policies.base import BlockStatus
 from kvref.cpu.policies.factory import CachePolicyName
@@ -96,6 +97,8 @@ def store(manager: CPUOffloadingManager, ints: Iterable[int], request: ReqContex
 def _describe(value: Any) -> Any:
     if isinstance(value, BlockStatus):
         return ("block", value.block_id, value.ref_cnt)
+    if isinstance(value, GhostList):
+        return ("ghosts", list(value))
     if isinstance(value, dict):
         entries = cast(dict[Any, Any], value)
         return [(key, _describe(item)) for key, item in entries.items()]
@@ -646,8 +649,8 @@ class _GetOnlyLRU(LRUCachePolicy):
 
 class _GetOnlyARC(ARCCachePolicy):
     @override
-    def block_map(self) -> None:  # pyright: ignore[reportIncompatibleMethodOverride]
-        return None
+    def block_maps(self) -> tuple[Mapping[OffloadKey, BlockStatus], ...]:
+        return ()
 
 
 def _drive(manager: CPUOffloadingManager) -> list[object]:

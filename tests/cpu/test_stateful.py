@@ -349,7 +349,9 @@ class ARCMachine(PolicyMachine):
         assert not policy.t1.keys() & policy.t2.keys()
         assert policy.t1.keys() | policy.t2.keys() == self.ref_cnts.keys()
         assert len(policy.b1) <= CAPACITY and len(policy.b2) <= CAPACITY
-        assert not (policy.b1.keys() | policy.b2.keys()) & self.ref_cnts.keys()
+        assert not (set(policy.b1) | set(policy.b2)) & self.ref_cnts.keys()
+        for ghosts in (policy.b1, policy.b2):  # stale copies stay bounded
+            assert len(ghosts.order) <= 2 * len(ghosts) + 64
         assert 0 <= policy.target_t1_size <= CAPACITY
         reference = self.reference
         assert isinstance(reference, NaiveARC)

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import operator
 from collections import OrderedDict
 from collections.abc import Collection, Iterator, Mapping, Sequence, Set
 
 from typing_extensions import override
 
 from kvref.base import OffloadKey, ReqContext
+from kvref.cpu.policies._arc_ghosts import GhostList
 from kvref.cpu.policies.base import BlockStatus, CachePolicy, order_request_keys
 
 __all__ = ["ARCCachePolicy"]
 
 _Entries = Iterator[tuple[OffloadKey, BlockStatus]]
+_FIRST = operator.itemgetter(0)  # an eviction's key
 
 
 class ARCCachePolicy(CachePolicy):
@@ -26,9 +29,13 @@ class ARCCachePolicy(CachePolicy):
             their state (pending, idle, being read).
         t2: blocks used at least twice ("frequent"), least recent first.
         b1, b2: ghost lists, the keys (no slots) recently evicted from t1 and t2, each bounded
-            by `cache_capacity`, oldest first.
+            by `cache_capacity`, oldest first (`GhostList`s: a dict and a deque each, not an
+            OrderedDict).
         target_t1_size: how large t1 should be, in [0, cache_capacity]; starts at 0.
-        blocks: every held block (t1 and t2 together), the manager's `block_map`.
+
+    t2 and t1 are the manager's `block_maps`: it probes t2, then t1 (a hit is mostly a reuse, in
+    t2), rather than ARC keeping a third map of every block for lookups (as much memory again
+    as t1 and t2's tables).
 
     Algorithm:
         1. insert(key): the new block (its write pending) joins t1's MRU end; the key leaves
@@ -65,62 +72,58 @@ class ARCCachePolicy(CachePolicy):
         self.target_t1_size: float = 0.0
         self.t1: OrderedDict[OffloadKey, BlockStatus] = OrderedDict()
         self.t2: OrderedDict[OffloadKey, BlockStatus] = OrderedDict()
-        self.b1: OrderedDict[OffloadKey, None] = OrderedDict()
-        self.b2: OrderedDict[OffloadKey, None] = OrderedDict()
-        # One map for lookups: a miss costs one dict probe, not one per list.
-        self.blocks: dict[OffloadKey, BlockStatus] = {}
+        self.b1: GhostList = GhostList()
+        self.b2: GhostList = GhostList()
 
     @override
-    def block_map(self) -> Mapping[OffloadKey, BlockStatus]:
-        return self.blocks
+    def block_maps(self) -> tuple[Mapping[OffloadKey, BlockStatus], ...]:
+        return self.t2, self.t1
 
     @override
     def get(self, key: OffloadKey) -> BlockStatus | None:
-        return self.blocks.get(key)
+        block = self.t1.get(key)
+        return block if block is not None else self.t2.get(key)
 
     @override
     def insert(self, key: OffloadKey, block: BlockStatus) -> None:
-        self.blocks[key] = block
         self.t1[key] = block
-        if self.b1:
-            self.b1.pop(key, None)
-        if self.b2:
-            self.b2.pop(key, None)
+        self.b1.discard((key,))
+        self.b2.discard((key,))
 
     @override
     def insert_for_request(
         self, keys: Sequence[OffloadKey], blocks: Sequence[BlockStatus], req_context: ReqContext
     ) -> None:
-        b1, b2, t1, held = self.b1, self.b2, self.t1, self.blocks
-        # One loop for both maps: dict.update of pairs builds a tuple per key, and
-        # OrderedDict.update takes a slow generic path.
+        t1 = self.t1
+        # A loop: OrderedDict.update takes a slow generic path.
         for key, block in zip(keys, blocks):
-            held[key] = t1[key] = block
+            t1[key] = block
         # Ghost hits are rare: find them in C, then drop only those.
-        for ghosts in (b1, b2):
-            if ghosts and not ghosts.keys().isdisjoint(keys):
-                for key in ghosts.keys() & keys:
-                    del ghosts[key]
+        for ghosts in (self.b1, self.b2):
+            copies = ghosts.copies
+            if copies and not copies.keys().isdisjoint(keys):
+                ghosts.discard(copies.keys() & keys)
 
     @override
     def remove(self, key: OffloadKey) -> None:
-        if self.blocks.pop(key, None) is not None and self.t1.pop(key, None) is None:
+        if self.t1.pop(key, None) is None:
             self.t2.pop(key, None)
 
     def _adapt_to_ghost_hit(self, key: OffloadKey) -> None:
         b1, b2 = self.b1, self.b2
         if key in b1:
-            delta = max(1.0, len(b2) / len(b1))
+            delta = max(1.0, b2.size / b1.size)
             self.target_t1_size = min(self.target_t1_size + delta, float(self.cache_capacity))
-            b1.move_to_end(key)
+            b1.refresh(key)
         elif key in b2:
-            delta = max(1.0, len(b1) / len(b2))
+            delta = max(1.0, b1.size / b2.size)
             self.target_t1_size = max(self.target_t1_size - delta, 0.0)
-            b2.move_to_end(key)
+            b2.refresh(key)
 
     @override
     def on_store_miss(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
-        b1, b2 = self.b1, self.b2
+        b1, b2 = self.b1.copies, self.b2.copies
+        # Discarded keys with stale copies are in the dicts too: they only cost a closer look.
         if (b1 and not b1.keys().isdisjoint(keys)) or (b2 and not b2.keys().isdisjoint(keys)):
             for key in reversed(keys):
                 if key in b1 or key in b2:
@@ -130,10 +133,12 @@ class ARCCachePolicy(CachePolicy):
     def touch(self, keys: Collection[OffloadKey]) -> None:
         # Probed in the order keys are most often found (t2, t1, the ghosts): each probe of
         # another large table is a likely cache miss, the main cost per key.
-        t1, t2, b1, b2 = self.t1, self.t2, self.b1, self.b2
+        t1, t2, b1, b2 = self.t1, self.t2, self.b1.copies, self.b2.copies
         # A request's new blocks are neither held nor ghosts: then nothing moves, found in C.
+        # (The ghosts' dicts also hold discarded keys: a false alarm only costs the loop.)
         if (
-            self.blocks.keys().isdisjoint(keys)
+            t2.keys().isdisjoint(keys)
+            and t1.keys().isdisjoint(keys)
             and (not b1 or b1.keys().isdisjoint(keys))
             and (not b2 or b2.keys().isdisjoint(keys))
         ):
@@ -149,7 +154,7 @@ class ARCCachePolicy(CachePolicy):
                     t2[key] = t1.pop(key)
                 else:
                     t1.move_to_end(key)
-            elif key in b1 or (b2 and key in b2):
+            elif key in b1 or key in b2:
                 self._adapt_to_ghost_hit(key)
 
     @override
@@ -178,7 +183,7 @@ class ARCCachePolicy(CachePolicy):
                 if key in t1:
                     t1.move_to_end(key)
                 elif key in t2:
-                    t2.move_to_end(key)
+                    refresh_t2(key)
 
     @override
     def evict(self, n: int, protected: Set[OffloadKey]) -> list[tuple[OffloadKey, BlockStatus]] | None:
@@ -204,12 +209,10 @@ class ARCCachePolicy(CachePolicy):
         else:
             return self._evict_from_both(n, protected)
         # Step 6 for victims of one list.
-        blocks = self.blocks
         for key, _ in victims:
-            del blocks[key], entries[key]
-            ghosts[key] = None
-        for _ in range(len(ghosts) - self.cache_capacity):
-            ghosts.popitem(last=False)
+            del entries[key]
+        ghosts.extend(map(_FIRST, victims))
+        ghosts.trim(self.cache_capacity)
         return victims
 
     def _evict_from_both(self, n: int, protected: Set[OffloadKey]) -> list[tuple[OffloadKey, BlockStatus]] | None:
@@ -233,22 +236,16 @@ class ARCCachePolicy(CachePolicy):
                 t1_size -= 1
             chosen.append((entry[0], entry[1], from_t1))
 
-        t1, t2, b1, b2, blocks = self.t1, self.t2, self.b1, self.b2, self.blocks
-        for key, _, from_t1 in chosen:
-            del blocks[key]
-            if from_t1:
-                del t1[key]
-                b1[key] = None
-            else:
-                del t2[key]
-                b2[key] = None
-        for ghosts in (b1, b2):
-            for _ in range(len(ghosts) - self.cache_capacity):
-                ghosts.popitem(last=False)
+        for entries, ghosts, from_list in ((self.t1, self.b1, True), (self.t2, self.b2, False)):
+            keys = [key for key, _, from_t1 in chosen if from_t1 is from_list]
+            for key in keys:
+                del entries[key]
+            ghosts.extend(keys)
+            ghosts.trim(self.cache_capacity)
         return [(key, block) for key, block, _ in chosen]
 
     @override
     def clear(self) -> None:
-        for entries in (self.t1, self.t2, self.b1, self.b2, self.blocks):
+        for entries in (self.t1, self.t2, self.b1, self.b2):
             entries.clear()
         self.target_t1_size = 0.0

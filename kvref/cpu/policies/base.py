@@ -114,6 +114,16 @@ class CachePolicy(ABC):
         """
         return None
 
+    def block_maps(self) -> tuple[Mapping[OffloadKey, BlockStatus], ...]:
+        """Return the live mappings the manager reads blocks from directly, in probing order.
+
+        By default `block_map()`'s, if any. A policy whose blocks are in two disjoint dicts may
+        return both rather than keep a third for lookups (ARC: t1, t2); a miss then costs two
+        probes. `block_map`'s rules apply to each; with none, or over two, `get` is called.
+        """
+        blocks = self.block_map()
+        return () if blocks is None else (blocks,)
+
     @abstractmethod
     def get(self, key: OffloadKey) -> BlockStatus | None:
         """Return the block of `key`, or None. Does not change recency.
