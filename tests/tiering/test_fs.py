@@ -172,6 +172,33 @@ def test_load_of_a_missing_block_fails_and_loads_the_others(harness: Harness) ->
     assert harness.last_result.successful_keys is None  # nothing loaded: no partial success
 
 
+@pytest.mark.parametrize("first_write_fails", [False, True])
+def test_a_store_of_a_block_being_written_ends_with_that_write(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch, first_write_fails: bool
+) -> None:
+    # Reported stored means a lookup finds the block: a second job naming a block the first is
+    # still writing is not done before that write is (found by kvref.testing.vllm's programs).
+    gate = threading.Event()
+    real_write = segment_io.SegmentIO.write_segment
+
+    def gated_write(io: segment_io.SegmentIO, path: str, records: Any) -> bool:
+        assert gate.wait(5)
+        return False if first_write_fails else real_write(io, path, records)
+
+    monkeypatch.setattr(segment_io.SegmentIO, "write_segment", gated_write)
+    k = to_key(1)
+    harness.fill([k, k], [0, 1])
+    harness.tier.submit_store(harness.job([k], [0], promotion=False))
+    harness.tier.submit_store(harness.job([k], [1], promotion=False))
+    assert list(harness.tier.get_finished_jobs()) == []  # the second waits for the first's write
+    assert harness.tier.lookup(k, CTX) is None
+    gate.set()
+    harness.tier.drain_jobs()
+    results = list(harness.tier.get_finished_jobs())  # both, in the first poll after the drain
+    assert sorted((r.job_id, r.success) for r in results) == [(1, not first_write_fails), (2, not first_write_fails)]
+    assert harness.tier.lookup(k, CTX) is (not first_write_fails)
+
+
 def test_capacity_evicts_least_recently_used_segments(tmp_path: Path) -> None:
     h = Harness(tmp_path / "fs", capacity_bytes=2 * RECORD)
     k1, k2, k3 = to_keys([1, 2, 3])

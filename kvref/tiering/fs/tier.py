@@ -42,11 +42,14 @@ logger = logging.getLogger(__name__)
 class _Job:
     """A submitted job's I/O (only the scheduler thread touches it; see `_task_done`)."""
 
-    __slots__ = ("meta", "segments", "reads", "remaining", "failed", "failed_keys", "io_span", "moved")
+    __slots__ = ("meta", "segments", "awaited", "reads", "remaining", "failed", "failed_keys", "io_span", "moved")
 
     def __init__(self, meta: JobMetadata) -> None:
         self.meta = meta
         self.segments: list[Segment] = []
+        # Stores: blocks of the job another job is writing, with the segment they are written to;
+        # the job is stored once those are (and fails if one is not).
+        self.awaited: list[tuple[OffloadKey, Segment]] = []
         self.reads: list[tuple[OffloadKey, Entry]] = []
         self.remaining = 0
         self.failed = False
@@ -144,6 +147,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         # (deque appends and pops are atomic: the scheduler thread never waits on a lock that
         # an I/O thread could hold).
         self._done: list[_Job] = []
+        self._waiting: list[_Job] = []  # stores done but for blocks other jobs are writing
         self._completions: deque[tuple[_Job, Sequence[OffloadKey | str], float, float]] = deque()
         self._closed = False
 
@@ -248,8 +252,13 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         state = _Job(job)
         new: dict[OffloadKey, int] = {}
         for key, block_id in zip(job.keys, job.block_ids):
-            if key in self._index or key in new:
-                continue  # already stored or being written: nothing to do
+            if key in new:
+                continue
+            entry = self._index.get(key)
+            if entry is not None:
+                if entry.segment.writing:  # another job is writing it: done when that is
+                    state.awaited.append((key, entry.segment))
+                continue  # already stored: nothing to do
             if len(key) > MAX_KEY_BYTES:
                 state.failed = True
                 continue
@@ -338,14 +347,24 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             state.remaining -= 1
             if state.remaining == 0:
                 done.append(state)
-        results: list[JobResult] = []
+        finished: list[_Job] = []
         for state in done:
             if state.meta.is_promotion:
                 self._settle_load(state)
             else:
                 self._settle_store(state)
-            results.append(state.result(self.block_bytes))
-        return results
+            (self._waiting if state.awaited else finished).append(state)
+        # Stores relying on other jobs' writes finish once those settled: in this same poll
+        # when those jobs finished, so a drain followed by one poll reports every job.
+        waiting, self._waiting = self._waiting, []
+        for state in waiting:
+            if any(segment.writing for _key, segment in state.awaited):
+                self._waiting.append(state)
+                continue
+            if any(self._index.get(key) is None for key, _segment in state.awaited):
+                state.failed = True  # the write it relied on failed: that block is not stored
+            finished.append(state)
+        return [state.result(self.block_bytes) for state in finished]
 
     def _settle_store(self, state: _Job) -> None:
         written: set[OffloadKey] = set()
