@@ -1,38 +1,5 @@
-"""kvref's secondary tiers inside vLLM 0.33's tiering manager, through vLLM's own plug-in point.
-
-vLLM 0.33 builds out-of-tree secondary tiers by module path (`SecondaryTierFactory`), so these
-need no fork and patch nothing of vLLM's:
-
-    vllm serve MODEL --kv-transfer-config '{"kv_connector": "OffloadingConnector",
-      "kv_role": "kv_both", "kv_connector_extra_config": {
-        "spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": 17179869184,
-        "secondary_tiers": [{"type": "RedisTier", "module_path": "kvref.integrations.vllm",
-                             "url": "redis://cache.internal:6379/0"}]}}'
-
-`RedisTier` (kvref's `RedisSecondaryTier`: engines on many machines share blocks through one
-Redis server or cluster) and `FileSystemTier` (kvref's `FileSystemSecondaryTier`: checksummed
-segment files under `root_dir`) are `SecondaryTierManager`s of vLLM's. Each translates vLLM's
-calls to its kvref tier, which does the work (I/O threads, value format, checksums, routing,
-fault handling): jobs keep their ids, `chunk_ids` become block ids, results keep vLLM's partial
-success (`successful_keys`), and the tier's removal events come out as vLLM's. Besides the
-translation, an adapter owns only what vLLM's contract asks of a tier and kvref's tiers leave to
-kvref's tiering manager:
-
-* lookups: vLLM's own `AsyncLookupManager` answers RETRY until the existence check it sends at
-  `on_schedule_end` is answered (on its thread, through the kvref tier's blocking `contains`),
-  then the same answer for the key for the rest of the request; a failed load marks its lost
-  blocks a miss;
-* stored events: one per successful store job, with vLLM's medium and the configured locality,
-  only when the tier's `enable_kv_events` and vLLM's global KV-events flag are both on;
-* guards: a job is reported to vLLM exactly once and only if it was submitted (vLLM's manager
-  asserts otherwise, which would stop its scheduler), and a tier that raises while submitting
-  reports a failed job instead;
-* statistics for `get_stats`, declared by `build_metric_definitions`.
-
-Both also take vLLM's common tier keys as its own fs tier does: `locality` ("LOCAL" or
-"REMOTE"), `enable_kv_events`, and `backpressure` (vLLM's factory builds the detector and hands it
-to the base class, where vLLM's manager applies it).
-"""
+"""The adapter under `kvref.integrations.vllm`'s tiers: vLLM's `SecondaryTierManager` API over one
+kvref tier (see the package docstring for what it translates and what it owns)."""
 
 from __future__ import annotations
 
@@ -40,58 +7,38 @@ import logging
 import os
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from typing_extensions import override
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
+from vllm.v1.kv_offload.base import (
+    Locality,
+    LookupResult,
+    Medium,
+    OffloadingCounterMetadata,
+    OffloadingEvent,
+    OffloadingGaugeMetadata,
+    OffloadingMetricMetadata,
+    OffloadKey,
+    ReqContext,
+    RequestOffloadingContext,
+    ScheduleEndContext,
+)
+from vllm.v1.kv_offload.file_mapper import FileMapper
+from vllm.v1.kv_offload.tiering.async_lookup import AsyncLookupManager
+from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
+from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
 from kvref.base import OffloadKey as KvrefKey
 from kvref.base import ReqContext as KvrefContext
 from kvref.tiering.base import JobMetadata
 from kvref.tiering.base import JobResult as KvrefJobResult
 from kvref.tiering.base import SecondaryTierManager as KvrefTier
-from kvref.tiering.fs import FileSystemSecondaryTier
-from kvref.tiering.redis import RedisSecondaryTier
-
-_EXTRA_HINT = "pip install 'kvref[vllm]'"
-try:
-    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
-        OffloadingConnectorStats,
-    )
-    from vllm.v1.kv_offload.base import (
-        ConfigInfo,
-        ConfigInfoMapping,
-        Locality,
-        LookupResult,
-        Medium,
-        OffloadingCounterMetadata,
-        OffloadingEvent,
-        OffloadingGaugeMetadata,
-        OffloadingMetricMetadata,
-        OffloadKey,
-        ReqContext,
-        RequestOffloadingContext,
-        ScheduleEndContext,
-    )
-    from vllm.v1.kv_offload.file_mapper import FileMapper
-    from vllm.v1.kv_offload.tiering.async_lookup import AsyncLookupManager
-    from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
-    from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
-    from vllm.v1.metrics.cache_hit_source import CacheHitSource
-except ImportError as _exc:  # vLLM missing, too old or too new, or one of its dependencies broken
-    _missing = getattr(_exc, "name", None) or ""
-    _what = (
-        "vLLM is not installed"
-        if _missing == "vllm"
-        else f"vLLM's tiering API did not import ({_exc})"
-    )
-    raise ImportError(
-        f"kvref.integrations.vllm needs vLLM 0.33 ({_what}): {_EXTRA_HINT}"
-    ) from _exc
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec
 
-__all__ = ["RedisTier", "FileSystemTier", "RedisTierInfo", "FileSystemTierInfo", "KvrefTierMetrics"]
+__all__ = ["KvrefSecondaryTier", "KvrefTierMetrics", "check_bool", "refuse_unknown", "run_identity"]
 
 logger = logging.getLogger(__name__)
 
@@ -126,13 +73,13 @@ def _kvref_context(req_context: ReqContext) -> KvrefContext:
     return KvrefContext(req_id=req_context.req_id, kv_transfer_params=req_context.kv_transfer_params)
 
 
-def _check_bool(field: str, value: object) -> bool:
+def check_bool(field: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"{field} must be true or false, got {value!r}")
     return value
 
 
-def _refuse_unknown(tier: str, unknown: dict[str, object]) -> None:
+def refuse_unknown(tier: str, unknown: dict[str, object]) -> None:
     # vLLM passes every key of the tier's config as a keyword: a misspelt option would
     # otherwise be a TypeError about __init__, not a configuration error naming the key.
     if unknown:
@@ -140,7 +87,7 @@ def _refuse_unknown(tier: str, unknown: dict[str, object]) -> None:
         raise ValueError(f"{tier}: unknown option {names} (docs/LIBRARY.md lists the options)")
 
 
-def _run_identity(offloading_spec: OffloadingSpec) -> str:
+def run_identity(offloading_spec: OffloadingSpec) -> str:
     """`<model>_<digest>_r<rank>`: what vLLM's own fs tier names a run's directory after.
 
     The digest covers the model, dtype, KV-cache groups, tokens per hash, chunk size and (unless
@@ -178,7 +125,7 @@ class _Counters:
     failed_loads: int = 0
 
 
-class _KvrefSecondaryTier(SecondaryTierManager):
+class KvrefSecondaryTier(SecondaryTierManager):
     """A kvref tier behind vLLM's `SecondaryTierManager` API (see the module docstring).
 
     Args:
@@ -417,160 +364,3 @@ class _KvrefSecondaryTier(SecondaryTierManager):
         if usage is not None:
             stats.set_gauge(KvrefTierMetrics.USAGE_PERC, usage, labels)
         return stats
-
-
-@dataclass(frozen=True)
-class RedisTierInfo(ConfigInfo):
-    """What a `RedisTier` publishes on vLLM's config-info metric (never the url: it may hold a
-    password)."""
-
-    redis_namespace: str
-    redis_cluster: bool
-    redis_num_connections: int
-
-
-class RedisTier(_KvrefSecondaryTier):
-    """kvref's Redis tier (`kvref.tiering.redis.RedisSecondaryTier`) as a vLLM secondary tier.
-
-    Configured as `{"type": "RedisTier", "module_path": "kvref.integrations.vllm", "url": ...}`;
-    the options are the kvref tier's (docs/LIBRARY.md, "Redis tier"), plus vLLM's `locality`,
-    `enable_kv_events` and `backpressure`. `namespace` defaults to the identity vLLM's own fs
-    tier names its directories after (model, dtype, KV-cache groups, chunk size, parallel
-    layout, rank), so engines share blocks exactly when their KV layouts agree.
-
-    A server that is down fails jobs (vLLM recomputes) and answers lookups MISS; nothing raises
-    in the scheduler.
-    """
-
-    medium: ClassVar[Medium | None] = Medium.STORAGE
-    # A remote store: vLLM's fallback source, not "disk" (what STORAGE would give).
-    cache_hit_source: ClassVar[CacheHitSource] = CacheHitSource.EXTERNAL_UNSPECIFIED
-
-    def __init__(
-        self,
-        offloading_spec: OffloadingSpec,
-        primary_kv_view: memoryview,
-        tier_type: str,
-        url: str,
-        *,
-        cluster: bool = False,
-        namespace: str | None = None,
-        num_connections: int = 4,
-        connect_timeout_s: float = 1.0,
-        socket_timeout_s: float = 1.0,
-        lookup_cache_s: float = 1.0,
-        ttl_s: float | None = None,
-        tls_ca_file: str | None = None,
-        enable_kv_events: bool = False,
-        locality: str | None = None,
-        backpressure_detector: BackpressureDetector | None = None,
-        **unknown: object,
-    ) -> None:
-        _refuse_unknown("RedisTier", unknown)
-        events = _check_bool("enable_kv_events", enable_kv_events)
-        namespace = namespace if namespace is not None else f"vllm/{_run_identity(offloading_spec)}"
-        tier = RedisSecondaryTier(
-            primary_kv_view,
-            url,
-            cluster=_check_bool("cluster", cluster),
-            namespace=namespace,
-            num_connections=num_connections,
-            connect_timeout_s=connect_timeout_s,
-            socket_timeout_s=socket_timeout_s,
-            lookup_cache_s=lookup_cache_s,
-            ttl_s=ttl_s,
-            tls_ca_file=tls_ca_file,
-            enable_events=events,
-        )
-        self._info = RedisTierInfo(namespace, cluster, num_connections)
-        super().__init__(
-            offloading_spec,
-            primary_kv_view,
-            tier_type,
-            backpressure_detector,
-            tier=tier,
-            enable_kv_events=events,
-            locality=locality,
-        )
-
-    @classmethod
-    @override
-    def config_info_keys(cls, tier_config: dict[str, Any]) -> tuple[str, ...]:
-        return RedisTierInfo.config_info_keys()
-
-    @override
-    def config_info(self) -> ConfigInfoMapping:
-        return self._info.as_config_info()
-
-
-@dataclass(frozen=True)
-class FileSystemTierInfo(ConfigInfo):
-    """What a `FileSystemTier` publishes on vLLM's config-info metric."""
-
-    fs_capacity_bytes: int | None
-    fs_fsync: bool
-
-
-class FileSystemTier(_KvrefSecondaryTier):
-    """kvref's filesystem tier (`kvref.tiering.fs.FileSystemSecondaryTier`) as a vLLM tier.
-
-    Configured as `{"type": "FileSystemTier", "module_path": "kvref.integrations.vllm",
-    "root_dir": ...}`; the options are the kvref tier's (docs/LIBRARY.md), plus vLLM's
-    `locality`, `enable_kv_events` and `backpressure`. Blocks go under
-    `root_dir/<model>_<digest>_r<rank>`, the identity vLLM's own fs tier uses, so engines of
-    other models or layouts never read them; one engine at a time uses a directory (a second
-    is refused with an `OSError` naming the holder's pid). Blocks survive restarts.
-    """
-
-    medium: ClassVar[Medium | None] = Medium.STORAGE
-
-    def __init__(
-        self,
-        offloading_spec: OffloadingSpec,
-        primary_kv_view: memoryview,
-        tier_type: str,
-        root_dir: str,
-        *,
-        capacity_bytes: int | None = None,
-        max_segment_bytes: int = 16 << 20,
-        n_read_threads: int | None = None,
-        n_write_threads: int | None = None,
-        fsync: bool = False,
-        enable_kv_events: bool = False,
-        locality: str | None = None,
-        backpressure_detector: BackpressureDetector | None = None,
-        **unknown: object,
-    ) -> None:
-        _refuse_unknown("FileSystemTier", unknown)
-        events = _check_bool("enable_kv_events", enable_kv_events)
-        if not isinstance(root_dir, str) or not root_dir:  # pyright: ignore[reportUnnecessaryIsInstance]
-            raise ValueError(f"root_dir must be a non-empty path, got {root_dir!r}")
-        tier = FileSystemSecondaryTier(
-            primary_kv_view,
-            os.path.join(root_dir, _run_identity(offloading_spec)),
-            capacity_bytes=capacity_bytes,
-            max_segment_bytes=max_segment_bytes,
-            n_read_threads=n_read_threads,
-            n_write_threads=n_write_threads,
-            fsync=fsync,
-            enable_events=events,
-        )
-        self._info = FileSystemTierInfo(capacity_bytes, fsync)
-        super().__init__(
-            offloading_spec,
-            primary_kv_view,
-            tier_type,
-            backpressure_detector,
-            tier=tier,
-            enable_kv_events=events,
-            locality=locality,
-        )
-
-    @classmethod
-    @override
-    def config_info_keys(cls, tier_config: dict[str, Any]) -> tuple[str, ...]:
-        return FileSystemTierInfo.config_info_keys()
-
-    @override
-    def config_info(self) -> ConfigInfoMapping:
-        return self._info.as_config_info()
