@@ -57,7 +57,7 @@ pytest: $(STAMP) redis-server
 # VLLM_TARGET_DEVICE=cpu: vLLM's CPU platform (its wheel would otherwise look for a GPU).
 pytest-vllm: vllm-env redis-server
 	@echo "==> pytest tests/vllm, next to vLLM 0.33 (in $(VLLM_VENV))"
-	VLLM_TARGET_DEVICE=cpu $(VLLM_PYTHON) -m pytest -q tests/vllm
+	VLLM_TARGET_DEVICE=cpu $(VLLM_PYTHON) -m pytest -q -p kvref.testing.pytest_plugin tests/vllm examples/vllm_dict_tier
 
 test: typecheck audit pytest pytest-vllm
 

@@ -14,7 +14,7 @@ import pytest
 
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
 # Tools that import vLLM run in its environment: tests/vllm/test_vllm_tools.py covers them.
-NEEDS_VLLM = frozenset({"bench_vllm_tiers.py"})
+NEEDS_VLLM = frozenset({"bench_vllm_tiers.py", "conformance_rules.py"})
 RUNNABLE = sorted(p for p in TOOLS.glob("*.py") if not p.name.startswith("_") and p.name not in NEEDS_VLLM)
 
 

@@ -60,3 +60,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = keep
+
+
+pytest_plugins = ["pytester"]

@@ -409,10 +409,10 @@ def test_vllm_never_sees_a_duplicate_unknown_or_lost_job(
     kvref_tier: type[InMemorySecondaryTier], caplog: pytest.LogCaptureFixture
 ) -> None:
     # vLLM's manager asserts on a duplicate or unknown job id, which stops its scheduler.
-    from kvref.integrations.vllm import _KvrefSecondaryTier  # pyright: ignore[reportPrivateUsage]
+    from kvref.integrations.vllm import KvrefSecondaryTier
 
     primary = Primary()
-    tier = _KvrefSecondaryTier(
+    tier = KvrefSecondaryTier(
         offloading_spec(), primary.view, "broken", None,
         tier=kvref_tier(primary.view), enable_kv_events=False, locality=None,
     )  # fmt: skip

@@ -1,0 +1,11 @@
+import pytest
+
+from kvref.testing.vllm import SecondaryTierContract
+
+
+class TestDictTier(SecondaryTierContract):
+    persistent = False  # blocks live in the process: the restart rule reports SKIPPED
+
+    @pytest.fixture
+    def tier_config(self):
+        return {"type": "DictTier", "module_path": "dict_tier"}
