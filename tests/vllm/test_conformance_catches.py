@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvref.testing.vllm import SecondaryTierContract
 from tests.vllm import broken_managers, broken_tiers
 
 _TIER_TEST = """
@@ -66,4 +67,5 @@ def test_the_correct_tiers_they_are_made_from_pass(pytester: pytest.Pytester, na
     pytester.makepyfile(test_subject=_TIER_TEST.format(name=name, module=module, persistent=persistent))
     result = pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider")
     # Skipped: no damage_block fixture, and the restart rule for the non-persistent one.
-    result.assert_outcomes(passed=23 if persistent else 22, skipped=1 if persistent else 2)
+    skipped = 1 if persistent else 2
+    result.assert_outcomes(passed=len(SecondaryTierContract.rules()) - skipped, skipped=skipped)

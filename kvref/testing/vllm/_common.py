@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, settings
 
 __all__ = ["ContractViolation", "Contract", "Rule", "run_settings"]
 
-_QUICK_STEPS = 30
+_QUICK_STEPS = 40
 _DEEP_EXAMPLES = 20  # times the class's quick examples
 _DEEP_STEPS = 80
 

@@ -18,12 +18,14 @@ from collections.abc import Callable, Sequence
 from typing import cast
 
 from vllm.v1.kv_offload.base import (
+    LoadStoreSpec,
     LookupResult,
     OffloadingEvent,
     OffloadingManager,
     OffloadKey,
     PrepareStoreOutput,
     ReqContext,
+    RequestOffloadingContext,
     ScheduleEndContext,
     make_offload_key,
 )
@@ -90,7 +92,8 @@ class ManagerHarness:
             ref_ctx.set_offload_key_position(KvrefKey(block), 16 * (index + 1))
         self.contexts[req_id] = (ctx, ref_ctx)
         with self.manager.lock:
-            self.manager.on_new_request(ctx)
+            answer = self.manager.on_new_request(ctx)
+        self.expect_type("on_new_request", answer, RequestOffloadingContext)
         if self.reference is not None:
             self.reference.on_new_request(ref_ctx)
         return ctx
@@ -137,6 +140,7 @@ class ManagerHarness:
             self.lookup(block, ctx)  # HIT, or the lookup rules report what went wrong
         with self.manager.lock:
             spec = self.manager.prepare_load(list(blocks), ctx)
+        self.expect_type("prepare_load", spec, LoadStoreSpec)
         chunk_ids = _chunk_ids(spec)
         expected = [self.ready[block] for block in blocks]
         if chunk_ids != expected:
@@ -176,6 +180,7 @@ class ManagerHarness:
         evictable = [b for b in self.ready if self.loading[b] == 0 and b not in offered]
         with self.manager.lock:
             output = self.manager.prepare_store(list(blocks), ctx)
+        self.expect_type("prepare_store", output, (PrepareStoreOutput, type(None)))
         # The rules any manager keeps first (their messages are the more precise), then the
         # reference's decision.
         if output is None:
@@ -248,7 +253,10 @@ class ManagerHarness:
 
     def complete_store(self, blocks: Sequence[OffloadKey], ctx: ReqContext, success: bool = True) -> None:
         with self.manager.lock:
-            self.manager.complete_store(list(blocks), ctx, success)
+            if success:  # as vLLM's scheduler calls it
+                self.manager.complete_store(list(blocks), ctx)
+            else:
+                self.manager.complete_store(list(blocks), ctx, success=False)
         for block in blocks:
             chunk = self.pending.pop(block)
             if success:
@@ -278,7 +286,14 @@ class ManagerHarness:
         with self.manager.lock:
             self.manager.on_schedule_end(_END_OF_STEP)
             events = list(self.manager.take_events())
+        for event in events:
+            self.expect_type("a take_events item", event, OffloadingEvent)
         self.replay(events)
+
+    def expect_type(self, what: str, value: object, kind: type | tuple[type, ...]) -> None:
+        """Check an answer's type (vLLM reads its fields on the scheduler thread)."""
+        if not isinstance(value, kind):
+            raise self.rule("answers_have_vllm_types").violation(what, expected=kind, got=value)
 
     def replay(self, events: Sequence[OffloadingEvent]) -> None:
         if not self.events_on:

@@ -15,11 +15,14 @@ and the like): lookups answer from it at once, never RETRY.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import ClassVar
+import random
+from collections.abc import Callable, Mapping, Sequence
+from typing import ClassVar, cast
 
 import pytest
-from vllm.v1.kv_offload.base import LookupResult
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
+from vllm.v1.kv_offload.base import LookupResult, OffloadKey, ReqContext
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvref.cpu.policies.factory import CachePolicyName
 from kvref.testing.vllm._common import Contract
@@ -41,7 +44,7 @@ class OffloadingManagerContract(Contract):
     """
 
     policy: ClassVar[CachePolicyName | None] = None
-    quick_examples: ClassVar[int] = 40
+    quick_examples: ClassVar[int] = 150
 
     @pytest.fixture
     def make_manager(self) -> MakeManager:
@@ -56,6 +59,37 @@ class OffloadingManagerContract(Contract):
             )  # fmt: skip
 
         return make
+
+    def test_answers_have_vllm_types(self, harness: Callable[..., ManagerHarness]) -> None:
+        """Every answer has the type vLLM's scheduler and connector read: `on_new_request` a
+        `RequestOffloadingContext`, `prepare_load` a `LoadStoreSpec`, `prepare_store` a
+        `PrepareStoreOutput` or None, `take_events` `OffloadingEvent`s, `get_load_source` (after
+        a HIT) a `CacheHitSource`, `has_pending_work` a bool, `config_info` a sequence of
+        mappings, `get_stats` None or `OffloadingConnectorStats`.
+
+        In vLLM: the connector reads fields of these answers on the scheduler thread (the
+        request's offload policy, the spec's chunk ids); an answer of another type raises there
+        and stops the engine."""
+        h = harness(enable_events=True)
+        blocks = [h.key(n) for n in range(2)]
+        ctx = h.new_request("types", blocks)  # the harness checks each answer's type
+        out = h.prepare_store(blocks, ctx)
+        if out is not None:
+            h.complete_store(out.keys_to_store, ctx)
+        h.end_step()
+        h.prepare_load(blocks[:1], ctx)
+        h.complete_load(blocks[:1], ctx)
+        manager = h.manager
+        with manager.lock:
+            h.expect_type("get_load_source", manager.get_load_source(blocks[0], ctx), CacheHitSource)
+            h.expect_type("has_pending_work", manager.has_pending_work(), bool)
+            info = manager.config_info()
+            h.expect_type("get_stats", manager.get_stats(), (OffloadingConnectorStats, type(None)))
+        series = cast(object, info)  # whatever the manager returned, whatever it declares
+        if not isinstance(series, Sequence) or not series or not all(isinstance(m, Mapping) for m in cast("Sequence[object]", series)):
+            raise self.rule("answers_have_vllm_types").violation(
+                "config_info", expected="a sequence of one mapping per series", got=info
+            )
 
     # --- lookups ---
 
@@ -329,10 +363,13 @@ class OffloadingManagerContract(Contract):
         is an LRU, evicts the blocks requests come back for."""
         if self.policy is None:
             pytest.skip("policy = None: evictions are the manager's own choice")
-        h = harness(num_chunks=6)
-        prefixes = [[h.key(100 * doc + n) for n in range(4)] for doc in range(4)]
-        for round_ in range(12):
-            blocks = prefixes[(round_ * 7) % 4][: 2 + round_ % 3]
+        h = harness(num_chunks=8)
+        rng = random.Random(0)
+        documents = [[h.key(100 * doc + n) for n in range(6)] for doc in range(6)]
+        loading: list[tuple[ReqContext, list[OffloadKey]]] = []
+        for round_ in range(60):
+            doc = min(int(rng.paretovariate(1.2)) - 1, len(documents) - 1)
+            blocks = documents[doc][: rng.randint(1, 6)] + [h.key(10_000 + 2 * round_ + n) for n in range(rng.randint(0, 2))]
             ctx = h.new_request(f"r{round_}", blocks)
             hits = 0
             for block in blocks:
@@ -341,15 +378,20 @@ class OffloadingManagerContract(Contract):
                 hits += 1
             if hits:
                 h.prepare_load(blocks[:hits], ctx)
-                h.complete_load(blocks[:hits], ctx)
-            h.touch(blocks, ctx)
-            # Blocks the GPU still holds are touched too, without a load (vLLM's prefix cache).
-            held = [b for b in sorted(h.ready) if b not in blocks]
-            if held:
-                h.touch(held[round_ % len(held) :][:2], ctx)
+                loading.append((ctx, blocks[:hits]))
+            # Some requests touch their blocks; all of them are accesses the request's finish
+            # commits to the policy.
+            if rng.random() < 0.5:
+                h.touch(blocks, ctx)
+            held = [b for b in h.ready if b not in blocks]
+            if held and rng.random() < 0.5:  # blocks the GPU still holds (vLLM's prefix cache)
+                h.touch(rng.sample(held, min(2, len(held))), ctx)
             out = h.prepare_store(blocks[hits:], ctx)
+            if len(loading) > 1:  # a load finishes a request later: its chunks stay pinned meanwhile
+                earlier, loaded = loading.pop(0)
+                h.complete_load(loaded, earlier)
             if out is not None:
-                h.complete_store(out.keys_to_store, ctx)
+                h.complete_store(out.keys_to_store, ctx, success=rng.random() > 0.1)
             h.finish_request(ctx)
             h.end_step()
 

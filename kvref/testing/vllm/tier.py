@@ -19,12 +19,22 @@ as vLLM's tiering manager does (`kvref.testing.vllm._tier_harness`). Optional:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar
 
 import pytest
-from vllm.v1.kv_offload.base import Locality, LookupResult, Medium, ReqContext, OffloadKey
-from vllm.v1.kv_offload.tiering.base import SecondaryTierManager
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
+from vllm.v1.kv_offload.base import (
+    Locality,
+    LookupResult,
+    Medium,
+    OffloadingEvent,
+    OffloadingMetricMetadata,
+    OffloadKey,
+    ReqContext,
+    RequestOffloadingContext,
+)
+from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager
 
 from kvref.testing.vllm._common import Contract
 from kvref.testing.vllm._tier_event_rules import TierEventRules
@@ -46,7 +56,7 @@ class SecondaryTierContract(TierJobRules, TierEventRules, Contract):
     """
 
     persistent: ClassVar[bool] = True
-    quick_examples: ClassVar[int] = 10
+    quick_examples: ClassVar[int] = 25
 
     @pytest.fixture
     def tier_config(self) -> dict[str, Any]:
@@ -95,6 +105,42 @@ class SecondaryTierContract(TierJobRules, TierEventRules, Contract):
             tier = harness.build(locality=value)
             if tier.locality is not Locality(value):
                 raise rule.violation(f"configured locality={value!r}", expected=Locality(value), got=tier.locality)
+
+    def test_answers_have_vllm_types(self, harness: TierHarness) -> None:
+        """Every answer has the type vLLM's manager reads: `on_new_request` a
+        `RequestOffloadingContext`, `get_finished_jobs` `JobResult`s, `has_pending_work` a
+        bool, `take_events` `OffloadingEvent`s, `config_info` a mapping, `get_stats` None or
+        `OffloadingConnectorStats`, and the class's `config_info_keys` and
+        `build_metric_definitions` a tuple of names and a dict of metric metadata.
+
+        In vLLM: the tiering manager reads fields of these answers on the scheduler thread (a
+        request's offload policy, a job's id); an answer of another type raises there and stops
+        the engine."""
+        tier = harness.build()
+        rule = self.rule("answers_have_vllm_types")
+        req = ReqContext(req_id="types")
+
+        def expect(what: str, value: object, kind: type | tuple[type, ...]) -> None:
+            if not isinstance(value, kind):
+                raise rule.violation(what, expected=kind, got=value)
+
+        expect("on_new_request", tier.on_new_request(req), RequestOffloadingContext)
+        harness.submit(tier, harness.job([harness.key(1)], [0], load=False))
+        tier.drain_jobs()
+        for result in harness.poll(tier):
+            expect("a get_finished_jobs item", result, JobResult)
+        expect("has_pending_work", tier.has_pending_work(), bool)
+        for event in tier.take_events():
+            expect("a take_events item", event, OffloadingEvent)
+        expect("config_info", tier.config_info(), Mapping)
+        expect("get_stats", tier.get_stats(), (OffloadingConnectorStats, type(None)))
+        keys = type(tier).config_info_keys(harness.tier_config)
+        if not isinstance(keys, tuple) or not all(isinstance(key, str) for key in keys):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise rule.violation("config_info_keys", expected="a tuple of label names", got=keys)
+        metrics = type(tier).build_metric_definitions(harness.tier_config)
+        if not isinstance(metrics, dict) or not all(isinstance(m, OffloadingMetricMetadata) for m in metrics.values()):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise rule.violation("build_metric_definitions", expected="dict of OffloadingMetricMetadata", got=metrics)
+        tier.on_request_finished(req)
 
     # --- lookups ---
 
@@ -167,7 +213,8 @@ class SecondaryTierContract(TierJobRules, TierEventRules, Contract):
         tier = harness.build()
         keys = [harness.key(n) for n in range(8)]
         rule = self.rule("stored_bytes_load_back_exactly")
-        for store_rows, load_rows in (([0], [15]), (list(range(8)), list(range(15, 7, -1)))):
+        phases = (([15], [0]), (list(range(8)), list(range(15, 7, -1))), (list(range(8, 16)), list(range(8))))
+        for store_rows, load_rows in phases:
             blocks = keys[: len(store_rows)]
             stored = harness.store(tier, blocks, store_rows)
             if not stored.success:
