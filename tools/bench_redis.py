@@ -37,7 +37,7 @@ from kvref.tiering.redis.local import LocalRedisServer, redis_server_path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _tier_bench import RedisPyPipeline, human, key_of, parse_size  # noqa: E402
 
-__all__ = ["main", "bench_block_size"]
+__all__ = ["main", "bench_block_size", "bench_latency", "percentile"]
 
 CTX = ReqContext(req_id="bench")
 
@@ -130,6 +130,73 @@ def bench_block_size(
     return figures
 
 
+def percentile(samples: Sequence[float], pct: float) -> float:
+    """The `pct`-th percentile (nearest rank) of `samples`."""
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, max(0, round(pct / 100 * len(ordered)) - 1))]
+
+
+def bench_latency(url: str, block_bytes: int, job_blocks: int, jobs: int, connections: int) -> dict[str, list[float]]:
+    """Seconds per job, one job at a time (submit, then wait for it), for each phase.
+
+    The tier: `submit_*` then `drain_jobs` and `get_finished_jobs`, as a scheduler waiting for
+    one job would; redis-py: one pipeline per job. `jobs` stores of new keys, then loads of
+    them into other rows (checked after timing). Tier and redis-py jobs alternate, so both see
+    the same server (and the same machine) at every moment.
+    """
+    view = memoryview(bytearray(2 * job_blocks * block_bytes)).cast("B", (2 * job_blocks, block_bytes))
+    flat = view.cast("B")
+    flat[: job_blocks * block_bytes] = os.urandom(job_blocks * block_bytes)
+    sources = [flat[i * block_bytes : (i + 1) * block_bytes] for i in range(job_blocks)]
+    destinations = [flat[(job_blocks + i) * block_bytes : (job_blocks + i + 1) * block_bytes] for i in range(job_blocks)]
+    keys = [[key_of(j * job_blocks + i) for i in range(job_blocks)] for j in range(jobs)]
+    redis_keys = [[b"bench:" + key.hex().encode() for key in job] for job in keys]
+    baseline = RedisPyPipeline(url)
+    baseline.flush()
+    samples: dict[str, list[float]] = {name: [] for name in ("tier store", "tier load", "redis-py store", "redis-py load")}
+    tier = RedisSecondaryTier(view, url, num_connections=connections, socket_timeout_s=30)
+    try:
+        for promotion, direction in ((False, "store"), (True, "load")):
+            first_row = job_blocks if promotion else 0
+            for j in range(jobs):
+                job = JobMetadata(j, keys[j], range(first_row, first_row + job_blocks), promotion, CTX)
+                started = time.perf_counter()
+                (tier.submit_load if promotion else tier.submit_store)(job)
+                tier.drain_jobs()
+                results = list(tier.get_finished_jobs())
+                samples[f"tier {direction}"].append(time.perf_counter() - started)
+                assert [r.success for r in results] == [True], f"tier {direction} job {j} failed"
+                if promotion:
+                    assert flat[job_blocks * block_bytes :] == flat[: job_blocks * block_bytes], "loaded bytes differ"
+                    samples["redis-py load"].append(baseline.load(redis_keys[j], destinations, job_blocks))
+                else:
+                    samples["redis-py store"].append(baseline.store(redis_keys[j], sources, job_blocks))
+    finally:
+        tier.shutdown()
+    baseline.flush()
+    baseline.close()
+    return samples
+
+
+def report_latency(samples: dict[str, list[float]]) -> list[str]:
+    """Print p50/p90/p99 per phase; return the verdict of each target per direction."""
+    print(f"{'phase':>16} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'max ms':>8}")
+    for name, values in samples.items():
+        p50, p90, p99 = (percentile(values, pct) * 1e3 for pct in (50, 90, 99))
+        print(f"{name:>16} {p50:8.1f} {p90:8.1f} {p99:8.1f} {max(values) * 1e3:8.1f}")
+    verdicts: list[str] = []
+    for direction in ("store", "load"):
+        ours, theirs = samples[f"tier {direction}"], samples[f"redis-py {direction}"]
+        p50, p99, their_p50, their_p99 = (percentile(v, q) for v, q in ((ours, 50), (ours, 99), (theirs, 50), (theirs, 99)))
+        tail = p99 <= 1.5 * p50 or p99 <= their_p99
+        median = p50 <= 1.25 * their_p50
+        verdicts.append(
+            f"{direction}: p99/p50 {p99 / p50:.2f} (p99 {p99 / their_p99:.2f}x redis-py's): {'met' if tail else 'NOT met'}; "
+            f"p50 {p50 / their_p50:.2f}x redis-py's: {'met' if median else 'NOT met'}"
+        )
+    return verdicts
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", help="a Redis server to use (default: start a throw-away redis-server)")
@@ -143,6 +210,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--job-blocks", type=int, default=16, help="blocks per job / per redis-py pipeline")
     parser.add_argument("--connections", type=int, default=4, help="the tier's second configuration")
     parser.add_argument("--repeats", type=int, default=3, help="best of N runs per figure")
+    parser.add_argument(
+        "--latency", type=int, metavar="JOBS", default=0,
+        help="instead: per-job latency of JOBS jobs at 1 MiB, one job at a time (p50/p90/p99 vs redis-py)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
 
     server: LocalRedisServer | None = None
@@ -155,6 +226,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         url = server.url
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, server {url}")
     connections = sorted({1, args.connections})
+    if args.latency:
+        try:
+            print(f"\nlatency: {args.latency} jobs of {args.job_blocks} x 1 MiB, one at a time, tier with {args.connections} connections")
+            samples = bench_latency(url, 1 << 20, args.job_blocks, args.latency, args.connections)
+            for verdict in report_latency(samples):
+                print(verdict)
+        finally:
+            if server is not None:
+                server.stop()
+        return 0
     try:
         at_1m: dict[str, float] | None = None
         for block_bytes in args.block_sizes:

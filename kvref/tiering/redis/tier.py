@@ -66,6 +66,7 @@ _MAX_REDIRECTS = 2
 _MAX_UNSERVED = 1 << 16
 _UNSERVED_MAX_AGE_S = 30.0
 _CRLF = b"\r\n"
+_SEND_PIECE_BYTES = 256 << 10
 
 class _Job:
     """A submitted job: filled in by one I/O thread, settled by the scheduler thread."""
@@ -645,7 +646,19 @@ class RedisSecondaryTier(SecondaryTierManager):
             for address, indices in groups.items():
                 try:
                     connection = connections.get(address)
-                    connection.send([part for i in indices for part in parts(i)])
+                    # Framed and sent in pieces of about _SEND_PIECE_BYTES: the server parses
+                    # and stores a block while the next one's header (its checksum) is made.
+                    piece: list[bytes | memoryview] = []
+                    size = 0
+                    for i in indices:
+                        for part in parts(i):
+                            piece.append(part)
+                            size += len(part)
+                        if size >= _SEND_PIECE_BYTES:
+                            connection.send(piece)
+                            piece, size = [], 0
+                    if piece:
+                        connection.send(piece)
                     sent.append((address, connection, indices))
                 except OSError as exc:
                     self._connection_failed(connections, address, exc)
