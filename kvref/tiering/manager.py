@@ -31,13 +31,8 @@ Statistics: `get_stats()` returns the primary's `OffloadingStats` with every tie
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
-import time
-from array import array
-from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, cast
 
@@ -53,13 +48,15 @@ from kvref.base import (
     RequestOffloadingContext,
 )
 from kvref.cpu.common import CPULoadStoreSpec
-from kvref.cpu.manager import CPUOffloadingManager, describe_block
+from kvref.cpu.manager import describe_block
 from kvref.cpu.policies.factory import CachePolicyName
 from kvref.cpu.shared_region import SharedOffloadRegion
-from kvref.errors import KVRefError, OffloadProtocolError
+from kvref.errors import OffloadProtocolError
 from kvref.tiering._options import check_bool
-from kvref.tiering.base import JobId, JobMetadata, SecondaryTierManager, TierStats
+from kvref.tiering.base import SecondaryTierManager, TierStats
 from kvref.tiering.factory import create_secondary_tier
+from kvref.tiering.jobs import TierJobs
+from kvref.tiering.primary import CPUPrimaryTierOffloadingManager
 
 __all__ = [
     "CPUPrimaryTierOffloadingManager",
@@ -68,75 +65,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-
-class CPUPrimaryTierOffloadingManager(CPUOffloadingManager):
-    """The CPU tier of a tiering setup: a `CPUOffloadingManager` over a shared region.
-
-    Adds the secondary tiers' vocabulary (a secondary tier *reads* the primary to store a block,
-    and *writes* it to promote one) and the memoryview through which they copy.
-
-    Args:
-        region: the shared memory holding the blocks (one per row); the manager owns it from now
-            on and cleans it up in `shutdown`.
-        cache_policy: "lru" or "arc".
-        enable_events: buffer stored/removed events of the CPU medium.
-    """
-
-    def __init__(
-        self,
-        region: SharedOffloadRegion,
-        cache_policy: CachePolicyName = "lru",
-        enable_events: bool = False,
-    ) -> None:
-        super().__init__(region.num_blocks, cache_policy, enable_events)
-        self.region = region
-        self._kv_view: memoryview | None = region.create_kv_memoryview()
-
-    def prepare_read(self, keys: Collection[OffloadKey], req_context: ReqContext) -> CPULoadStoreSpec:
-        """`prepare_load` for a secondary tier that is about to copy the blocks out."""
-        return self.prepare_load(keys, req_context)
-
-    def complete_read(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        """`complete_load` once a secondary tier's copy out finished."""
-        self.complete_load(keys, req_context)
-
-    def prepare_write(
-        self, keys: Collection[OffloadKey], req_context: ReqContext
-    ) -> PrepareStoreOutput | None:
-        """`prepare_store` for blocks a secondary tier is about to copy in (a promotion)."""
-        return self.prepare_store(keys, req_context)
-
-    def complete_write(
-        self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True
-    ) -> None:
-        """`complete_store` once a secondary tier's copy in finished (or failed)."""
-        self.complete_store(keys, req_context, success)
-
-    def get_kv_memoryview(self) -> memoryview:
-        """Return the `(num_blocks, row_bytes)` view secondary tiers copy through.
-
-        Raises:
-            KVRefError: the manager was shut down.
-        """
-        if self._kv_view is None:
-            raise KVRefError("the primary tier was shut down; its memory is released")
-        return self._kv_view
-
-    @override
-    def shutdown(self) -> None:
-        """Release the view and clean up the region (unlinking it if this process created it)."""
-        self._kv_view = None
-        self.region.cleanup()
-
-
-@dataclass
-class _StagedPromotion:
-    """Primary slots reserved this step for blocks one request promotes from one tier."""
-
-    req_context: ReqContext
-    keys: list[OffloadKey] = field(default_factory=lambda: [])
-    block_ids: list[int] = field(default_factory=lambda: [])
 
 
 class TieringOffloadingManager(OffloadingManager):
@@ -169,17 +97,8 @@ class TieringOffloadingManager(OffloadingManager):
             raise ValueError(f"drain_timeout_s must be >= 0, got {drain_timeout_s}")
         self._primary = primary
         self._tiers: tuple[SecondaryTierManager, ...] = tuple(secondary_tiers)
-        self._failed_promotion_memory = failed_promotion_memory
         self._drain_timeout_s = drain_timeout_s
-        self._job_ids = itertools.count()
-        # In-flight jobs: id -> (tier index, job).
-        self._jobs: dict[JobId, tuple[int, JobMetadata]] = {}
-        # Per tier: request id -> promotion staged this step, submitted by end_step().
-        self._staged: list[dict[str, _StagedPromotion]] = [{} for _ in self._tiers]
-        # Per tier: blocks whose promotion failed (bounded, oldest forgotten first).
-        self._failed_promotions: list[OrderedDict[OffloadKey, None]] = [
-            OrderedDict() for _ in self._tiers
-        ]
+        self._jobs = TierJobs(primary, self._tiers, failed_promotion_memory)
         # GPU -> primary stores prepared and not completed: key -> request id.
         self._pending_stores: dict[OffloadKey, str] = {}
         self._pending_stores_per_request: dict[str, int] = {}
@@ -189,9 +108,8 @@ class TieringOffloadingManager(OffloadingManager):
         # reference counts also include the cascades' reads, which must not absorb a caller's
         # stray complete_load.
         self._gpu_loads: dict[OffloadKey, int] = {}
-        self._polled_this_step = False
         self._closed = False
-        self._stats = [TierStats(primary.medium)] + [TierStats(tier.medium) for tier in self._tiers]
+        self._stats = [TierStats(primary.medium), *self._jobs.stats]  # the same objects
 
     # --- introspection ---
 
@@ -218,7 +136,7 @@ class TieringOffloadingManager(OffloadingManager):
         """
         return (
             bool(self._jobs)
-            or any(self._staged)
+            or self._jobs.any_staged
             or any(tier.has_pending_work() for tier in self._tiers)
         )
 
@@ -270,114 +188,16 @@ class TieringOffloadingManager(OffloadingManager):
         progress too), submits the promotions staged during the step, one `submit_load` per
         (tier, request), and re-opens the poll for the next step.
         """
-        self._poll_finished_jobs_once()
-        self._polled_this_step = False
-        for tier_index, staged in enumerate(self._staged):
-            if not staged:
-                continue
-            self._staged[tier_index] = {}
-            for promotion in staged.values():
-                job = JobMetadata(
-                    job_id=next(self._job_ids),
-                    keys=tuple(promotion.keys),
-                    block_ids=array("q", promotion.block_ids),
-                    is_promotion=True,
-                    req_context=promotion.req_context,
-                )
-                self._submit(tier_index, job)
-            for req_id in staged:
-                self._maybe_finish_request(req_id)
-
-    def _submit(self, tier_index: int, job: JobMetadata) -> None:
-        self._jobs[job.job_id] = (tier_index, job)
-        tier = self._tiers[tier_index]
-        try:
-            if job.is_promotion:
-                tier.submit_load(job)
-            else:
-                tier.submit_store(job)
-        except Exception:
-            # A tier must report failures as failed jobs; one that raises anyway must not
-            # leave primary blocks pinned or reserved forever.
-            logger.exception("secondary tier %s raised from submit; job %d failed", tier.medium, job.job_id)
-            del self._jobs[job.job_id]
-            self._settle(tier_index, job, success=False)
-
-    def _poll_finished_jobs_once(self) -> None:
-        if not self._polled_this_step:
-            self._polled_this_step = True
-            self._process_finished_jobs()
-
-    def _process_finished_jobs(self) -> None:
-        for tier_index, tier in enumerate(self._tiers):
-            try:
-                results = list(tier.get_finished_jobs())
-            except Exception:
-                logger.exception("secondary tier %s raised from get_finished_jobs", tier.medium)
-                continue
-            for result in results:
-                entry = self._jobs.get(result.job_id)
-                if entry is None or entry[0] != tier_index:
-                    logger.warning(
-                        "secondary tier %s reported job %d, which it was not running; ignored",
-                        tier.medium,
-                        result.job_id,
-                    )
-                    continue
-                del self._jobs[result.job_id]
-                self._settle(tier_index, entry[1], result.success, result.successful_keys)
-
-    def _settle(
-        self,
-        tier_index: int,
-        job: JobMetadata,
-        success: bool,
-        successful_keys: Collection[OffloadKey] | None = None,
-    ) -> None:
-        failed = self._failed_promotions[tier_index]
-        stats = self._stats[tier_index + 1]
-        if not success:
-            stats.failed_jobs += 1
-        elif job.is_promotion:
-            stats.blocks_loaded += len(job.keys)
-        else:
-            stats.blocks_stored += len(job.keys)
-        if job.is_promotion:
-            if success:
-                self._primary.complete_write(job.keys, job.req_context, True)
-                return
-            # As vLLM: the blocks of a failed promotion that the tier wrote completely stay.
-            kept = set(successful_keys or ())
-            if not kept.issubset(job.keys):
-                logger.warning(
-                    "secondary tier %s reported successful keys that job %d does not have; "
-                    "all of its blocks are dropped",
-                    self._tiers[tier_index].medium,
-                    job.job_id,
-                )
-                kept.clear()
-            lost = [key for key in job.keys if key not in kept]
-            if kept:
-                stats.blocks_loaded += len(kept)
-                self._primary.complete_write([key for key in job.keys if key in kept], job.req_context, True)
-            self._primary.complete_write(lost, job.req_context, False)
-            if self._failed_promotion_memory:
-                for key in lost:
-                    failed[key] = None
-                    failed.move_to_end(key)
-                while len(failed) > self._failed_promotion_memory:
-                    failed.popitem(last=False)
-        else:
-            self._primary.complete_read(job.keys, job.req_context)
-            if success and failed:
-                for key in job.keys:
-                    failed.pop(key, None)
+        self._jobs.poll_once()
+        self._jobs.next_step()
+        for req_id in self._jobs.submit_staged():
+            self._maybe_finish_request(req_id)
 
     # --- OffloadingManager interface ---
 
     @override
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
-        self._poll_finished_jobs_once()
+        self._jobs.poll_once()
         found = self._primary.lookup(key, req_context)
         stats = self._stats
         stats[0].lookups += 1
@@ -388,39 +208,23 @@ class TieringOffloadingManager(OffloadingManager):
         stats[0].misses += 1
         busy = False
         for tier_index, tier in enumerate(self._tiers):
-            if key in self._failed_promotions[tier_index]:
+            if self._jobs.failed_before(tier_index, key):
                 continue
             found = tier.lookup(key, req_context)
             tier_stats = stats[tier_index + 1]
             tier_stats.lookups += 1
             if found:
                 tier_stats.hits += 1
-                return self._stage_promotion(tier_index, key, req_context)
+                return self._jobs.stage_promotion(tier_index, key, req_context)
             if found is None:
                 busy = True
             else:
                 tier_stats.misses += 1
         return None if busy else False
 
-    def _stage_promotion(
-        self, tier_index: int, key: OffloadKey, req_context: ReqContext
-    ) -> bool | None:
-        output = self._primary.prepare_write((key,), req_context)
-        if output is None:
-            # No room in the primary: report a miss rather than make the request wait forever.
-            return False
-        assert isinstance(output.store_spec, CPULoadStoreSpec)
-        assert output.keys_to_store == [key], f"primary already held {key.hex()}"
-        staged = self._staged[tier_index].get(req_context.req_id)
-        if staged is None:
-            staged = self._staged[tier_index][req_context.req_id] = _StagedPromotion(req_context)
-        staged.keys.append(key)
-        staged.block_ids.append(output.store_spec.block_ids[0])
-        return None
-
     @override
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> CPULoadStoreSpec:
-        self._poll_finished_jobs_once()
+        self._jobs.poll_once()
         spec = self._primary.prepare_load(keys, req_context)
         loads = self._gpu_loads
         for key in keys:
@@ -469,7 +273,7 @@ class TieringOffloadingManager(OffloadingManager):
         self, keys: Collection[OffloadKey], req_context: ReqContext
     ) -> PrepareStoreOutput | None:
         # Cascades that finished release their primary references before eviction is decided.
-        self._poll_finished_jobs_once()
+        self._jobs.poll_once()
         output = self._primary.prepare_store(keys, req_context)
         if output is not None:
             self._stats[0].blocks_evicted += len(output.evicted_keys)
@@ -504,12 +308,7 @@ class TieringOffloadingManager(OffloadingManager):
         else:
             self._stats[0].failed_jobs += 1
         if success:
-            keys_tuple = tuple(completed)
-            for tier_index in range(len(self._tiers)):
-                # One read reference per tier, dropped when that tier's job finishes.
-                spec = self._primary.prepare_read(keys_tuple, req_context)
-                job = JobMetadata(next(self._job_ids), keys_tuple, spec.block_ids, False, req_context)
-                self._submit(tier_index, job)
+            self._jobs.cascade(tuple(completed), req_context)
         for req_id in requests:
             if self._pending_stores_per_request[req_id] == 0:
                 del self._pending_stores_per_request[req_id]
@@ -530,7 +329,7 @@ class TieringOffloadingManager(OffloadingManager):
     def _maybe_finish_request(self, req_id: str) -> None:
         if req_id not in self._deferred_finishes or req_id in self._pending_stores_per_request:
             return
-        if any(req_id in staged for staged in self._staged):
+        if self._jobs.staged_for(req_id):
             return
         req_context = self._deferred_finishes.pop(req_id)
         for tier in self._tiers:
@@ -554,33 +353,15 @@ class TieringOffloadingManager(OffloadingManager):
         are finished in the tiers; then the primary is reset.
         """
         # Their reserved slots vanish with the primary's reset below.
-        self._staged = [{} for _ in self._tiers]
-        self._drain()
+        self._jobs.drop_staged()
+        self._jobs.drain(self._drain_timeout_s)
         self._pending_stores.clear()
         self._pending_stores_per_request.clear()
         self._gpu_loads.clear()
         for req_id in list(self._deferred_finishes):
             self._maybe_finish_request(req_id)
         self._primary.reset_cache()
-        self._polled_this_step = False
-
-    def _drain(self) -> None:
-        deadline = time.monotonic() + self._drain_timeout_s
-        for tier in self._tiers:
-            tier.drain_jobs()
-        self._process_finished_jobs()
-        while self._jobs:
-            if time.monotonic() >= deadline:
-                logger.error(
-                    "reset_cache: %d secondary-tier jobs did not finish within %.1f s; their "
-                    "results will be ignored",
-                    len(self._jobs),
-                    self._drain_timeout_s,
-                )
-                self._jobs.clear()
-                return
-            time.sleep(0.001)
-            self._process_finished_jobs()
+        self._jobs.next_step()
 
     @override
     def shutdown(self) -> None:
@@ -588,13 +369,13 @@ class TieringOffloadingManager(OffloadingManager):
         if self._closed:
             return
         self._closed = True
-        self._staged = [{} for _ in self._tiers]
+        self._jobs.drop_staged()
         for tier in self._tiers:
             try:
                 tier.shutdown()
             except Exception:
                 logger.exception("secondary tier %s failed to shut down", tier.medium)
-        self._jobs.clear()
+        self._jobs.abandon()
         self._primary.shutdown()
 
 

@@ -25,7 +25,7 @@ from kvref.tiering.factory import create_secondary_tier
 from kvref.tiering.manager import create_tiering_manager
 from kvref.tiering.redis import RedisSecondaryTier
 from kvref.tiering.redis.local import LocalRedisServer
-from kvref.tiering.redis.tier import _Connections  # pyright: ignore[reportPrivateUsage]
+from kvref.tiering.redis.io import Connections
 from kvref.tiering.redis.resp import Address, BulkInto, ConnectOptions, RespConnection, RespError
 from kvref.tiering.redis.routing import parse_server_url
 from kvref.tiering.redis.value_format import HEADER_BYTES, key_digest
@@ -358,9 +358,9 @@ def test_the_io_threads_share_the_hold_off_after_a_failed_connect() -> None:
     require_redis_server()
     server = LocalRedisServer().start()
     shared: dict[Address, float] = {}
-    first, second = _Connections(ConnectOptions(), shared), _Connections(ConnectOptions(), shared)
+    first, second = Connections(ConnectOptions(), shared), Connections(ConnectOptions(), shared)
 
-    def connects(connections: _Connections) -> bool:
+    def connects(connections: Connections) -> bool:
         try:
             return connections.get(server.address).connected
         except OSError:

@@ -30,6 +30,7 @@ from kvref.tiering.base import (
 )
 from kvref.tiering.fs.format import MAX_KEY_BYTES, RECORD_HEADER_BYTES
 from kvref.tiering.fs.index import SEGMENT_SUFFIX, Entry, Run, Segment, index_root, unlink_quietly
+from kvref.tiering.fs.job import FsJob
 from kvref.tiering.fs.pool import DualQueuePool, IOTask, default_threads
 from kvref.tiering.fs.root import open_root, release_root
 from kvref.tiering.fs.segment_io import SegmentIO, plan_read_tasks
@@ -37,45 +38,6 @@ from kvref.tiering.fs.segment_io import SegmentIO, plan_read_tasks
 __all__ = ["FileSystemSecondaryTier"]
 
 logger = logging.getLogger(__name__)
-
-
-class _Job:
-    """A submitted job's I/O (only the scheduler thread touches it; see `_task_done`)."""
-
-    __slots__ = ("meta", "segments", "awaited", "reads", "remaining", "failed", "failed_keys", "io_span", "moved")
-
-    def __init__(self, meta: JobMetadata) -> None:
-        self.meta = meta
-        self.segments: list[Segment] = []
-        # Stores: blocks of the job another job is writing, with the segment they are written to;
-        # the job is stored once those are (and fails if one is not).
-        self.awaited: list[tuple[OffloadKey, Segment]] = []
-        self.reads: list[tuple[OffloadKey, Entry]] = []
-        self.remaining = 0
-        self.failed = False
-        # Blocks whose load failed, and paths of segments whose write failed.
-        self.failed_keys: list[OffloadKey | str] = []
-        # (first task's start, last task's end) on the monotonic clock; None: no I/O ran.
-        self.io_span: tuple[float, float] | None = None
-        self.moved = 0  # blocks written or loaded completely
-
-    def add_span(self, start: float, end: float) -> None:
-        span = self.io_span
-        self.io_span = (start, end) if span is None else (min(span[0], start), max(span[1], end))
-
-    def result(self, block_bytes: int) -> JobResult:
-        loaded = self.failed and self.meta.is_promotion and self.moved
-        failed = set(self.failed_keys)
-        span = self.io_span
-        return JobResult(
-            self.meta.job_id,
-            not self.failed,
-            successful_keys=(
-                tuple(key for key, _entry in self.reads if key not in failed) if loaded else None
-            ),
-            transfer_time=None if span is None else span[1] - span[0],
-            transfer_bytes=None if span is None else self.moved * block_bytes,
-        )
 
 
 class FileSystemSecondaryTier(SecondaryTierManager):
@@ -146,9 +108,9 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         # Jobs finished without I/O, and per-task completions posted by the I/O threads
         # (deque appends and pops are atomic: the scheduler thread never waits on a lock that
         # an I/O thread could hold).
-        self._done: list[_Job] = []
-        self._waiting: list[_Job] = []  # stores done but for blocks other jobs are writing
-        self._completions: deque[tuple[_Job, Sequence[OffloadKey | str], float, float]] = deque()
+        self._done: list[FsJob] = []
+        self._waiting: list[FsJob] = []  # stores done but for blocks other jobs are writing
+        self._completions: deque[tuple[FsJob, Sequence[OffloadKey | str], float, float]] = deque()
         self._closed = False
 
         try:
@@ -249,7 +211,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
 
     @override
     def submit_store(self, job: JobMetadata) -> None:
-        state = _Job(job)
+        state = FsJob(job)
         new: dict[OffloadKey, int] = {}
         for key, block_id in zip(job.keys, job.block_ids):
             if key in new:
@@ -287,7 +249,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
 
     def _plan_segment(
         self,
-        state: _Job,
+        state: FsJob,
         records: list[tuple[OffloadKey, int]],
         size: int,
         plans: list[tuple[Segment, list[tuple[OffloadKey, int]]]],
@@ -309,7 +271,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
 
     @override
     def submit_load(self, job: JobMetadata) -> None:
-        state = _Job(job)
+        state = FsJob(job)
         block_ids: list[int] = []
         for key, block_id in zip(job.keys, job.block_ids):
             entry = self._index.get(key)
@@ -347,7 +309,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             state.remaining -= 1
             if state.remaining == 0:
                 done.append(state)
-        finished: list[_Job] = []
+        finished: list[FsJob] = []
         for state in done:
             if state.meta.is_promotion:
                 self._settle_load(state)
@@ -366,7 +328,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             finished.append(state)
         return [state.result(self.block_bytes) for state in finished]
 
-    def _settle_store(self, state: _Job) -> None:
+    def _settle_store(self, state: FsJob) -> None:
         written: set[OffloadKey] = set()
         failed = set(state.failed_keys)
         for segment in state.segments:
@@ -381,7 +343,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         if self._events is not None and stored:
             self._events.append(OffloadingEvent(stored, self.medium, removed=False))
 
-    def _settle_load(self, state: _Job) -> None:
+    def _settle_load(self, state: FsJob) -> None:
         failed = set(state.failed_keys)
         dropped: list[OffloadKey] = []
         state.moved = sum(key not in failed for key, _entry in state.reads)
@@ -449,7 +411,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         digest = hashlib.blake2b(name.encode(), digest_size=2).hexdigest()
         return os.path.join(self.root_dir, digest[:2], digest[2:], name + SEGMENT_SUFFIX)
 
-    def _finish(self, state: _Job) -> None:
+    def _finish(self, state: FsJob) -> None:
         self._done.append(state)
 
     @override
@@ -483,7 +445,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
     # --- I/O threads ---
 
     def _task_done(
-        self, state: _Job, failures: Sequence[OffloadKey | str], start: float | None = None
+        self, state: FsJob, failures: Sequence[OffloadKey | str], start: float | None = None
     ) -> None:
         """Post one task's outcome (the blocks or the segment that failed; empty: success).
 
@@ -493,7 +455,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         self._completions.append((state, failures, end if start is None else start, end))
 
     def _write_task(
-        self, state: _Job, segment: Segment, records: list[tuple[OffloadKey, int]]
+        self, state: FsJob, segment: Segment, records: list[tuple[OffloadKey, int]]
     ) -> IOTask:
         def run() -> None:
             start = time.monotonic()
@@ -502,7 +464,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
 
         return IOTask(run, lambda: self._task_done(state, (segment.path,)))
 
-    def _read_task(self, state: _Job, path: str, runs: list[Run]) -> IOTask:
+    def _read_task(self, state: FsJob, path: str, runs: list[Run]) -> IOTask:
         def run() -> None:
             start = time.monotonic()
             self._task_done(state, self._io.read_runs(path, runs), start)

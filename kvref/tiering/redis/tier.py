@@ -35,23 +35,16 @@ import queue
 import threading
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from typing_extensions import override
 
 from kvref.base import OffloadingEvent, OffloadKey, ReqContext
 from kvref.tiering.base import JobMetadata, JobResult, PrimaryBlocks, SecondaryTierManager
-from kvref.tiering.redis.resp import (
-    Address,
-    BulkInto,
-    ConnectOptions,
-    RespConnection,
-    RespError,
-    encode_command,
-)
+from kvref.tiering.redis.io import Job, RedisIO
+from kvref.tiering.redis.resp import ConnectOptions, encode_command
 from kvref.tiering.redis.routing import Router, parse_server_url
-from kvref.tiering.redis.value_format import HEADER_BYTES, key_digest, pack_header, verify_header
 
 if TYPE_CHECKING:
     import ssl
@@ -60,96 +53,8 @@ __all__ = ["RedisSecondaryTier"]
 
 logger = logging.getLogger(__name__)
 
-_RETRY_AFTER_FAILURE_S = 0.5
-_WARN_INTERVAL_S = 10.0
-_MAX_REDIRECTS = 2
 _MAX_UNSERVED = 1 << 16
 _UNSERVED_MAX_AGE_S = 30.0
-_CRLF = b"\r\n"
-_SEND_PIECE_BYTES = 256 << 10
-
-class _Job:
-    """A submitted job: filled in by one I/O thread, settled by the scheduler thread."""
-
-    __slots__ = ("meta", "blocks", "ok_keys", "failed", "missing_keys", "seconds")
-
-    def __init__(self, meta: JobMetadata, blocks: list[tuple[OffloadKey, int]]) -> None:
-        self.meta = meta
-        self.blocks = blocks  # the (key, block id) pairs to move
-        self.ok_keys: list[OffloadKey] = []
-        self.failed = False
-        # Loads: blocks the server did not have or that failed verification.
-        self.missing_keys: list[OffloadKey] = []
-        self.seconds: float | None = None  # how long its I/O thread moved it
-
-    def result(self, block_bytes: int) -> JobResult:
-        ok = self.ok_keys
-        partial = self.failed and self.meta.is_promotion and ok
-        return JobResult(
-            self.meta.job_id,
-            not self.failed,
-            successful_keys=tuple(ok) if partial else None,
-            transfer_time=self.seconds,
-            transfer_bytes=len(ok) * block_bytes if self.seconds is not None else None,
-        )
-
-
-class _Outcome:
-    OK = 0
-    MISSING = 1  # the server does not have it (or its value was damaged)
-    FAILED = 2  # the transfer failed (connection, OOM, unexpected reply)
-
-
-class _Connections:
-    """One I/O thread's connections, one per server, opened on first use.
-
-    Args:
-        options: how to connect.
-        down_until: per server, until when not to try connecting after a failure; shared by
-            every thread of a tier, so a server one thread found dead fails the others' jobs at
-            once too, and all of them try again at the same time (a successful connect ends
-            the hold-off for all).
-    """
-
-    def __init__(self, options: ConnectOptions, down_until: dict[Address, float]) -> None:
-        self._options = options
-        self._connections: dict[Address, RespConnection] = {}
-        self._down_until = down_until
-
-    def get(self, address: Address) -> RespConnection:
-        """Return a connected connection to `address`.
-
-        Raises:
-            OSError: connecting failed now or very recently.
-        """
-        connection = self._connections.get(address)
-        if connection is not None and connection.idle_and_healthy():
-            return connection
-        if time.monotonic() < self._down_until.get(address, 0.0):
-            raise ConnectionRefusedError(f"{address}: failed moments ago; not retried yet")
-        if connection is None:
-            connection = self._connections[address] = RespConnection(address, self._options)
-        try:
-            connection.connect()
-        except OSError:
-            self.failed(address)
-            raise
-        self._down_until.pop(address, None)  # up again: no thread need wait any longer
-        return connection
-
-    def failed(self, address: Address) -> None:
-        """Note that `address` failed: close its connection, hold off reconnecting briefly."""
-        now = time.monotonic()
-        if now >= self._down_until.get(address, 0.0):  # a refusal while held off: no extension
-            self._down_until[address] = now + _RETRY_AFTER_FAILURE_S
-        connection = self._connections.get(address)
-        if connection is not None:
-            connection.close()
-
-    def close_all(self) -> None:
-        for connection in self._connections.values():
-            connection.close()
-
 
 class RedisSecondaryTier(SecondaryTierManager):
     """Secondary tier on a Redis server or Redis Cluster, shareable by many engines.
@@ -229,12 +134,8 @@ class RedisSecondaryTier(SecondaryTierManager):
         self.medium = name
         self.url = url
         self.block_bytes = self._primary.block_bytes
-        self._key_prefix = f"{namespace}:{self.block_bytes}:".encode()
         self.lookup_cache_s = lookup_cache_s
-        self._expiry_suffix = (
-            b"" if ttl_s is None else encode_command(b"PX", str(max(1, round(ttl_s * 1000))).encode())[4:]
-        )
-        self._options = ConnectOptions(
+        options = ConnectOptions(
             connect_timeout_s=connect_timeout_s,
             socket_timeout_s=socket_timeout_s,
             username=server.username,
@@ -242,9 +143,15 @@ class RedisSecondaryTier(SecondaryTierManager):
             db=server.db,
             tls=tls,
         )
-        self._router = Router(server.address, self._options, cluster=cluster)
-        # Shared by the I/O threads' connections (dict operations are atomic under the GIL).
-        self._down_until: dict[Address, float] = {}
+        self._router = Router(server.address, options, cluster=cluster)
+        self._io = RedisIO(
+            self._primary,
+            self._router,
+            options,
+            key_prefix=f"{namespace}:{self.block_bytes}:".encode(),
+            expiry_suffix=b"" if ttl_s is None else encode_command(b"PX", str(max(1, round(ttl_s * 1000))).encode())[4:],
+            medium=name,
+        )
 
         # --- scheduler-thread state ---
         self._storing: Counter[OffloadKey] = Counter()
@@ -253,24 +160,23 @@ class RedisSecondaryTier(SecondaryTierManager):
         self._checking: set[OffloadKey] = set()
         # Answers not yet served since they arrived: key -> (present, served until).
         self._unserved: OrderedDict[OffloadKey, tuple[bool, float]] = OrderedDict()
-        self._done: list[_Job] = []
+        self._done: list[Job] = []
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
         self._closed = False
         self._submitted = 0
 
         # --- hand-over between threads (deque appends/pops and SimpleQueue never block) ---
-        self._loads: deque[_Job] = deque()
-        self._stores: deque[_Job] = deque()
+        self._loads: deque[Job] = deque()
+        self._stores: deque[Job] = deque()
         self._tokens: queue.SimpleQueue[bool] = queue.SimpleQueue()
-        self._completions: deque[_Job] = deque()
+        self._completions: deque[Job] = deque()
         self._check_requests: queue.SimpleQueue[OffloadKey | None] = queue.SimpleQueue()
         self._check_results: deque[tuple[OffloadKey, bool]] = deque()
         self._idle = threading.Condition()
         self._finished = 0  # under _idle
-        self._last_warning = 0.0
         # `contains` callers share one set of connections, one caller at a time.
         self._contains_lock = threading.Lock()
-        self._contains_connections = _Connections(self._options, self._down_until)
+        self._contains_connections = self._io.connections()
 
         self._threads = [
             threading.Thread(target=self._work, name=f"kvref-{name}-io{i}", daemon=True)
@@ -282,7 +188,7 @@ class RedisSecondaryTier(SecondaryTierManager):
 
     def redis_key(self, key: OffloadKey) -> bytes:
         """Return the Redis key block `key` is stored under."""
-        return self._key_prefix + key.hex().encode()
+        return self._io.redis_key(key)
 
     # --- scheduler-thread API ---
 
@@ -347,22 +253,15 @@ class RedisSecondaryTier(SecondaryTierManager):
     def contains(self, keys: Sequence[OffloadKey]) -> list[bool]:
         if not keys:
             return []
-        redis_keys = [self.redis_key(key) for key in keys]
         with self._contains_lock:
             if self._closed:
                 return [False] * len(keys)
             try:
-                outcomes = self._pipeline(
-                    self._contains_connections,
-                    redis_keys,
-                    lambda i: [encode_command(b"EXISTS", redis_keys[i])],
-                    self._read_exists,
-                )
-            except Exception as exc:  # unreachable or a bug: absent, never an exception
+                return self._io.exists(self._contains_connections, keys)
+            except Exception as exc:  # a bug: absent, never an exception
                 logger.exception("redis tier %s: existence check failed", self.medium)
-                self._warn("lookup", exc)
+                self._io.warn("lookup", exc)
                 return [False] * len(keys)
-        return [outcome == _Outcome.OK for outcome in outcomes]
 
     @override
     def submit_store(self, job: JobMetadata) -> None:
@@ -374,7 +273,7 @@ class RedisSecondaryTier(SecondaryTierManager):
             if key in blocks or (answer is not None and answer[0]):
                 continue  # stored moments ago (by some engine): nothing to do
             blocks[key] = block_id
-        state = _Job(job, list(blocks.items()))
+        state = Job(job, list(blocks.items()))
         if self._closed:
             state.failed = True
             state.blocks.clear()
@@ -386,7 +285,7 @@ class RedisSecondaryTier(SecondaryTierManager):
 
     @override
     def submit_load(self, job: JobMetadata) -> None:
-        state = _Job(job, list(zip(job.keys, job.block_ids)))
+        state = Job(job, list(zip(job.keys, job.block_ids)))
         if self._closed or not state.blocks:
             state.failed = True
             state.blocks.clear()
@@ -394,7 +293,7 @@ class RedisSecondaryTier(SecondaryTierManager):
             return
         self._enqueue(state, self._loads)
 
-    def _enqueue(self, state: _Job, jobs: deque[_Job]) -> None:
+    def _enqueue(self, state: Job, jobs: deque[Job]) -> None:
         jobs.append(state)
         self._submitted += 1
         self._tokens.put(True)
@@ -414,7 +313,7 @@ class RedisSecondaryTier(SecondaryTierManager):
             results.append(state.result(self.block_bytes))
         return results
 
-    def _settle_store(self, state: _Job) -> None:
+    def _settle_store(self, state: Job) -> None:
         keys = [key for key, _block_id in state.blocks]
         self._storing.subtract(keys)
         self._storing = +self._storing  # drop the keys that reached 0
@@ -426,7 +325,7 @@ class RedisSecondaryTier(SecondaryTierManager):
         if self._events is not None and state.ok_keys:
             self._events.append(OffloadingEvent(state.ok_keys, self.medium, removed=False))
 
-    def _settle_load(self, state: _Job) -> None:
+    def _settle_load(self, state: Job) -> None:
         if not state.failed:
             return
         ok = set(state.ok_keys)
@@ -476,7 +375,7 @@ class RedisSecondaryTier(SecondaryTierManager):
     # --- I/O threads ---
 
     def _work(self) -> None:
-        connections = _Connections(self._options, self._down_until)
+        connections = self._io.connections()
         try:
             while self._tokens.get():
                 try:
@@ -489,13 +388,13 @@ class RedisSecondaryTier(SecondaryTierManager):
                     else:
                         started = time.monotonic()
                         if state.meta.is_promotion:
-                            self._load(connections, state)
+                            self._io.load(connections, state)
                         else:
-                            self._store(connections, state)
+                            self._io.store(connections, state)
                         state.seconds = time.monotonic() - started
                 except Exception as exc:  # a bug must not kill the thread or lose the job
                     logger.exception("redis tier %s: job %d failed", self.medium, state.meta.job_id)
-                    self._warn("job", exc)
+                    self._io.warn("job", exc)
                     state.failed = True
                 finally:
                     self._completions.append(state)
@@ -505,78 +404,8 @@ class RedisSecondaryTier(SecondaryTierManager):
         finally:
             connections.close_all()
 
-    def _store(self, connections: _Connections, state: _Job) -> None:
-        keys = [self.redis_key(key) for key, _block_id in state.blocks]
-        rows = [self._primary.row(block_id) for _key, block_id in state.blocks]
-        value_prefix = b"$" + str(HEADER_BYTES + self.block_bytes).encode() + _CRLF
-        command = b"*5\r\n$3\r\nSET\r\n" if self._expiry_suffix else b"*3\r\n$3\r\nSET\r\n"
-
-        def parts(i: int) -> list[bytes | memoryview]:
-            key = keys[i]
-            head = b"".join(
-                (command, b"$", str(len(key)).encode(), _CRLF, key, _CRLF, value_prefix,
-                 pack_header(key_digest(key), rows[i]))
-            )  # fmt: skip
-            return [head, rows[i], _CRLF + self._expiry_suffix]
-
-        def read(connection: RespConnection, i: int) -> int | RespError:
-            reply = connection.read_reply()
-            if isinstance(reply, RespError):
-                return reply
-            return _Outcome.OK if reply == b"OK" else _Outcome.FAILED
-
-        outcomes = self._pipeline(connections, keys, parts, read)
-        for (key, _block_id), outcome in zip(state.blocks, outcomes):
-            if outcome == _Outcome.OK:
-                state.ok_keys.append(key)
-            else:
-                state.failed = True
-
-    def _load(self, connections: _Connections, state: _Job) -> None:
-        keys = [self.redis_key(key) for key, _block_id in state.blocks]
-        rows = [self._primary.row(block_id) for _key, block_id in state.blocks]
-        heads = [memoryview(bytearray(HEADER_BYTES)) for _ in keys]
-        damaged: list[bytes] = []
-
-        def parts(i: int) -> list[bytes | memoryview]:
-            return [encode_command(b"GET", keys[i])]
-
-        def read(connection: RespConnection, i: int) -> int | RespError:
-            filled = connection.read_bulk_into(heads[i], rows[i])
-            if isinstance(filled, RespError):
-                return filled
-            if filled is BulkInto.NIL:
-                return _Outcome.MISSING
-            problem = (
-                "wrong size"
-                if filled is BulkInto.WRONG_SIZE
-                else verify_header(heads[i], key_digest(keys[i]), rows[i])
-            )
-            if problem is None:
-                return _Outcome.OK
-            self._warn("load", ValueError(f"{keys[i]!r}: {problem}; deleted"))
-            damaged.append(keys[i])
-            return _Outcome.MISSING
-
-        outcomes = self._pipeline(connections, keys, parts, read)
-        for (key, _block_id), outcome in zip(state.blocks, outcomes):
-            if outcome == _Outcome.OK:
-                state.ok_keys.append(key)
-            else:
-                state.failed = True
-                if outcome == _Outcome.MISSING:
-                    state.missing_keys.append(key)
-        if damaged:
-            # Other engines must not trip over it too; best effort.
-            self._pipeline(
-                connections,
-                damaged,
-                lambda i: [encode_command(b"DEL", damaged[i])],
-                lambda connection, i: _Outcome.OK if isinstance(connection.read_reply(), int) else _Outcome.FAILED,
-            )
-
     def _check_loop(self) -> None:
-        connections = _Connections(self._options, self._down_until)
+        connections = self._io.connections()
         try:
             while True:
                 first = self._check_requests.get()
@@ -593,110 +422,12 @@ class RedisSecondaryTier(SecondaryTierManager):
                         return
                     batch.append(more)
                 try:
-                    keys = [self.redis_key(key) for key in batch]
-                    outcomes = self._pipeline(
-                        connections,
-                        keys,
-                        lambda i: [encode_command(b"EXISTS", keys[i])],
-                        self._read_exists,
-                    )
+                    present = self._io.exists(connections, batch)
                 except Exception as exc:
                     logger.exception("redis tier %s: existence check failed", self.medium)
-                    self._warn("lookup", exc)
-                    outcomes = [_Outcome.FAILED] * len(batch)
-                for key, outcome in zip(batch, outcomes):
-                    # Unreachable counts as absent: a lookup must not wait on a dead server.
-                    self._check_results.append((key, outcome == _Outcome.OK))
+                    self._io.warn("lookup", exc)
+                    present = [False] * len(batch)
+                # Unreachable counts as absent: a lookup must not wait on a dead server.
+                self._check_results.extend(zip(batch, present))
         finally:
             connections.close_all()
-
-    @staticmethod
-    def _read_exists(connection: RespConnection, i: int) -> int | RespError:
-        reply = connection.read_reply()
-        if isinstance(reply, RespError):
-            return reply
-        return _Outcome.OK if reply == 1 else _Outcome.MISSING
-
-    def _pipeline(
-        self,
-        connections: _Connections,
-        keys: Sequence[bytes],
-        parts: Callable[[int], list[bytes | memoryview]],
-        read: Callable[[RespConnection, int], int | RespError],
-    ) -> list[int]:
-        """Send one command per key, pipelined per server, and read the replies.
-
-        `parts(i)` frames key i's command; `read(connection, i)` reads its reply into an
-        outcome, or returns the server's error reply. `MOVED` replies are followed (the command
-        is sent again to the new owner, at most `_MAX_REDIRECTS` times).
-
-        Returns:
-            One `_Outcome` per key.
-        """
-        outcomes = [_Outcome.FAILED] * len(keys)
-        pending: list[int] = list(range(len(keys)))
-        redirects: dict[int, Address] = {}
-        for _attempt in range(_MAX_REDIRECTS + 1):
-            groups: dict[Address, list[int]] = {}
-            for i in pending:
-                address = redirects.get(i) or self._router.route(keys[i])
-                if address is not None:
-                    groups.setdefault(address, []).append(i)
-            sent: list[tuple[Address, RespConnection, list[int]]] = []
-            for address, indices in groups.items():
-                try:
-                    connection = connections.get(address)
-                    # Framed and sent in pieces of about _SEND_PIECE_BYTES: the server parses
-                    # and stores a block while the next one's header (its checksum) is made.
-                    piece: list[bytes | memoryview] = []
-                    size = 0
-                    for i in indices:
-                        for part in parts(i):
-                            piece.append(part)
-                            size += len(part)
-                        if size >= _SEND_PIECE_BYTES:
-                            connection.send(piece)
-                            piece, size = [], 0
-                    if piece:
-                        connection.send(piece)
-                    sent.append((address, connection, indices))
-                except OSError as exc:
-                    self._connection_failed(connections, address, exc)
-            pending: list[int] = []
-            for address, connection, indices in sent:
-                for i in indices:
-                    try:
-                        outcome = read(connection, i)
-                    except OSError as exc:
-                        self._connection_failed(connections, address, exc)
-                        break
-                    if isinstance(outcome, RespError):
-                        new_owner = (
-                            self._router.moved(keys[i], outcome)
-                            if outcome.kind == "MOVED" and self._router.cluster
-                            else None
-                        )
-                        if new_owner is not None:
-                            redirects[i] = new_owner
-                            pending.append(i)
-                            continue
-                        self._warn("command", RuntimeError(f"{address}: {outcome.message}"))
-                        outcome = _Outcome.FAILED
-                    outcomes[i] = outcome
-            if not pending:
-                break
-        return outcomes
-
-    def _connection_failed(self, connections: _Connections, address: Address, exc: Exception) -> None:
-        connections.failed(address)
-        self._router.refresh(failed=address)
-        self._warn(f"connection to {address}", exc)
-
-    def _warn(self, operation: str, exc: Exception) -> None:
-        # A dead server fails every block: warn at most every few seconds.
-        now = time.monotonic()
-        level = logging.DEBUG
-        if now - self._last_warning >= _WARN_INTERVAL_S:
-            self._last_warning = now
-            level = logging.WARNING
-        logger.log(level, "redis tier %s: %s failed: %s", self.medium, operation, exc)
