@@ -190,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
             path, class_name = _target_path(target)
             original = path.read_text()
             started = time.monotonic()
-            caught, survivors = 0, []
+            caught = 0
+            survivors: list[Mutant] = []
             all_mutants = list(mutants(path, class_name))
             chosen = all_mutants if not args.limit else all_mutants[:: max(1, len(all_mutants) // args.limit)][: args.limit]
             for mutant in chosen:
