@@ -4,7 +4,7 @@ from kvref.testing.vllm import SecondaryTierContract
 
 
 class TestDictTier(SecondaryTierContract):
-    persistent = False  # blocks live in the process: the restart rule reports SKIPPED
+    persistent = False  # blocks live in the process: the restart rule does not apply
 
     @pytest.fixture
     def tier_config(self):

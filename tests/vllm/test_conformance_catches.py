@@ -12,6 +12,7 @@ import pytest
 
 from kvref.testing.vllm import SecondaryTierContract
 from tests.vllm import broken_managers, broken_tiers
+from tests.vllm.kit_plugin import KIT_PLUGIN
 
 _TIER_TEST = """
 import pytest
@@ -41,7 +42,7 @@ class TestManager(OffloadingManagerContract):
 
 def run_rule(pytester: pytest.Pytester, source: str, test: str) -> tuple[pytest.RunResult, str]:
     pytester.makepyfile(test_subject=source)
-    result = pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider", "-k", f"test_{test}")
+    result = pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider", *KIT_PLUGIN, "-k", f"test_{test}")
     return result, result.stdout.str()
 
 
@@ -65,7 +66,8 @@ def test_a_broken_manager_fails_the_rule_it_breaks(pytester: pytest.Pytester, na
 def test_the_correct_tiers_they_are_made_from_pass(pytester: pytest.Pytester, name: str, persistent: bool) -> None:
     module = "examples.vllm_dict_tier.dict_tier" if name == "DictTier" else broken_tiers.__name__
     pytester.makepyfile(test_subject=_TIER_TEST.format(name=name, module=module, persistent=persistent))
-    result = pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider")
-    # Skipped: no damage_block fixture, and the restart rule for the non-persistent one.
-    skipped = 1 if persistent else 2
-    result.assert_outcomes(passed=len(SecondaryTierContract.rules()) - skipped, skipped=skipped)
+    result = pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider", *KIT_PLUGIN)
+    # Not applicable: the damaged-block rule (no damage_block fixture), and the restart rule for
+    # the non-persistent one.
+    inapplicable = 1 if persistent else 2
+    result.assert_outcomes(passed=len(SecondaryTierContract.rules()) - inapplicable, deselected=inapplicable)

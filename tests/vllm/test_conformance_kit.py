@@ -11,6 +11,7 @@ import pytest
 
 from kvref.testing.vllm import OffloadingManagerContract, SecondaryTierContract
 from kvref.testing.vllm._common import run_settings
+from tests.vllm.kit_plugin import KIT_PLUGIN, NO_KIT_PLUGIN
 from tools.conformance_rules import DOC, updated
 
 _ROOT = Path(__file__).resolve().parents[2]
@@ -38,9 +39,7 @@ def test_an_opt_out_names_a_rule() -> None:
             not_applicable = {"lookups_are_fast": "typo"}
 
 
-def test_an_opt_out_reports_skipped_with_its_reason(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(
-        test_subject="""
+_SUBJECT = """
 import pytest
 from kvref.testing.vllm import SecondaryTierContract
 
@@ -52,15 +51,35 @@ class TestTier(SecondaryTierContract):
     def tier_config(self):
         return {"type": "DictTier", "module_path": "examples.vllm_dict_tier.dict_tier"}
 """
+
+
+def test_rules_that_do_not_apply_are_deselected_and_listed(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_subject=_SUBJECT)
+    result = pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider", *KIT_PLUGIN, "-k", "locality or survive or damaged")
+    # -k sets aside every test but the three, and the plugin those three: none runs, none skips.
+    tests = [name for name in dir(SecondaryTierContract) if name.startswith("test_")]
+    result.assert_outcomes(deselected=len(tests))
+    result.stdout.fnmatch_lines(
+        [
+            "*kvref conformance: rules that do not apply (deselected)*",
+            "TestTier: locality_is_the_configured_one: the tier has no locality",
+            "TestTier: a_damaged_block_fails_its_load: no damage_block fixture: give one to check loads of damaged blocks",
+            "TestTier: blocks_survive_a_new_instance: persistent = False: the tier's blocks die with it",
+        ],
+        consecutive=True,
     )
-    result = pytester.runpytest_inprocess("-q", "-rs", "-p", "no:cacheprovider", "-k", "locality")
+
+
+def test_without_the_plugin_they_report_skipped_with_the_reason(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_subject=_SUBJECT)
+    result = pytester.runpytest_inprocess("-q", "-rs", "-p", "no:cacheprovider", *NO_KIT_PLUGIN, "-k", "locality")
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["*rule 'locality_is_the_configured_one' not applicable: the tier has no locality*"])
 
 
 def test_deep_runs_explore_more(pytester: pytest.Pytester) -> None:
     quick = run_settings(_request_with(pytester, []), 10)
-    deep = run_settings(_request_with(pytester, ["-p", "kvref.testing.pytest_plugin", "--kvref-conformance=deep"]), 10)
+    deep = run_settings(_request_with(pytester, [*KIT_PLUGIN, "--kvref-conformance=deep"]), 10)
     assert (quick.max_examples, quick.derandomize) == (10, True)
     assert deep.max_examples == 200 and not deep.derandomize
     assert deep.stateful_step_count > quick.stateful_step_count

@@ -52,9 +52,9 @@ class Contract:
     """Base of the contract classes: rule lookup and opt-outs.
 
     Attributes:
-        not_applicable: rule ids a subclass opts out of, each with the reason; those tests
-            report SKIPPED with it. Ids that are no rule raise `TypeError` when the class is
-            defined, so a typo cannot silently switch a rule off.
+        not_applicable: rule ids a subclass opts out of, each with the reason. Ids that are no
+            rule raise `TypeError` when the class is defined, so a typo cannot silently switch
+            a rule off.
     """
 
     not_applicable: ClassVar[Mapping[str, str]] = {}
@@ -79,11 +79,23 @@ class Contract:
     def rule(cls, rule_id: str) -> Rule:
         return cls.rules()[rule_id]
 
+    @classmethod
+    def inapplicable_rules(cls) -> dict[str, str]:
+        """The rules that cannot apply to this subclass, by id, each with the reason.
+
+        `not_applicable` plus what the class's settings rule out (a contract adds those).
+        The kit's pytest plugin deselects these tests when it collects them and lists them with
+        their reasons at the end of the run: a rule that cannot apply is no test of this
+        implementation, so it is neither run nor counted as skipped. Without the plugin they
+        report SKIPPED with the same reasons.
+        """
+        return dict(cls.not_applicable)
+
     @pytest.fixture(autouse=True)
     def _opt_out(self, request: pytest.FixtureRequest) -> Iterator[None]:
         name = getattr(request, "function", None)
         rule_id = re.sub(r"^test_", "", name.__name__) if name is not None else ""
-        reason = self.not_applicable.get(rule_id)
+        reason = self.inapplicable_rules().get(rule_id)
         if reason is not None:
             pytest.skip(f"rule '{rule_id}' not applicable: {reason}")
         yield

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import ClassVar, cast
 
 import pytest
+from typing_extensions import override
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
 from vllm.v1.kv_offload.base import LookupResult, OffloadKey, ReqContext
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
@@ -45,6 +46,14 @@ class OffloadingManagerContract(Contract):
 
     policy: ClassVar[CachePolicyName | None] = None
     quick_examples: ClassVar[int] = 150
+
+    @classmethod
+    @override
+    def inapplicable_rules(cls) -> dict[str, str]:
+        inapplicable = super().inapplicable_rules()
+        if cls.policy is None:
+            inapplicable.setdefault("evictions_follow_the_reference_policy", "policy = None: evictions are the manager's own choice")
+        return inapplicable
 
     @pytest.fixture
     def make_manager(self) -> MakeManager:
@@ -361,8 +370,6 @@ class OffloadingManagerContract(Contract):
 
         In vLLM: the policy decides the hit rate; an LRU that ignores recency, or an ARC that
         is an LRU, evicts the blocks requests come back for."""
-        if self.policy is None:
-            pytest.skip("policy = None: evictions are the manager's own choice")
         h = harness(num_chunks=8)
         rng = random.Random(0)
         documents = [[h.key(100 * doc + n) for n in range(6)] for doc in range(6)]

@@ -10,11 +10,14 @@ The kit builds the tier itself, with vLLM's `SecondaryTierFactory`, from that di
 16 KiB and a `TieringOffloadingSpec`, with vLLM's global KV-events flag on or off, and drives it
 as vLLM's tiering manager does (`kvref.testing.vllm._tier_harness`). Optional:
 
-* `persistent = False` for a tier whose blocks die with it (the persistence rule then reports
-  SKIPPED with that reason);
+* `persistent = False` for a tier whose blocks die with it (the persistence rule then does not
+  apply);
 * a `damage_block` fixture returning `damage(tier, key)`, which corrupts a stored block in place,
-  for the damaged-load rule (SKIPPED without it);
-* `not_applicable = {"rule_id": "why"}` to opt out of a rule that cannot apply (SKIPPED with why).
+  for the damaged-load rule (which does not apply without it);
+* `not_applicable = {"rule_id": "why"}` to opt out of a rule that cannot apply.
+
+Rules that do not apply are deselected and listed with their reasons at the end of the run
+(SKIPPED with them where the kit's pytest plugin is not loaded).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar
 
 import pytest
+from typing_extensions import override
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
 from vllm.v1.kv_offload.base import (
     Locality,
@@ -65,6 +69,20 @@ class SecondaryTierContract(TierJobRules, TierEventRules, Contract):
     @pytest.fixture
     def damage_block(self) -> DamageBlock | None:
         return None
+
+    @classmethod
+    @override
+    def inapplicable_rules(cls) -> dict[str, str]:
+        inapplicable = super().inapplicable_rules()
+        if not cls.persistent:
+            inapplicable.setdefault("blocks_survive_a_new_instance", "persistent = False: the tier's blocks die with it")
+        # A damage_block fixture is given by overriding this one in the subclass (a class's own
+        # fixture hides any in conftest), so the class attribute says whether there is one.
+        if next(k for k in cls.__mro__ if "damage_block" in vars(k)) is SecondaryTierContract:
+            inapplicable.setdefault(
+                "a_damaged_block_fails_its_load", "no damage_block fixture: give one to check loads of damaged blocks"
+            )
+        return inapplicable
 
     @pytest.fixture
     def harness(self, tier_config: dict[str, Any]) -> Iterator[TierHarness]:
@@ -258,8 +276,8 @@ class SecondaryTierContract(TierJobRules, TierEventRules, Contract):
 
         In vLLM: a damaged block reported loaded is wrong KV; one never reported failed is
         promoted again and again."""
-        if damage_block is None:
-            pytest.skip("no damage_block fixture: give one to check loads of damaged blocks")
+        if damage_block is None:  # deselected as not applicable, unless the fixture gives None
+            pytest.skip("the damage_block fixture gave None")
         tier = harness.build()
         keys = [harness.key(n) for n in range(3)]
         harness.store(tier, keys, [0, 1, 2])
@@ -294,8 +312,6 @@ class SecondaryTierContract(TierJobRules, TierEventRules, Contract):
 
         In vLLM: a persistent tier that forgets on restart makes every restart recompute its
         whole cache, and answers HIT for nothing it can load."""
-        if not self.persistent:
-            pytest.skip("persistent = False: the tier's blocks die with it")
         keys = [harness.key(n) for n in range(4)]
         first = harness.build()
         harness.store(first, keys, list(range(4)))
