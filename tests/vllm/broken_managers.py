@@ -211,6 +211,51 @@ class ServesEvictedBlocks(CPUOffloadingManager):
 
 _POLICY_OF: dict[str, str] = {"ARCPassedOffAsLRU": "arc", "LRUPassedOffAsARC": "lru"}
 
+class FailedStoreNeverReleased(CPUOffloadingManager):
+    """Forgets the metadata-only removal of a failed store: the events tracker's payload leaks."""
+
+    @override
+    def take_events(self) -> Iterable[OffloadingEvent]:
+        return [event for event in super().take_events() if not event.metadata_only]
+
+
+class ReleasesRetriedBlocks(CPUOffloadingManager):
+    """Releases a failed store's blocks even when a retry holds them again."""
+
+    @override
+    def take_events(self) -> Iterable[OffloadingEvent]:
+        if self.events is None:
+            return []
+        events, self.events = self.events, []
+        return events  # vLLM's drops from a release the blocks a retry holds again
+
+
+class StaleUsageAfterReset(CPUOffloadingManager):
+    """`reset_cache` leaves a stale count behind: the empty cache reports usage above 0."""
+
+    @override
+    def reset_cache(self) -> None:
+        super().reset_cache()
+        self._num_evictable_cache_chunks = -1  # a stale count the usage gauge is computed from
+
+
+class CountsPendingTwice(CPUOffloadingManager):
+    """Counts each chunk of a store as two in flight: write usage passes 100%."""
+
+    @override
+    def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
+        output = super().prepare_store(keys, req_context)
+        if output is not None:
+            self._num_write_pending_chunks += len(output.keys_to_store)
+        return output
+
+    @override
+    def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
+        before = self._num_write_pending_chunks
+        super().complete_store(keys, req_context, success)
+        self._num_write_pending_chunks -= before - self._num_write_pending_chunks
+
+
 BREAKS: dict[str, str] = {
     "HitWhilePending": "lookup_is_hit_pending_while_a_store_is_in_flight",
     "MissWhilePending": "lookup_is_hit_pending_while_a_store_is_in_flight",
@@ -234,6 +279,10 @@ BREAKS: dict[str, str] = {
     "OffersStoredBlocksAgain": "keys_already_stored_are_never_offered_again",
     "HidesAnEviction": "evicted_keys_name_exactly_the_keys_that_went",
     "ServesEvictedBlocks": "evicted_keys_name_exactly_the_keys_that_went",
+    "FailedStoreNeverReleased": "a_failed_store_is_released_in_the_events",
+    "ReleasesRetriedBlocks": "a_failed_store_is_released_in_the_events",
+    "StaleUsageAfterReset": "stats_are_well_formed",
+    "CountsPendingTwice": "stats_are_well_formed",
 }
 # The policy each one's test class declares (None: policy-independent rules only).
 POLICY: dict[str, str | None] = {**{name: "lru" for name in BREAKS}, "LRUPassedOffAsARC": "arc"}

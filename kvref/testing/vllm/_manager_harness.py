@@ -12,11 +12,13 @@ the same calls, and every `prepare_store` must evict what it evicts.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import cast
 
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
 from vllm.v1.kv_offload.base import (
     LoadStoreSpec,
     LookupResult,
@@ -76,6 +78,7 @@ class ManagerHarness:
         self.evicted: set[OffloadKey] = set()  # evicted, not stored since
         self.reset_away: set[OffloadKey] = set()  # cleared by reset_cache, not stored since
         self.announced: set[OffloadKey] = set()  # what the events so far say is stored
+        self.unreleased: set[OffloadKey] = set()  # failed since the events were last taken
         self.contexts: dict[str, tuple[ReqContext, KvrefContext]] = {}
 
     def key(self, n: int) -> OffloadKey:
@@ -234,6 +237,7 @@ class ManagerHarness:
             )  # fmt: skip
         for block, chunk in zip(to_store, chunk_ids):
             self.pending[block] = chunk
+            self.unreleased.discard(block)  # a retry holds it: its release must not come
             self.failed.discard(block)
             self.evicted.discard(block)
             self.reset_away.discard(block)
@@ -263,6 +267,7 @@ class ManagerHarness:
                 self.ready[block] = chunk
             else:
                 self.failed.add(block)
+                self.unreleased.add(block)
         if self.reference is not None:
             self.reference.complete_store(cast("list[KvrefKey]", list(blocks)), self._ref(ctx), success)
 
@@ -280,6 +285,7 @@ class ManagerHarness:
         self.announced.clear()  # vLLM's connector tells routers "all blocks cleared" itself
         if self.reference is not None:
             self.reference.reset_cache()
+        self.check_stats()  # an empty cache: every share is 0
 
     def end_step(self) -> None:
         """End a scheduler step: `on_schedule_end`, then take the events and replay them."""
@@ -289,6 +295,39 @@ class ManagerHarness:
         for event in events:
             self.expect_type("a take_events item", event, OffloadingEvent)
         self.replay(events)
+        self.check_stats()
+
+    def check_stats(self) -> None:
+        """`get_stats`, as the connector calls it every step, read as vLLM's metrics logger does.
+
+        Counters are summed into Prometheus counters (an increment below 0 raises there),
+        histogram samples are observed, and `*_perc` gauges are shares of the cache.
+        """
+        with self.manager.lock:
+            stats = self.manager.get_stats()
+        if stats is None:
+            return
+        self.expect_type("get_stats", stats, OffloadingConnectorStats)
+        rule = self.rule("stats_are_well_formed")
+        types, values = stats.metric_sections()
+        empty = not self.ready and not self.pending
+        for name, by_labels in cast("dict[str, dict[tuple[str, ...], object]]", values).items():
+            kind = types.get(name)
+            for labels, value in by_labels.items():
+                where = f"{kind} {name}{list(labels) if labels else ''}"
+                samples = _numbers(value)
+                if kind not in ("counter", "gauge", "histogram") or samples is None:
+                    raise rule.violation(where, expected="a counter, gauge or histogram of numbers", got=value)
+                if kind in ("counter", "histogram") and min(samples, default=0.0) < 0:
+                    raise rule.violation(f"{where} (the step's increment or samples)", expected=">= 0", got=value)
+                if kind == "gauge" and name.endswith("_perc") and samples:
+                    share = samples[0]
+                    if not 0.0 <= share <= 1.0 or (empty and share != 0.0):
+                        raise rule.violation(
+                            f"{where} with {len(self.ready)} blocks stored and {len(self.pending)} in flight"
+                            f" of {self.num_chunks} chunks",
+                            expected="0.0 (nothing held)" if empty else "a share in [0, 1]", got=value,
+                        )  # fmt: skip
 
     def expect_type(self, what: str, value: object, kind: type | tuple[type, ...]) -> None:
         """Check an answer's type (vLLM reads its fields on the scheduler thread)."""
@@ -296,12 +335,14 @@ class ManagerHarness:
             raise self.rule("answers_have_vllm_types").violation(what, expected=kind, got=value)
 
     def replay(self, events: Sequence[OffloadingEvent]) -> None:
+        released, self.unreleased = self.unreleased, set()
         if not self.events_on:
             if events:
                 raise self.rule("no_events_unless_enabled").violation(
                     "events from a manager built with enable_events=False", expected=[], got=events
                 )
             return
+        self._check_releases(events, released)
         rule = self.rule("events_replay_to_what_lookups_report")
         # Events are history: each is checked against the events before it, and only the end
         # result against what the blocks are now.
@@ -327,6 +368,31 @@ class ManagerHarness:
                 "after replaying the events, the blocks they say are stored",
                 expected=sorted(self.ready), got=sorted(self.announced),
             )  # fmt: skip
+
+
+    def _check_releases(self, events: Sequence[OffloadingEvent], released: set[OffloadKey]) -> None:
+        """Failed stores come back as metadata-only removals, and only for blocks nobody holds."""
+        rule = self.rule("a_failed_store_is_released_in_the_events")
+        held = set(self.ready) | set(self.pending)
+        for event in events:
+            if event.removed and event.metadata_only:
+                if keys_held := set(event.keys) & held:
+                    raise rule.violation(
+                        "a metadata-only removal names blocks the manager holds (stored or being stored)",
+                        expected=[], got=sorted(keys_held),
+                    )  # fmt: skip
+                released -= set(event.keys)
+        if released:
+            raise rule.violation(
+                "blocks of failed stores, in no metadata-only removal event", expected=[], got=sorted(released)
+            )
+
+
+def _numbers(value: object) -> list[float] | None:
+    """A metric's value as its samples (one for a counter or gauge), or None if one is no number."""
+    samples = cast("list[object]", value) if isinstance(value, list) else [value]
+    numbers = [float(v) for v in samples if isinstance(v, int | float) and not isinstance(v, bool)]
+    return numbers if len(numbers) == len(samples) and all(map(math.isfinite, numbers)) else None
 
 
 def _chunk_ids(spec: object) -> list[int]:

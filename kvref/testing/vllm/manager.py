@@ -362,6 +362,64 @@ class OffloadingManagerContract(Contract):
                 h.complete_store(out.keys_to_store, ctx)
             h.end_step()
 
+    def test_a_failed_store_is_released_in_the_events(self, harness: Callable[..., ManagerHarness]) -> None:
+        """With events enabled, the blocks of a failed `complete_store` come back in a
+        metadata-only removal event (`metadata_only=True`) by the next `take_events`, except
+        those a retry has prepared again by then; a metadata-only removal never names a block
+        the manager holds.
+
+        In vLLM: the connector's events tracker keeps each block's KV-event payload from the
+        store job until a removal names it: a failed store that is never released leaks its
+        payload for the life of the engine, and a release of a block a retry holds drops the
+        payload the retry's own stored event needs (routers get placeholder hashes)."""
+        h = harness(enable_events=True)
+        blocks = [h.key(n) for n in range(4)]
+        ctx = h.new_request("r", blocks)
+        out = h.prepare_store(blocks[:3], ctx)
+        h.end_step()
+        if out is not None:
+            h.complete_store(out.keys_to_store[:1], ctx)
+            h.complete_store(out.keys_to_store[1:], ctx, success=False)
+        h.end_step()  # released: the two that failed
+        out = h.prepare_store(blocks[1:], ctx)
+        if out is not None:
+            h.complete_store(out.keys_to_store, ctx, success=False)
+        retry = h.new_request("retry", blocks)
+        out = h.prepare_store(blocks[1:2], retry)  # prepared again before the events are taken
+        h.end_step()  # released: the failed ones but the retried one
+        if out is not None:
+            h.complete_store(out.keys_to_store, retry)
+        h.end_step()
+
+    def test_stats_are_well_formed(self, harness: Callable[..., ManagerHarness]) -> None:
+        """`get_stats`, read every step as vLLM's connector reads it, reports counters and
+        histogram samples of at least 0 and `*_perc` gauges as shares in [0, 1], all 0 when the
+        cache holds nothing (after `reset_cache`, or before any store).
+
+        In vLLM: the metrics logger adds each counter to a Prometheus counter, which raises on a
+        negative increment; a usage share outside 0-100%, or above 0 for an empty cache, tells
+        the operator sizing the cache something false."""
+        h = harness(enable_events=True)
+        h.end_step()
+        for round_ in range(3):
+            blocks = [h.key(10 * round_ + n) for n in range(6)]
+            ctx = h.new_request(f"r{round_}", blocks)
+            for part in (blocks[:3], blocks[3:]):
+                out = h.prepare_store(part, ctx)
+                h.end_step()  # shares while the stores are in flight
+                if out is not None:
+                    h.complete_store(out.keys_to_store[:2], ctx)
+                    h.complete_store(out.keys_to_store[2:], ctx, success=round_ != 1)
+                h.end_step()
+            hits = [b for b in blocks if b in h.ready][:2]
+            if hits:
+                h.prepare_load(hits, ctx)
+                h.end_step()  # shares while loads pin chunks
+                h.complete_load(hits, ctx)
+            h.finish_request(ctx)
+            h.end_step()
+        h.reset()  # checks that an empty cache reports no usage
+
     # --- policy ---
 
     def test_evictions_follow_the_reference_policy(self, harness: Callable[..., ManagerHarness]) -> None:
