@@ -8,14 +8,18 @@ boolean flipped, a constant moved by one, `+=` turned into `-=`, a statement dro
 value replaced by None), so nobody wrote them with the kit in mind:
 
 * `manager`: the methods of vLLM 0.33's own `CPUOffloadingManager` (installed), each mutant run
-  through `OffloadingManagerContract` with `policy = "lru"`;
+  through `OffloadingManagerContract` as the manager ships: once with `policy = "lru"` and once
+  with `policy = "arc"` (caught if either fails);
 * `tier`: the example third-party tier (`examples/vllm_dict_tier/dict_tier.py`), each mutant run
   through `SecondaryTierContract`.
 
-A mutant is caught when its contract class fails (or errors). Some mutants change nothing that
-matters (an assertion message, an unused branch), so the share caught is a lower bound on what
-the kit would catch of deliberately broken code; `--show-survivors` prints the survivors' diffs
-to judge which are real misses.
+A mutant is caught when its contract class fails (or errors). Mutants that leave the source as
+it was are not counted. Before the mutants, the kit runs once on the unchanged code under a line
+tracer: a mutant on a line the kit never runs (code for a setting its fixture does not use, such
+as the reuse filter's `store_threshold`) is reported as unreached, apart from the rest. Some
+mutants change nothing that matters (a counter nobody reads, an early exit that only saves
+work), so the share caught is a lower bound on what the kit would catch of deliberately broken
+code; `--show-survivors` prints the survivors' diffs to judge which are real misses.
 """
 
 from __future__ import annotations
@@ -29,10 +33,12 @@ import inspect
 import os
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 
 import pytest
 
@@ -42,6 +48,7 @@ if __package__ in (None, ""):
 __all__ = ["Mutant", "mutants", "main"]
 
 _ROOT = Path(__file__).resolve().parent.parent
+TraceFunction = Callable[[FrameType, str, object], "TraceFunction | None"]  # what sys.settrace takes
 _FLIPS: dict[type[ast.cmpop], type[ast.cmpop]] = {
     ast.Eq: ast.NotEq, ast.NotEq: ast.Eq, ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE,
     ast.GtE: ast.Gt, ast.Is: ast.IsNot, ast.IsNot: ast.Is, ast.In: ast.NotIn, ast.NotIn: ast.In,
@@ -104,9 +111,11 @@ def _mutate(node: ast.AST, what: str) -> None:
 
 
 def mutants(path: Path, class_name: str) -> Iterator[Mutant]:
-    """Every single-change mutant of `class_name`'s methods in the module at `path`."""
+    """Every single-change mutant of `class_name`'s methods in the module at `path` (those that
+    change the source: `return None` where it already returns None is no mutant)."""
     source = path.read_text()
     tree = ast.parse(source)
+    unchanged = ast.unparse(tree)
     for index in range(len(_sites(tree, class_name))):
         clone = copy.deepcopy(tree)
         node, what = _sites(clone, class_name)[index]
@@ -118,7 +127,9 @@ def mutants(path: Path, class_name: str) -> Iterator[Mutant]:
                         statements[statements.index(node)] = ast.Pass()  # pyright: ignore[reportUnknownMemberType]
         else:
             _mutate(node, what)
-        yield Mutant(index, what, ast.unparse(ast.fix_missing_locations(clone)))
+        mutated = ast.unparse(ast.fix_missing_locations(clone))
+        if mutated != unchanged:
+            yield Mutant(index, what, mutated)
 
 
 _TESTS = {
@@ -127,11 +138,17 @@ import os, importlib, pytest
 from kvref.testing.vllm import OffloadingManagerContract
 cls = getattr(importlib.import_module(os.environ["KVREF_MUTANT"]), "CPUOffloadingManager")
 
-class TestMutant(OffloadingManagerContract):
+class TestMutantLRU(OffloadingManagerContract):
     policy = "lru"
     @pytest.fixture
     def make_manager(self):
         return lambda num_chunks, enable_events: cls(num_chunks, "lru", enable_events=enable_events)
+
+class TestMutantARC(OffloadingManagerContract):
+    policy = "arc"
+    @pytest.fixture
+    def make_manager(self):
+        return lambda num_chunks, enable_events: cls(num_chunks, "arc", enable_events=enable_events)
 ''',
     "tier": '''
 import os, pytest
@@ -154,8 +171,8 @@ def _target_path(target: str) -> tuple[Path, str]:
     return _ROOT / "examples" / "vllm_dict_tier" / "dict_tier.py", "DictTier"
 
 
-def _caught(target: str, mutant: Mutant, scratch: Path) -> bool:
-    name = f"kvref_mutant_{target}_{mutant.index}"
+def _caught(target: str, mutant: Mutant, scratch: Path, *, name: str = "") -> bool:
+    name = name or f"kvref_mutant_{target}_{mutant.index}"
     module_path = scratch / f"{name}.py"
     module_path.write_text(mutant.source)
     spec = importlib.util.spec_from_file_location(name, module_path)
@@ -176,6 +193,35 @@ def _caught(target: str, mutant: Mutant, scratch: Path) -> bool:
     return code != pytest.ExitCode.OK
 
 
+def lines_run(target: str, path: Path, scratch: Path) -> set[int]:
+    """The lines of the module at `path` that the kit runs (in any thread) on the unchanged code."""
+    name = f"kvref_original_{target}"
+    filename = str(scratch / f"{name}.py")
+    lines: set[int] = set()
+
+    def trace(frame: FrameType, event: str, arg: object) -> TraceFunction | None:
+        if frame.f_code.co_filename != filename:
+            return None
+        if event == "line":
+            lines.add(frame.f_lineno)
+        return trace
+
+    threading.settrace(trace)
+    sys.settrace(trace)
+    try:
+        failed = _caught(target, Mutant(-1, "unchanged", path.read_text()), scratch, name=name)
+    finally:
+        sys.settrace(None)
+        threading.settrace(None)
+    if failed:
+        raise SystemExit(f"the kit fails the unchanged {path.name}: no score without a passing baseline")
+    return lines
+
+
+def _line(mutant: Mutant) -> int:
+    return int(mutant.what.split(" ", 1)[0].rsplit(":", 1)[1])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", choices=["manager", "tier", "both"], default="both")
@@ -190,22 +236,27 @@ def main(argv: list[str] | None = None) -> int:
             path, class_name = _target_path(target)
             original = path.read_text()
             started = time.monotonic()
+            run = lines_run(target, path, Path(scratch))
             caught = 0
             survivors: list[Mutant] = []
             all_mutants = list(mutants(path, class_name))
             chosen = all_mutants if not args.limit else all_mutants[:: max(1, len(all_mutants) // args.limit)][: args.limit]
+            unreached = [mutant for mutant in chosen if _line(mutant) not in run]
             for mutant in chosen:
                 if _caught(target, mutant, Path(scratch)):
                     caught += 1
                 else:
                     survivors.append(mutant)
             took = time.monotonic() - started
+            reached = len(chosen) - len(unreached)
+            caught_reached = caught - sum(1 for mutant in unreached if mutant not in survivors)
             summary.append(
-                f"{target}: {caught} of {len(chosen)} mutants caught ({caught / len(chosen):.0%}) in {took:.0f} s"
-                f" [{class_name} in {path.name}]"
-            )
+                f"{target}: {caught} of {len(chosen)} mutants caught ({caught / len(chosen):.0%}); on lines the kit"
+                f" runs {caught_reached} of {reached} ({caught_reached / max(reached, 1):.0%}), {len(unreached)}"
+                f" on lines it never runs; {took:.0f} s [{class_name} in {path.name}]"
+            )  # fmt: skip
             for mutant in survivors:
-                summary.append(f"  survived: {mutant.what}")
+                summary.append(f"  survived: {mutant.what}{' [unreached]' if mutant in unreached else ''}")
                 if args.show_survivors:
                     diff = difflib.unified_diff(
                         ast.unparse(ast.parse(original)).splitlines(), mutant.source.splitlines(), lineterm="", n=1
