@@ -328,6 +328,36 @@ def test_lru_a_finished_request_that_stores_again_keeps_its_old_rank() -> None:
     assert evict_order(policy) == [2, 1, 3]
 
 
+def test_lru_a_request_without_positions_puts_no_bucket_in_the_order() -> None:
+    """Its accesses rank nothing, so no empty bucket is placed (and re-placed after every
+    eviction drops it: once a full rebuild of the order per store of a long request)."""
+    policy = LRUCachePolicy(8)
+    request = ReqContext("no-positions")
+    for step in range(4):
+        keys = to_keys([2 * step + 1, 2 * step + 2])
+        policy.on_request_access(keys, request)
+        policy.insert_for_request(keys, [BlockStatus(2 * step + 1), BlockStatus(2 * step + 2)], request)
+        complete(policy, 2 * step + 1, 2 * step + 2)
+        assert not any(isinstance(entry, Bucket) for entry in policy.order)
+    assert evict_order(policy) == [1, 2, 3, 4, 5, 6, 7, 8]
+
+
+def test_lru_a_bucket_emptied_by_eviction_goes_back_to_its_rank_when_blocks_join() -> None:
+    policy = LRUCachePolicy(8)
+    request = ReqContext("long")
+    for position, n in enumerate(range(1, 6), start=1):
+        request.set_offload_key_position(to_key(n), 16 * position)
+    policy.insert_for_request(to_keys([1]), [BlockStatus(1)], request)  # the request's rank
+    add_idle(policy, 6, 7)  # fresh ranks, newer than the request's
+    complete(policy, 1)
+    assert evict(policy, 1) == [1]  # the bucket empties and leaves the order
+    policy.insert_for_request(to_keys([2, 3]), [BlockStatus(2), BlockStatus(3)], request)
+    complete(policy, 2, 3)
+    ranks = list(policy.order.values())
+    assert ranks == sorted(ranks)
+    assert evict_order(policy) == [3, 2, 6, 7]  # the old provisional rank, tail first
+
+
 def test_lru_keeps_no_capacity_state() -> None:
     policy = LRUCachePolicy(1)
     add_idle(policy, 1, 2, 3)  # the manager bounds the blocks, not the policy

@@ -10,7 +10,7 @@ from operator import itemgetter
 from kvref.base import OffloadKey
 from kvref.cpu.policies.base import BlockStatus
 
-__all__ = ["Bucket", "PendingJoin", "RequestRank"]
+__all__ = ["Bucket", "PendingJoin", "RequestRank", "place_joined"]
 
 # Sorts a bucket's (key, -position) items by -position, then key, in C.
 _RANK_THEN_KEY = itemgetter(1, 0)
@@ -84,3 +84,25 @@ class PendingJoin:
                 del held.keys[key]
             bucket_of[key] = bucket
             joined[key] = -end
+
+
+def place_joined(order: OrderedDict[OffloadKey | Bucket, int], bucket: Bucket) -> None:
+    """Put a bucket that keys have joined at its rank's place in `order`, if it is not there.
+
+    `order` is sorted by its values (a bucket's is its rank). An empty bucket ranks nothing, so
+    it enters the order only when a key joins: a request whose blocks have no recorded position
+    never pays for one. A new bucket is the newest entry; one that eviction emptied and that
+    gains blocks again costs O(entries newer than it), moved behind it in their order.
+    """
+    if not bucket.keys or bucket in order:
+        return
+    rank = bucket.rank
+    newer: list[OffloadKey | Bucket] = []
+    for entry in reversed(order):
+        if order[entry] < rank:
+            break
+        newer.append(entry)
+    order[bucket] = rank
+    to_end = order.move_to_end
+    for entry in reversed(newer):
+        to_end(entry)

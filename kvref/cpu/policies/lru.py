@@ -27,7 +27,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence, Set
 from typing_extensions import override
 
 from kvref.base import OffloadKey, ReqContext
-from kvref.cpu.policies._lru_ranks import Bucket, PendingJoin, RequestRank
+from kvref.cpu.policies._lru_ranks import Bucket, PendingJoin, RequestRank, place_joined
 from kvref.cpu.policies.base import BlockStatus, CachePolicy, no_op_hook, order_request_keys
 
 __all__ = ["LRUCachePolicy"]
@@ -71,25 +71,7 @@ class LRUCachePolicy(CachePolicy):
             self._next_rank += 1
             state = RequestRank(self, self._generation, Bucket(self._next_rank))
             req_context.set_state(state)
-        bucket = state.bucket
-        if bucket not in self._order:
-            self._place(bucket)
-        return bucket
-
-    def _place(self, bucket: Bucket) -> None:
-        """Put a bucket (new, or dropped once empty) at its rank's place in the order."""
-        order = self._order
-        if not order or self._rank_of(next(reversed(order))) < bucket.rank:
-            order[bucket] = bucket.rank  # the common case: the newest entry
-            return
-        # A request that emptied its bucket (finished) stores again: rare, rebuilt in O(n).
-        entries = [*order, bucket]
-        entries.sort(key=self._rank_of)
-        self._order = OrderedDict((entry, self._rank_of(entry)) for entry in entries)
-
-    def _rank_of(self, entry: OffloadKey | Bucket) -> int:
-        # Counter values are unique (keys and buckets draw from one counter): no ties.
-        return entry.rank if isinstance(entry, Bucket) else self._order[entry]
+        return state.bucket  # in the order once a key joins it (place_joined)
 
     @property
     def ranks(self) -> dict[OffloadKey, int]:
@@ -165,6 +147,8 @@ class LRUCachePolicy(CachePolicy):
             all_blocks[key] = block
             bucket_of[key] = bucket  # a new key: no fresh rank to drop
             bucket.keys[key] = -end
+        if bucket is not None:
+            place_joined(self._order, bucket)
 
     @override
     def remove(self, key: OffloadKey) -> None:
@@ -183,6 +167,7 @@ class LRUCachePolicy(CachePolicy):
             if not touched.issuperset(pending.keys):
                 pending.keys = [key for key in pending.keys if key not in touched]
                 pending.apply(self.blocks, self._bucket_of, self._order)
+                place_joined(self._order, pending.bucket)
         # A list or tuple (what the manager passes) is reversed in place, not copied first.
         self._use(reversed(keys) if isinstance(keys, (list, tuple)) else reversed(list(keys)))
 
@@ -206,6 +191,7 @@ class LRUCachePolicy(CachePolicy):
         pending, self._pending_join = self._pending_join, None
         if pending is not None:
             pending.apply(self.blocks, self._bucket_of, self._order)
+            place_joined(self._order, pending.bucket)
 
     @override
     def on_request_finished(
