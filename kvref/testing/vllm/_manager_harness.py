@@ -369,7 +369,6 @@ class ManagerHarness:
                 expected=sorted(self.ready), got=sorted(self.announced),
             )  # fmt: skip
 
-
     def _check_releases(self, events: Sequence[OffloadingEvent], released: set[OffloadKey]) -> None:
         """Failed stores come back as metadata-only removals, and only for blocks nobody holds."""
         rule = self.rule("a_failed_store_is_released_in_the_events")
