@@ -328,18 +328,20 @@ def test_lru_a_finished_request_that_stores_again_keeps_its_old_rank() -> None:
     assert evict_order(policy) == [2, 1, 3]
 
 
-def test_lru_a_request_without_positions_puts_no_bucket_in_the_order() -> None:
-    """Its accesses rank nothing, so no empty bucket is placed (and re-placed after every
-    eviction drops it: once a full rebuild of the order per store of a long request)."""
+def test_lru_an_empty_bucket_eviction_dropped_stays_out_until_a_block_joins() -> None:
+    """A request whose blocks have no position never fills its bucket: once an eviction drops
+    it, later calls must not put it back (each did, by rebuilding the whole order)."""
     policy = LRUCachePolicy(8)
     request = ReqContext("no-positions")
     for step in range(4):
         keys = to_keys([2 * step + 1, 2 * step + 2])
         policy.on_request_access(keys, request)
+        buckets = [entry for entry in policy.order if isinstance(entry, Bucket)]
+        assert len(buckets) == (1 if step == 0 else 0)  # placed when taken, not after a drop
         policy.insert_for_request(keys, [BlockStatus(2 * step + 1), BlockStatus(2 * step + 2)], request)
         complete(policy, 2 * step + 1, 2 * step + 2)
-        assert not any(isinstance(entry, Bucket) for entry in policy.order)
-    assert evict_order(policy) == [1, 2, 3, 4, 5, 6, 7, 8]
+        assert evict(policy, 1) == [step + 1]  # the walk drops the empty bucket
+    assert evict_order(policy) == [5, 6, 7, 8]
 
 
 def test_lru_a_bucket_emptied_by_eviction_goes_back_to_its_rank_when_blocks_join() -> None:

@@ -90,9 +90,8 @@ def place_joined(order: OrderedDict[OffloadKey | Bucket, int], bucket: Bucket) -
     """Put a bucket that keys have joined at its rank's place in `order`, if it is not there.
 
     `order` is sorted by its values (a bucket's is its rank). An empty bucket ranks nothing, so
-    it enters the order only when a key joins: a request whose blocks have no recorded position
-    never pays for one. A new bucket is the newest entry; one that eviction emptied and that
-    gains blocks again costs O(entries newer than it), moved behind it in their order.
+    one that eviction dropped comes back only when a key joins it, in O(entries newer than it),
+    which are moved behind it in their order.
     """
     if not bucket.keys or bucket in order:
         return

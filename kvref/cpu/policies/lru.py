@@ -71,7 +71,10 @@ class LRUCachePolicy(CachePolicy):
             self._next_rank += 1
             state = RequestRank(self, self._generation, Bucket(self._next_rank))
             req_context.set_state(state)
-        return state.bucket  # in the order once a key joins it (place_joined)
+            self._order[state.bucket] = self._next_rank  # the newest rank: the order's end
+        # Once eviction has dropped it (empty), it comes back only when a key joins it
+        # (place_joined): a request whose blocks never join pays nothing per call.
+        return state.bucket
 
     @property
     def ranks(self) -> dict[OffloadKey, int]:
