@@ -30,20 +30,13 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
-from unittest.mock import MagicMock
 
 import numpy as np
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from vllm.v1.kv_offload.base import OffloadingKVEventsConfig, OffloadKey, ReqContext
-from vllm.v1.kv_offload.config import (
-    OffloadingCacheConfig,
-    OffloadingConfig,
-    OffloadingModelConfig,
-    OffloadingParallelConfig,
-)
+from vllm.v1.kv_offload.base import OffloadKey, ReqContext
 from vllm.v1.kv_offload.tiering.base import SecondaryTierManager, TransferJob
 from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
 from vllm.v1.kv_offload.tiering.fs.io import probe_o_direct
@@ -52,34 +45,12 @@ from kvref.tiering.redis.local import LocalRedisServer, redis_server_path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _tier_bench import RedisPyPipeline, human, key_of, parse_size  # noqa: E402
+from _vllm_spec import mock_offloading_spec  # noqa: E402
 
 __all__ = ["main", "Primary", "measure_tier"]
 
 _CTX = ReqContext(req_id="bench")
 _MODULE = "kvref.integrations.vllm"
-
-
-def offloading_spec() -> Any:
-    """A spec as vLLM's own tier tests build it: a real config, the rest mocked."""
-    spec = MagicMock()
-    spec.config = OffloadingConfig(
-        groups=(),
-        worker_kv_bytes_per_block=0,
-        enable_kv_cache_events=False,
-        extra_config={},
-        engine_id="bench",
-        model=OffloadingModelConfig(name="bench/model", dtype="float16"),
-        cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
-        parallel=OffloadingParallelConfig(
-            rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1,
-            data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
-            is_parallelism_agnostic=False,
-        ),  # fmt: skip
-        replicated_layout=False,
-    )
-    spec.blocks_per_chunk = 1
-    spec.kv_events_config = OffloadingKVEventsConfig(enable_kv_cache_events=False, self_describing_kv_events=False)
-    return spec
 
 
 class Primary:
@@ -164,7 +135,7 @@ def measure_tier(
 
 
 def build(config: dict[str, Any], primary: Primary) -> SecondaryTierManager:
-    return SecondaryTierFactory.create_secondary_tier(config, primary.view, offloading_spec())  # pyright: ignore[reportUnknownMemberType]
+    return SecondaryTierFactory.create_secondary_tier(config, primary.view, mock_offloading_spec(model="bench/model", engine_id="bench"))  # pyright: ignore[reportUnknownMemberType]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -25,17 +25,10 @@ from vllm.v1.kv_offload.base import (
     Locality,
     LookupResult,
     Medium,
-    OffloadingKVEventsConfig,
     OffloadKey,
     ReqContext,
     ScheduleEndContext,
     make_offload_key,
-)
-from vllm.v1.kv_offload.config import (
-    OffloadingCacheConfig,
-    OffloadingConfig,
-    OffloadingModelConfig,
-    OffloadingParallelConfig,
 )
 from vllm.v1.kv_offload.tiering.backpressure import EMABackpressureDetector
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
@@ -51,6 +44,7 @@ from kvref.tiering.fs import FileSystemSecondaryTier
 from kvref.tiering.memory import InMemorySecondaryTier
 from kvref.tiering.redis import RedisSecondaryTier
 from kvref.tiering.redis.local import LocalRedisCluster, LocalRedisServer
+from tools._vllm_spec import mock_offloading_spec
 
 _ROOT = Path(__file__).resolve().parents[2]
 _BLOCKS = 8
@@ -61,27 +55,7 @@ _MODULE = "kvref.integrations.vllm"
 
 def offloading_spec(*, kv_events: bool = False, model: str = "plugin-test/model") -> MagicMock:
     """vLLM's tests' spec: a mock around a real OffloadingConfig and KV-events flag."""
-    spec = MagicMock()
-    spec.config = OffloadingConfig(
-        groups=(),
-        worker_kv_bytes_per_block=0,
-        enable_kv_cache_events=kv_events,
-        extra_config={},
-        engine_id="plugin-test",
-        model=OffloadingModelConfig(name=model, dtype="float16"),
-        cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
-        parallel=OffloadingParallelConfig(
-            rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1,
-            data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
-            is_parallelism_agnostic=False,
-        ),  # fmt: skip
-        replicated_layout=False,
-    )
-    spec.blocks_per_chunk = 1
-    spec.kv_events_config = OffloadingKVEventsConfig(
-        enable_kv_cache_events=kv_events, self_describing_kv_events=False
-    )
-    return spec
+    return mock_offloading_spec(kv_events=kv_events, model=model, engine_id="plugin-test")
 
 
 def key(n: int) -> OffloadKey:
