@@ -22,14 +22,17 @@ from kvref.tiering.redis import RedisSecondaryTier
 from kvref.tiering.redis.local import LocalRedisServer
 from kvref.tiering.redis.value_format import HEADER_BYTES
 from vllm.v1.kv_offload.base import OffloadKey
+from typing_extensions import override
 
 
 class TestVLLMFileSystemTier(SecondaryTierContract):
     @pytest.fixture
+    @override
     def tier_config(self, tmp_path: Path) -> dict[str, Any]:
         return {"type": "fs", "root_dir": str(tmp_path / "vllm-fs"), "n_read_threads": 2, "n_write_threads": 2}
 
     @pytest.fixture
+    @override
     def damage_block(self) -> DamageBlock:
         def damage(tier: SecondaryTierManager, block: OffloadKey) -> None:
             assert isinstance(tier, FileSystemTierManager)
@@ -41,10 +44,12 @@ class TestVLLMFileSystemTier(SecondaryTierContract):
 
 class TestKvrefFileSystemTier(SecondaryTierContract):
     @pytest.fixture
+    @override
     def tier_config(self, tmp_path: Path) -> dict[str, Any]:
         return {"type": "FileSystemTier", "module_path": "kvref.integrations.vllm", "root_dir": str(tmp_path / "fs")}
 
     @pytest.fixture
+    @override
     def damage_block(self) -> DamageBlock:
         def damage(tier: SecondaryTierManager, block: OffloadKey) -> None:
             assert isinstance(tier, FileSystemTier) and isinstance(tier.kvref_tier, FileSystemSecondaryTier)
@@ -60,6 +65,7 @@ class TestKvrefFileSystemTier(SecondaryTierContract):
 
 class TestKvrefRedisTier(SecondaryTierContract):
     @pytest.fixture
+    @override
     def tier_config(self, redis_server: LocalRedisServer) -> dict[str, Any]:
         return {
             "type": "RedisTier",
@@ -69,6 +75,7 @@ class TestKvrefRedisTier(SecondaryTierContract):
         }
 
     @pytest.fixture
+    @override
     def damage_block(self, redis_server: LocalRedisServer) -> DamageBlock:
         def damage(tier: SecondaryTierManager, block: OffloadKey) -> None:
             assert isinstance(tier, RedisTier) and isinstance(tier.kvref_tier, RedisSecondaryTier)
@@ -82,6 +89,7 @@ class TestVLLMCPUManagerLRU(OffloadingManagerContract):
     policy = "lru"
 
     @pytest.fixture
+    @override
     def make_manager(self) -> MakeManager:
         return lambda num_chunks, enable_events: CPUOffloadingManager(num_chunks, "lru", enable_events=enable_events)
 
@@ -90,5 +98,6 @@ class TestVLLMCPUManagerARC(OffloadingManagerContract):
     policy = "arc"
 
     @pytest.fixture
+    @override
     def make_manager(self) -> MakeManager:
         return lambda num_chunks, enable_events: CPUOffloadingManager(num_chunks, "arc", enable_events=enable_events)
