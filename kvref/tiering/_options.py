@@ -10,7 +10,14 @@ import operator
 import os
 from pathlib import Path
 
-__all__ = ["check_bool", "check_int", "check_optional_int", "check_path", "check_str"]
+__all__ = [
+    "check_bool",
+    "check_int",
+    "check_optional_int",
+    "check_path",
+    "check_seconds",
+    "check_str",
+]
 
 
 def check_int(field: str, value: object, *, minimum: int) -> int:
@@ -75,3 +82,16 @@ def check_path(field: str, value: object) -> Path:
         if isinstance(path, str) and path:
             return Path(path)
     raise ValueError(f"{field} must be a non-empty path, got {value!r}")
+
+
+def check_seconds(field: str, value: object, *, maximum: float) -> float:
+    """Return `value` as a float in (0, `maximum`] seconds (bools are not numbers here).
+
+    Raises:
+        ValueError: `value` is not a number, or is out of range.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{field} must be a number of seconds in (0, {maximum:g}], got {value!r}")
+    if not 0 < value <= maximum:
+        raise ValueError(f"{field} must be a number of seconds in (0, {maximum:g}], got {value!r}")
+    return float(value)

@@ -121,8 +121,8 @@ class FileSystemTier(KvrefSecondaryTier):
     "root_dir": ...}`; the options are the kvref tier's (docs/LIBRARY.md), plus vLLM's
     `locality`, `enable_kv_events` and `backpressure`. Blocks go under
     `root_dir/<model>_<digest>_r<rank>`, the identity vLLM's own fs tier uses, so engines of
-    other models or layouts never read them; one engine at a time uses a directory (a second
-    is refused with an `OSError` naming the holder's pid). Blocks survive restarts.
+    other models or layouts never read them, and any number of engines of the same one (replicas,
+    data-parallel ranks, hosts on a shared volume) share them. Blocks survive restarts.
     """
 
     medium: ClassVar[Medium | None] = Medium.STORAGE
@@ -135,10 +135,11 @@ class FileSystemTier(KvrefSecondaryTier):
         root_dir: str,
         *,
         capacity_bytes: int | None = None,
-        max_segment_bytes: int = 16 << 20,
         n_read_threads: int | None = None,
         n_write_threads: int | None = None,
         fsync: bool = False,
+        page_cache: bool = False,
+        stale_tmp_s: float = 900.0,
         enable_kv_events: bool = False,
         locality: str | None = None,
         backpressure_detector: BackpressureDetector | None = None,
@@ -152,10 +153,11 @@ class FileSystemTier(KvrefSecondaryTier):
             primary_kv_view,
             os.path.join(root_dir, run_identity(offloading_spec)),
             capacity_bytes=capacity_bytes,
-            max_segment_bytes=max_segment_bytes,
             n_read_threads=n_read_threads,
             n_write_threads=n_write_threads,
             fsync=fsync,
+            page_cache=page_cache,
+            stale_tmp_s=stale_tmp_s,
             enable_events=events,
         )
         self._info = FileSystemTierInfo(capacity_bytes, fsync)

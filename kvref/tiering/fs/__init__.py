@@ -1,67 +1,57 @@
-"""`FileSystemSecondaryTier`: a crash-safe secondary tier of checksummed block files.
+"""`FileSystemSecondaryTier`: a disk tier of checksummed block files that any number of engines,
+on one host or many, share through one root directory.
 
 Layout under `root_dir`:
 
-    kvref_fs_tier.json                  the block size and format the files were written with
-    kvref_fs_tier.lock                  held (flock) by the one process using the root
-    <ff>/<ff>/<generation>.kvs          a segment: the blocks of one store job, back to back,
-                                        as records (see `kvref.tiering.fs.format`)
+    kvref_fs_tier.json                   the block size and format the files were written with
+    <hh>/<xxh3-128 of the key>.kvb       one block file per block (`kvref.tiering.fs.format`)
+    <hh>/<name>.kvb.<host>-<pid>-<tag>.tmp
+                                         a block being written, renamed into place when whole
 
-The tier, its index and capacity are in `kvref.tiering.fs.tier` and `kvref.tiering.fs.index`; the
-record format is in `kvref.tiering.fs.format`, the file work of the I/O threads in
-`kvref.tiering.fs.segment_io`, the I/O thread pool in `kvref.tiering.fs.pool`.
+Sharing: a block's file name comes from its key alone, so a lookup is one `stat` of that name
+and any engine finds what any other stored, at once, restarts included; no engine keeps an
+index, holds a lock or owns the root. Writers write a temporary file of their own (host, pid and
+a random tag in its name) and rename it into place: a final name always holds a whole file, and
+two engines storing one block at once leave one good copy (the second rename replaces the first
+file with identical bytes; a reader holding the first keeps reading it whole). The design needs
+of the filesystem only: create-exclusive, write, rename within a directory (atomic), unlink,
+readdir, stat and utime (mtime). No `flock`, no atime, no daemon, so a root on NFS with
+close-to-open consistency works as a local one does (its attribute cache may delay by
+`actimeo` when a block stored on another host is first seen; mount with `lookupcache=positive`
+or a short `actimeo` where that matters).
 
-A store job's new blocks are written as one segment file (split at `max_segment_bytes`), so a
-file is created per job rather than per block: creating files is the slow part of small writes
-on most filesystems. The two fan-out directory levels come from a hash of the segment's
-generation (a strictly increasing nanosecond clock), which also makes every segment name new,
-so deleting an evicted segment can never remove newer data.
+Integrity: each file's XXH3-64 checksum covers its header and key as well as its payload (a
+damaged key never passes for another block's), every load verifies it, and a file that fails
+(damaged, truncated, of another format or block size) fails the load, so the bytes read are
+never reported as loaded, and is deleted, so it is a miss for every engine afterwards. A file of
+another format version is never read. A writer killed mid-store leaves only its temporary file,
+which whoever finds it after `stale_tmp_s` (15 minutes by default, an hour at most) deletes.
 
-Integrity: a segment is written to `<name>.tmp` (optionally `fsync`ed) and renamed into place
-with `os.replace`, so a final name always holds whole records. Each record's XXH3-64 checksum
-covers its header and key as well as its payload (a damaged key never passes for another
-block's), and a header checksum lets start-up re-indexing check headers and keys without reading
-payloads. A load reads a run of adjacent records straight into the primary slots, one `preadv`
-per piece of up to 1 MiB, hashing each piece right after reading it, and verifies each record's
-header, key and checksum; any mismatch fails the job, so the bytes already in the slots are
-never reported as loaded, and drops the block from the index (its record is marked dead on disk,
-or its segment deleted once empty), so it is a miss afterwards, restarts included. Records of
-another format version (format 2 used CRC-32 of the payload only) are never read: a root written
-with another format is refused at start-up. At start-up the tier re-indexes the segments already
-there (blocks survive a restart), deletes stale `.tmp` files left by a crash, and skips records
-that are damaged, truncated or of another block size.
+Off the page cache: files are written and read with O_DIRECT where the root takes it (probed
+once at start-up, as vLLM's fs tier does); the payload then moves between the device and a
+page-aligned primary row with no copy. Where the filesystem refuses O_DIRECT (overlayfs, older
+tmpfs, some NFS) the tier warns once and uses buffered I/O, writing each file back
+(`sync_file_range`) and dropping its pages (`posix_fadvise(DONTNEED)`), after reads too.
+`page_cache=True` keeps the pages instead, on purpose.
 
-One process per root: the tier holds an exclusive `flock` on `kvref_fs_tier.lock` while it runs;
-a second tier on the same root, in this process or another, is refused with an `OSError` naming
-the holder's pid. (flock is advisory and local: a root on a network filesystem shared between
-hosts is not protected.) Start-up writes nothing it does not need, so a tier restarted on a full
-disk starts and serves the blocks it holds; its stores fail until space is freed.
+Capacity: `capacity_bytes` bounds the whole root, whichever engines write to it, by evicting the
+least recently used block files; a load or `touch` in any engine marks a file used by setting
+its mtime (`kvref.tiering.fs.capacity` has the design, its bounds and its cost).
 
-Threads: the scheduler thread only updates an in-memory index (so `lookup` never touches the
-disk) and queues tasks (one per segment to write, one per up to 8 MiB of a segment's records to
-read) on a pool of I/O threads whose read threads serve loads first; by default one thread per
-usable core, half of them read threads, at most four of each (page-cache I/O is copying and
-hashing on a core: more threads than cores only contend for the cores and the GIL). Failures
-(disk full, permission denied, I/O errors) become failed jobs; nothing raises on the scheduler
-thread.
-
-Capacity: with `capacity_bytes`, storing evicts whole segments, least recently used first (a
-block's `touch`, store or promotion makes its segment recent), skipping segments being written
-or read and segments holding blocks of the storing job; a segment that cannot be placed fails
-its job. Blocks of one segment were stored together by one request, so they tend to be reused
-together. I/O is buffered (through the page cache); `fsync=True` makes stores durable before
-they are reported finished.
+Threads: the scheduler thread never waits on the disk except for the one `stat` of a lookup; it
+queues tasks on a pool of I/O threads whose read threads serve loads first (`pool`). Failures
+(disk full, I/O errors, files deleted or damaged) become failed jobs; nothing raises on the
+scheduler thread. `fsync=True` makes stores durable before they are reported finished.
 """
 
 from kvref.tiering.fs.format import FORMAT_VERSION, RECORD_HEADER_BYTES
-from kvref.tiering.fs.root import CONFIG_FILE_NAME, LOCK_FILE_NAME, TierRootError
+from kvref.tiering.fs.root import CONFIG_FILE_NAME, TierRootError
 from kvref.tiering.fs.tier import FileSystemSecondaryTier
 
 __all__ = [
     "FileSystemSecondaryTier",
     "TierRootError",
     "CONFIG_FILE_NAME",
-    "LOCK_FILE_NAME",
     "FORMAT_VERSION",
     "RECORD_HEADER_BYTES",
 ]

@@ -5,27 +5,37 @@ from __future__ import annotations
 
 from kvref.base import OffloadKey
 from kvref.tiering.base import JobMetadata, JobResult
-from kvref.tiering.fs.index import Entry, Segment
 
-__all__ = ["FsJob"]
+__all__ = ["BlockWrite", "FsJob"]
+
+
+class BlockWrite:
+    """One block being written by this engine; jobs storing the same block meanwhile wait on it
+    instead of writing it twice."""
+
+    __slots__ = ("key", "done", "ok")
+
+    def __init__(self, key: OffloadKey) -> None:
+        self.key = key
+        self.done = False
+        self.ok = False
 
 
 class FsJob:
     """A submitted job's I/O (only the scheduler thread touches it; see `_task_done`)."""
 
-    __slots__ = ("meta", "segments", "awaited", "reads", "remaining", "failed", "failed_keys", "io_span", "moved")
+    __slots__ = ("meta", "writes", "awaited", "reads", "remaining", "failed", "failed_keys", "io_span", "moved")
 
     def __init__(self, meta: JobMetadata) -> None:
         self.meta = meta
-        self.segments: list[Segment] = []
-        # Stores: blocks of the job another job is writing, with the segment they are written to;
-        # the job is stored once those are (and fails if one is not).
-        self.awaited: list[tuple[OffloadKey, Segment]] = []
-        self.reads: list[tuple[OffloadKey, Entry]] = []
+        self.writes: list[BlockWrite] = []
+        # Stores: blocks of the job that another job of this engine is writing; the job is
+        # stored once those are (and fails if one is not).
+        self.awaited: list[BlockWrite] = []
+        self.reads: list[tuple[OffloadKey, str]] = []  # loads: (key, file name)
         self.remaining = 0
         self.failed = False
-        # Blocks whose load failed, and paths of segments whose write failed.
-        self.failed_keys: list[OffloadKey | str] = []
+        self.failed_keys: list[OffloadKey] = []  # blocks whose write or load failed
         # (first task's start, last task's end) on the monotonic clock; None: no I/O ran.
         self.io_span: tuple[float, float] | None = None
         self.moved = 0  # blocks written or loaded completely
@@ -42,7 +52,7 @@ class FsJob:
             self.meta.job_id,
             not self.failed,
             successful_keys=(
-                tuple(key for key, _entry in self.reads if key not in failed) if loaded else None
+                tuple(key for key, _name in self.reads if key not in failed) if loaded else None
             ),
             transfer_time=None if span is None else span[1] - span[0],
             transfer_bytes=None if span is None else self.moved * block_bytes,

@@ -1,33 +1,50 @@
-"""The root directory of `FileSystemSecondaryTier`: creating it, locking it (one process per
-root), and checking the block size and format it was written with."""
+"""The root directory of `FileSystemSecondaryTier`: its layout, creating it, checking the block
+size and format it was written with, and probing whether it takes O_DIRECT.
+
+Any number of tiers, in any number of processes and hosts, open one root at once: opening takes
+no lock and writes nothing but the config file of a new root (through a temporary file renamed
+into place, so racing openers leave one whole config).
+"""
 
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
+import mmap
 import os
+import secrets
+import socket
 from pathlib import Path
 
+import xxhash
+
 from kvref.errors import KVRefError
-from kvref.tiering.fs.format import FORMAT_VERSION
-from kvref.tiering.fs.index import TMP_SUFFIX, unlink_quietly
+from kvref.tiering.fs.format import ALIGN, FORMAT_VERSION
 
 __all__ = [
     "CONFIG_FILE_NAME",
-    "LOCK_FILE_NAME",
+    "BLOCK_SUFFIX",
+    "TMP_SUFFIX",
+    "FANOUT",
     "TierRootError",
+    "writer_token",
+    "block_name",
+    "fanout_dir",
     "open_root",
-    "release_root",
+    "probe_o_direct",
+    "unlink_quietly",
 ]
 
 CONFIG_FILE_NAME = "kvref_fs_tier.json"
-LOCK_FILE_NAME = "kvref_fs_tier.lock"
+BLOCK_SUFFIX = ".kvb"
+TMP_SUFFIX = ".tmp"
+FANOUT = 256
+"""Directories under the root (`00` to `ff`): a block's is the first byte of its name."""
 
 
 class TierRootError(KVRefError, OSError):
     """The tier's `root_dir` cannot be used (missing and not creatable, not a directory, not
-    writable, written with another block size or format, or in use by another process)."""
+    writable while new, or written with another block size or format)."""
 
 
 def _root_error(root: Path, reason: str, err: int | None = None) -> TierRootError:
@@ -35,18 +52,39 @@ def _root_error(root: Path, reason: str, err: int | None = None) -> TierRootErro
     return TierRootError(err, text) if err is not None else TierRootError(text)
 
 
-def open_root(root: Path, block_bytes: int) -> int:
-    """Create `root` if missing, lock it and check (or write) its config.
+def writer_token() -> str:
+    """A name part no other writer of the root uses: host, pid and a random tag.
+
+    Temporary files carry it, so writers on different hosts with the same pid, or a process
+    that reuses a dead one's pid, never write to one temporary file.
+    """
+    host = "".join(c if c.isalnum() or c in "-_" else "_" for c in socket.gethostname())
+    return f"{host or 'host'}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def block_name(key: bytes) -> str:
+    """The file name of block `key`: the XXH3-128 of the key, in hex, and `BLOCK_SUFFIX`.
+
+    Every engine derives it from the key alone, so a lookup needs no index. The file holds the
+    full key, checked on every read: a collision of names is a miss, never another block.
+    """
+    return xxhash.xxh3_128_hexdigest(key) + BLOCK_SUFFIX
+
+
+def fanout_dir(name: str) -> int:
+    """The index (0 to `FANOUT` - 1) of the directory holding the file `name`."""
+    return int(name[:2], 16)
+
+
+def open_root(root: Path, block_bytes: int) -> None:
+    """Create `root` if missing and check (or write) its config.
 
     Args:
         root: the tier's root directory.
         block_bytes: the block size of the tier opening it.
 
-    Returns:
-        The lock file's descriptor; closing it (`release_root`) releases the lock.
-
     Raises:
-        TierRootError: the root cannot be used; the message says why.
+        TierRootError: the root cannot be used; the message says why and names the path.
     """
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -56,82 +94,73 @@ def open_root(root: Path, block_bytes: int) -> int:
         raise _root_error(root, exc.strerror or str(exc), exc.errno) from exc
     if not root.is_dir():
         raise _root_error(root, "it is not a directory", errno.ENOTDIR)
-    fd = _lock_root(root)
-    try:
-        _check_config(root, block_bytes)
-    except BaseException:
-        release_root(fd)
-        raise
-    return fd
-
-
-def release_root(fd: int) -> None:
-    """Release the lock `open_root` took."""
-    os.close(fd)  # releases the flock
-
-
-def _lock_root(root: Path) -> int:
-    lock_path = root / LOCK_FILE_NAME
-    try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    except OSError as exc:
-        if exc.errno not in (errno.EACCES, errno.EROFS, errno.EPERM):
-            raise _root_error(root, exc.strerror or str(exc), exc.errno) from exc
-        try:
-            # A read-only root can still be read from: lock it through a read-only fd.
-            fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            # No lock file to fall back on: the root is simply not writable.
-            raise _root_error(root, exc.strerror or str(exc), exc.errno) from exc
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
-        os.close(fd)
-        raise _root_error(
-            root,
-            f"another fs tier holds it (pid {holder}, lock {LOCK_FILE_NAME}); one process "
-            "per root_dir",
-            exc.errno,
-        ) from exc
-    try:
-        # Who holds it, for the message above; on a full or read-only disk it stays unknown.
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    except OSError:
-        pass
-    return fd
+    _check_config(root, block_bytes)
 
 
 def _check_config(root: Path, block_bytes: int) -> None:
     config_path = root / CONFIG_FILE_NAME
     config: dict[str, int] = {"format": FORMAT_VERSION, "block_bytes": block_bytes}
     try:
-        text = config_path.read_text()
+        raw = config_path.read_bytes()
     except FileNotFoundError:
-        text = None
+        raw = None
     except OSError as exc:
-        raise _root_error(root, exc.strerror or str(exc), exc.errno) from exc
-    if text is not None:
+        raise _root_error(root, f"{CONFIG_FILE_NAME}: {exc.strerror or exc}", exc.errno) from exc
+    if raw is not None:
         try:
-            found: object = json.loads(text)
-        except ValueError as exc:
+            found: object = json.loads(raw.decode("utf-8"))
+        except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError alike
             raise _root_error(
-                root, f"{CONFIG_FILE_NAME} is not valid JSON ({exc})"
+                root, f"{config_path} is not a kvref fs tier config (not valid UTF-8 JSON: {exc})"
             ) from exc
         if found != config:
             raise _root_error(
                 root,
-                f"it holds blocks written as {found}, this tier needs {config}; use another "
-                "root_dir or empty this one",
+                f"{config_path} says it holds blocks written as {found}, this tier needs "
+                f"{config}; use another root_dir or empty this one",
             )
-        # Already written: start-up writes nothing more (a full disk must not stop it).
-        return
-    # A new root: writing its config also proves it writable.
-    tmp_path = root / f"{CONFIG_FILE_NAME}.{os.getpid()}{TMP_SUFFIX}"
+        return  # already written: start-up writes nothing more (a full disk must not stop it)
+    # A new root: writing its config also proves it writable. Openers racing here write the
+    # same bytes, each through a temporary file of its own.
+    tmp_path = root / f"{CONFIG_FILE_NAME}.{writer_token()}{TMP_SUFFIX}"
     try:
         tmp_path.write_text(json.dumps(config))
         os.replace(tmp_path, config_path)
     except OSError as exc:
         unlink_quietly(str(tmp_path))
         raise _root_error(root, exc.strerror or str(exc), exc.errno) from exc
+
+
+def probe_o_direct(root: Path) -> bool:
+    """Return whether files under `root` can be written and read with O_DIRECT.
+
+    Some filesystems refuse it (overlayfs, older tmpfs, some NFS mounts) with EINVAL at open or
+    at the first I/O; one aligned page written and read back tells. A full or read-only root
+    cannot be probed: the answer is then False.
+    """
+    o_direct = getattr(os, "O_DIRECT", 0)
+    if not o_direct:
+        return False
+    path = str(root / f".o_direct_probe.{writer_token()}{TMP_SUFFIX}")
+    page = mmap.mmap(-1, ALIGN)
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC | o_direct, 0o644)
+        try:
+            return os.pwritev(fd, [page], 0) == ALIGN and os.preadv(fd, [page], 0) == ALIGN
+        finally:
+            os.close(fd)
+    except OSError:
+        return False
+    finally:
+        page.close()
+        unlink_quietly(path)
+
+
+def unlink_quietly(path: str) -> bool:
+    """Delete `path`; return whether this call deleted it (a missing file or a failure to
+    delete, e.g. a read-only root, is not an error here)."""
+    try:
+        os.unlink(path)
+    except OSError:
+        return False
+    return True

@@ -1,14 +1,13 @@
-"""`FileSystemSecondaryTier`: the tier's scheduler-thread API, its index, capacity and eviction,
-and the tasks it queues for its I/O threads, whose file work is `SegmentIO`'s (the design is in
-the package docstring, `kvref.tiering.fs`)."""
+"""`FileSystemSecondaryTier`: the tier's scheduler-thread API and the tasks it queues for its I/O
+threads, whose file work is `BlockIO`'s and whose room-making is `RootCapacity`'s (the design is
+in the package docstring, `kvref.tiering.fs`)."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
@@ -17,54 +16,71 @@ from typing_extensions import override
 from kvref.base import OffloadingEvent, OffloadKey, ReqContext
 from kvref.tiering._options import (
     check_bool,
-    check_int,
     check_optional_int,
     check_path,
+    check_seconds,
     check_str,
 )
-from kvref.tiering.base import (
-    JobMetadata,
-    JobResult,
-    PrimaryBlocks,
-    SecondaryTierManager,
-)
-from kvref.tiering.fs.format import MAX_KEY_BYTES, RECORD_HEADER_BYTES
-from kvref.tiering.fs.index import SEGMENT_SUFFIX, Entry, Run, Segment, index_root, unlink_quietly
-from kvref.tiering.fs.job import FsJob
+from kvref.tiering.base import JobMetadata, JobResult, PrimaryBlocks, SecondaryTierManager
+from kvref.tiering.fs.block_io import BlockIO, ReadProblem, WriteOutcome
+from kvref.tiering.fs.capacity import RootCapacity
+from kvref.tiering.fs.format import MAX_KEY_BYTES, file_bytes, header_bytes
+from kvref.tiering.fs.job import BlockWrite, FsJob
 from kvref.tiering.fs.pool import DualQueuePool, IOTask, default_threads
-from kvref.tiering.fs.root import open_root, release_root
-from kvref.tiering.fs.segment_io import SegmentIO, plan_read_tasks
+from kvref.tiering.fs.root import (
+    block_name,
+    fanout_dir,
+    open_root,
+    probe_o_direct,
+    writer_token,
+)
 
 __all__ = ["FileSystemSecondaryTier"]
 
 logger = logging.getLogger(__name__)
 
+_TASK_BYTES = 4 << 20
+"""One I/O task moves blocks of up to this many bytes (at least one block): fewer hand-overs
+for small blocks, while a large job still spreads over every I/O thread."""
+_MARK_INTERVAL_S = 1.0
+"""A block marked used less than this long ago by this engine is not marked again (a `touch` of
+a long prefix every step would otherwise cost a metadata write per block per step)."""
+_MAX_MARKED = 1 << 16
+_WARN_INTERVAL_S = 10.0
+
+# One task's outcome per block: (key, None for success, else the failure).
+_Outcome = tuple[OffloadKey, WriteOutcome | ReadProblem | str | None]
+
 
 class FileSystemSecondaryTier(SecondaryTierManager):
-    """Secondary tier storing checksummed block records in segment files under `root_dir`.
+    """Secondary tier of checksummed block files under `root_dir`, shared by every engine (and
+    host) that opens the same root.
 
     Args:
         primary_kv_view: the primary's `(num_blocks, row_items)` memoryview (any item format).
-        root_dir: the directory holding the blocks; created (with its parents) if missing.
-            Used by one tier at a time (see the module docstring); sharing its blocks between
-            processes over time needs keys hashed with the same seed.
-        capacity_bytes: evict least recently used segments to keep segment files under this
-            many bytes; None for no limit.
-        max_segment_bytes: split a store job's blocks into segment files of at most this many
-            bytes (at least one block each): fewer files versus more parallel writers.
-        n_read_threads: I/O threads that serve loads (promotions) first; None for one per
-            usable core, 1 to 4 (`kvref.tiering.fs.pool.default_threads`).
-        n_write_threads: I/O threads that serve stores and deletions first; None for one per
-            two usable cores, 1 to 4.
-        fsync: `fsync` each segment before renaming it into place (durable, slower).
+        root_dir: the directory holding the blocks; created (with its parents) if missing. Any
+            number of tiers, in any processes or hosts, may use it at once; they share blocks
+            when their keys are hashed with the same seed.
+        capacity_bytes: keep the block files of the whole root (whichever engines wrote them)
+            under this many bytes, evicting the least recently used ones; None for no limit.
+            Engines sharing a root should give the same value: each enforces its own.
+        n_read_threads: I/O threads that serve loads (promotions) first; None for the default
+            (`kvref.tiering.fs.pool.default_threads`).
+        n_write_threads: I/O threads that serve stores first; None for the default.
+        fsync: `fsync` each block file before renaming it into place (durable, slower).
+        page_cache: keep blocks in the page cache: buffered I/O whose pages stay cached. Off by
+            default (O_DIRECT, or buffered I/O whose pages are dropped once clean); worth it
+            only where spare DRAM should serve repeated loads of a small hot set.
+        stale_tmp_s: another writer's temporary file older than this many seconds belongs to a
+            dead writer and is deleted by whoever finds it (at most 3600).
         name: the medium named in events.
         enable_events: buffer stored/removed events for `take_events`.
 
     Raises:
         ValueError: an argument has the wrong type or is out of range (the message names it).
         TierRootError: (an `OSError`) `root_dir` is unusable: it cannot be created, is not a
-            directory, cannot be written while empty, holds blocks of another size or format,
-            or another tier holds it; the message names the path.
+            directory, cannot be written while new, or holds blocks of another size or format;
+            the message names the path.
     """
 
     def __init__(
@@ -73,115 +89,111 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         root_dir: str | os.PathLike[str],
         *,
         capacity_bytes: int | None = None,
-        max_segment_bytes: int = 16 << 20,
         n_read_threads: int | None = None,
         n_write_threads: int | None = None,
         fsync: bool = False,
+        page_cache: bool = False,
+        stale_tmp_s: float = 900.0,
         name: str = "fs",
         enable_events: bool = False,
     ) -> None:
         self.root_dir = check_path("root_dir", root_dir)
         capacity = check_optional_int("capacity_bytes", capacity_bytes, minimum=1)
-        self._max_segment_bytes = check_int("max_segment_bytes", max_segment_bytes, minimum=1)
         n_read = check_optional_int("n_read_threads", n_read_threads, minimum=1)
         n_write = check_optional_int("n_write_threads", n_write_threads, minimum=1)
-        self.n_read_threads = default_threads(read=True) if n_read is None else n_read
-        self.n_write_threads = default_threads(read=False) if n_write is None else n_write
         self.fsync = check_bool("fsync", fsync)
+        self.page_cache = check_bool("page_cache", page_cache)
+        stale_tmp = check_seconds("stale_tmp_s", stale_tmp_s, maximum=3600.0)
         self.medium = check_str("name", name)
         events = check_bool("enable_events", enable_events)
         self._primary = PrimaryBlocks(primary_kv_view)
         self.block_bytes = self._primary.block_bytes
-        if capacity is not None and capacity < self.block_bytes:
+        self.file_bytes = file_bytes(32, self.block_bytes)
+        """The size of one block file of a 32-byte key (vLLM's and kvref's keys)."""
+        if capacity is not None and capacity < self.file_bytes:
+            self._primary.release()
             raise ValueError(
-                f"capacity_bytes must be None or at least one block ({self.block_bytes} bytes), "
-                f"got {capacity_bytes}"
+                f"capacity_bytes must be None or at least one block file ({self.file_bytes} "
+                f"bytes), got {capacity_bytes}"
             )
-        self._capacity = capacity
-        self._used_bytes = 0
-        self._evicted_blocks = 0
-        self._index: dict[OffloadKey, Entry] = {}
-        # Segments in least-recently-used order.
-        self._segments: OrderedDict[Segment, None] = OrderedDict()
+        try:
+            open_root(self.root_dir, self.block_bytes)
+        except BaseException:
+            self._primary.release()
+            raise
+        self.direct = not self.page_cache and probe_o_direct(self.root_dir)
+        if not self.direct and not self.page_cache:
+            logger.warning(
+                "fs tier %s: %s does not take O_DIRECT; using buffered I/O and dropping the "
+                "pages of each block once written back",
+                self.medium,
+                self.root_dir,
+            )
+        self.n_read_threads = default_threads(read=True, direct=self.direct) if n_read is None else n_read
+        self.n_write_threads = default_threads(read=False, direct=self.direct) if n_write is None else n_write
+        self._token = writer_token()
+        self._io = BlockIO(
+            self._primary,
+            direct=self.direct,
+            keep_page_cache=self.page_cache,
+            fsync=self.fsync,
+            token=self._token,
+        )
+        self._capacity = RootCapacity(
+            self.root_dir,
+            capacity,
+            self.file_bytes,
+            token=self._token,
+            stale_tmp_s=stale_tmp,
+        )
+        self._dirs = [os.path.join(self.root_dir, f"{index:02x}") for index in range(256)]
+
+        # --- scheduler-thread state ---
+        self._writing: dict[OffloadKey, BlockWrite] = {}
+        self._reading: Counter[str] = Counter()  # file names being loaded (read by I/O threads)
+        self._unreadable: set[str] = set()  # files that failed with an I/O error: misses here
+        self._marked: OrderedDict[str, float] = OrderedDict()
+        # Blocks this tier announced as stored and not yet as removed (events only).
+        self._announced: dict[str, OffloadKey] | None = {} if events else None
         self._events: list[OffloadingEvent] | None = [] if events else None
-        self._last_generation = 0
-        # Jobs finished without I/O, and per-task completions posted by the I/O threads
-        # (deque appends and pops are atomic: the scheduler thread never waits on a lock that
-        # an I/O thread could hold).
+        self._evicted_blocks = 0
         self._done: list[FsJob] = []
         self._waiting: list[FsJob] = []  # stores done but for blocks other jobs are writing
-        self._completions: deque[tuple[FsJob, Sequence[OffloadKey | str], float, float]] = deque()
         self._closed = False
+        # Per-task completions posted by the I/O threads (deque appends and pops are atomic:
+        # the scheduler thread never waits on a lock that an I/O thread could hold).
+        self._completions: deque[tuple[FsJob, list[_Outcome], float, float]] = deque()
+        self._last_warning = 0.0
 
-        try:
-            self._lock_fd: int | None = open_root(self.root_dir, self.block_bytes)
-        except BaseException:
-            self._primary.release()
-            raise
-        try:
-            self._reindex()
-        except BaseException:
-            self._release_root()
-            self._primary.release()
-            raise
-        self._io = SegmentIO(self._primary, fsync=self.fsync, medium=self.medium)
-        self._pool = DualQueuePool(
-            self.n_read_threads, self.n_write_threads, f"kvref-{self.medium}"
+        self._pool = DualQueuePool(self.n_read_threads, self.n_write_threads, f"kvref-{self.medium}")
+        # Learn the root's usage and remove dead writers' temporary files, off the caller's
+        # thread (a root of millions of files takes a while to list).
+        self._pool.submit(
+            IOTask(lambda: self._capacity.sweep(lambda: self._closed), lambda: None), read=False
         )
 
-    # --- start-up ---
+    # --- paths ---
 
-    def _release_root(self) -> None:
-        if self._lock_fd is not None:
-            release_root(self._lock_fd)
-            self._lock_fd = None
+    def block_path(self, key: OffloadKey) -> str:
+        """Return the path of `key`'s block file (whether or not it exists)."""
+        name = block_name(key)
+        return os.path.join(self._dirs[fanout_dir(name)], name)
 
-    def _record_bytes(self, key: bytes) -> int:
-        return RECORD_HEADER_BYTES + len(key) + self.block_bytes
+    def location(self, key: OffloadKey) -> tuple[str, int, int] | None:
+        """Return (file path, payload offset, file bytes) of a block held now, for diagnostics."""
+        path = self.block_path(key)
+        try:
+            size = os.stat(path).st_size
+        except OSError:
+            return None
+        return path, header_bytes(len(key)), size
 
-    def _reindex(self) -> None:
-        found = index_root(self.root_dir, self.block_bytes)
-        self._index = found.index
-        self._last_generation = found.last_generation
-        for segment in found.segments:
-            self._segments[segment] = None
-            self._used_bytes += segment.size
-        if self._capacity is not None:
-            while self._used_bytes > self._capacity and self._segments:
-                segment = next(iter(self._segments))
-                self._evict(segment, announce=False)
-                unlink_quietly(segment.path)
-        if found.stale_tmp or found.skipped or self._index:
-            logger.info(
-                "fs tier %s: re-indexed %d blocks in %d segments, removed %d stale temporary "
-                "files, skipped %d damaged records",
-                self.root_dir,
-                len(self._index),
-                len(self._segments),
-                found.stale_tmp,
-                found.skipped,
-            )
-
-
-    def __len__(self) -> int:
-        return len(self._index)
+    # --- stats ---
 
     @property
     def used_bytes(self) -> int:
-        """Bytes of segment files stored or being written."""
-        return self._used_bytes
-
-    @property
-    def num_segments(self) -> int:
-        """Segment files stored or being written."""
-        return len(self._segments)
-
-    def location(self, key: OffloadKey) -> tuple[str, int, int] | None:
-        """Return (segment path, record offset, record bytes) of a block, for diagnostics."""
-        entry = self._index.get(key)
-        if entry is None:
-            return None
-        return entry.segment.path, entry.offset, self._record_bytes(key)
+        """Bytes of the root's block files as last listed, plus this engine's writes in flight."""
+        return self._capacity.used_bytes
 
     @override
     def num_evicted_blocks(self) -> int:
@@ -189,25 +201,40 @@ class FileSystemSecondaryTier(SecondaryTierManager):
 
     @override
     def usage(self) -> float | None:
-        return None if self._capacity is None else self._used_bytes / self._capacity
+        capacity = self._capacity.capacity_bytes
+        return None if capacity is None else min(1.0, self._capacity.used_bytes / capacity)
+
+    # --- lookups ---
 
     @override
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
-        entry = self._index.get(key)
-        if entry is None:
+        if key in self._writing:
+            return None  # this engine's write is in flight: ask again
+        if self._closed:
             return False
-        return None if entry.segment.writing else True
+        name = block_name(key)
+        if name in self._unreadable:
+            return False
+        # The file is the truth (any engine may have stored or evicted it): one stat, answered
+        # from the kernel's dentry cache (the attribute cache on NFS).
+        return os.path.exists(os.path.join(self._dirs[fanout_dir(name)], name))
 
     @override
     def contains(self, keys: Sequence[OffloadKey]) -> list[bool]:
-        # The in-memory index is the truth (the root is this process's alone); a dict read is
-        # atomic, so another thread may ask while the scheduler thread updates it.
-        index = self._index
+        # Safe beside the scheduler thread: dict and set reads are atomic.
+        writing, unreadable, dirs = self._writing, self._unreadable, self._dirs
         answers: list[bool] = []
         for key in keys:
-            entry = index.get(key)
-            answers.append(entry is not None and not entry.segment.writing)
+            name = block_name(key)
+            answers.append(
+                key not in writing
+                and name not in unreadable
+                and not self._closed
+                and os.path.exists(os.path.join(dirs[fanout_dir(name)], name))
+            )
         return answers
+
+    # --- stores ---
 
     @override
     def submit_store(self, job: JobMetadata) -> None:
@@ -216,216 +243,264 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         for key, block_id in zip(job.keys, job.block_ids):
             if key in new:
                 continue
-            entry = self._index.get(key)
-            if entry is not None:
-                if entry.segment.writing:  # another job is writing it: done when that is
-                    state.awaited.append((key, entry.segment))
-                continue  # already stored: nothing to do
+            pending = self._writing.get(key)
+            if pending is not None:  # another job of this engine is writing it
+                state.awaited.append(pending)
+                continue
             if len(key) > MAX_KEY_BYTES:
                 state.failed = True
+                state.failed_keys.append(key)
                 continue
             new[key] = block_id
         if self._closed:
             state.failed = True
             new.clear()
-        plans: list[tuple[Segment, list[tuple[OffloadKey, int]]]] = []
-        chunk: list[tuple[OffloadKey, int]] = []
-        chunk_bytes = 0
+        if not new:
+            self._done.append(state)
+            return
+        protected = frozenset(block_name(key) for key in job.keys)
+        tasks: list[list[tuple[OffloadKey, int]]] = [[]]
+        task_bytes = 0
         for key, block_id in new.items():
-            record_bytes = self._record_bytes(key)
-            if chunk and chunk_bytes + record_bytes > self._max_segment_bytes:
-                self._plan_segment(state, chunk, chunk_bytes, plans, job.keys)
-                chunk, chunk_bytes = [], 0
-            chunk.append((key, block_id))
-            chunk_bytes += record_bytes
-        if chunk:
-            self._plan_segment(state, chunk, chunk_bytes, plans, job.keys)
-        state.remaining = len(plans)
-        if not plans:
-            self._finish(state)
-            return
-        for segment, records in plans:
-            self._pool.submit(self._write_task(state, segment, records), read=False)
+            write = BlockWrite(key)
+            self._writing[key] = write
+            state.writes.append(write)
+            if tasks[-1] and task_bytes + self.block_bytes > _TASK_BYTES:
+                tasks.append([])
+                task_bytes = 0
+            tasks[-1].append((key, block_id))
+            task_bytes += self.block_bytes
+        state.remaining = len(tasks)
+        for blocks in tasks:
+            self._pool.submit(self._write_task(state, blocks, protected), read=False)
 
-    def _plan_segment(
-        self,
-        state: FsJob,
-        records: list[tuple[OffloadKey, int]],
-        size: int,
-        plans: list[tuple[Segment, list[tuple[OffloadKey, int]]]],
-        protected: Collection[OffloadKey],
-    ) -> None:
-        if not self._make_room(size, protected):
-            state.failed = True
-            return
-        segment = Segment(self._new_path(), size, writing=True)
-        offset = 0
-        for key, _block_id in records:
-            segment.keys.add(key)
-            self._index[key] = Entry(segment, offset)
-            offset += self._record_bytes(key)
-        self._segments[segment] = None
-        self._used_bytes += size
-        state.segments.append(segment)
-        plans.append((segment, records))
+    def _write_task(
+        self, state: FsJob, blocks: list[tuple[OffloadKey, int]], protected: frozenset[str]
+    ) -> IOTask:
+        def run() -> None:
+            start = time.monotonic()
+            outcomes: list[_Outcome] = []
+            for key, block_id in blocks:
+                outcomes.append((key, self._write_block(key, block_id, protected)))
+            self._task_done(state, outcomes, start)
+
+        def cancel() -> None:
+            self._task_done(state, [(key, "cancelled") for key, _ in blocks])
+
+        return IOTask(run, cancel)
+
+    def _write_block(
+        self, key: OffloadKey, block_id: int, protected: frozenset[str]
+    ) -> WriteOutcome | str:
+        """Store one block (I/O thread): make room, write, and return how it went."""
+        name = block_name(key)
+        index = fanout_dir(name)
+        path = os.path.join(self._dirs[index], name)
+        size = file_bytes(len(key), self.block_bytes)
+        try:
+            if os.path.exists(path):
+                self._io.mark_used([path])
+                return WriteOutcome.EXISTED
+            if not self._capacity.reserve(index, size, protected, self._reading.__contains__):
+                return "no room: every block of its eviction domain is in use"
+            try:
+                return self._io.write_block(path, key, block_id)
+            finally:
+                self._capacity.release(index, size)
+        except Exception as exc:  # OSError, or a bug: a failed store, never an exception
+            self._warn("write", path, exc)
+            return str(exc) or type(exc).__name__
+
+    # --- loads ---
 
     @override
     def submit_load(self, job: JobMetadata) -> None:
         state = FsJob(job)
-        block_ids: list[int] = []
+        tasks: list[list[tuple[OffloadKey, str, int]]] = [[]]
+        task_bytes = 0
         for key, block_id in zip(job.keys, job.block_ids):
-            entry = self._index.get(key)
-            if entry is None or entry.segment.writing:
-                # Missing: the job fails, but the blocks that are here still load (and are
-                # reported in `successful_keys`, so the manager keeps them).
+            name = block_name(key)
+            if key in self._writing or name in self._unreadable or self._closed:
+                # Not readable here: the job fails, but the blocks that are here still load
+                # (and are reported in `successful_keys`, so the manager keeps them).
                 state.failed = True
                 state.failed_keys.append(key)
                 continue
-            state.reads.append((key, entry))
-            block_ids.append(block_id)
-        if self._closed or not state.reads:
-            state.failed = True
-            state.reads.clear()
-            self._finish(state)
+            state.reads.append((key, name))
+            if tasks[-1] and task_bytes + self.block_bytes > _TASK_BYTES // 2:
+                tasks.append([])
+                task_bytes = 0
+            tasks[-1].append((key, name, block_id))
+            task_bytes += self.block_bytes
+        if not state.reads:
+            self._done.append(state)
             return
-        tasks = plan_read_tasks(state.reads, block_ids, self.block_bytes)
+        for _key, name in state.reads:
+            self._reading[name] += 1
+            self._marked[name] = time.monotonic()  # the load marks it used
         state.remaining = len(tasks)
-        for key, entry in state.reads:
-            entry.segment.readers += 1
-            self._segments.move_to_end(entry.segment)
-        for path, runs in tasks:
-            self._pool.submit(self._read_task(state, path, runs), read=True)
+        for blocks in tasks:
+            self._pool.submit(self._read_task(state, blocks), read=True)
+
+    def _read_task(self, state: FsJob, blocks: list[tuple[OffloadKey, str, int]]) -> IOTask:
+        def run() -> None:
+            start = time.monotonic()
+            outcomes: list[_Outcome] = []
+            used: list[str] = []
+            for key, name, block_id in blocks:
+                path = os.path.join(self._dirs[fanout_dir(name)], name)
+                try:
+                    problem = self._io.read_block(path, key, block_id)
+                except Exception as exc:  # a bug: a failed load, never an exception
+                    self._warn("read", path, exc)
+                    problem = ReadProblem.UNREADABLE
+                if problem is None:
+                    used.append(path)
+                elif problem is not ReadProblem.MISSING:
+                    self._warn("read", path, OSError(f"block {key.hex()}: {problem.value}"))
+                outcomes.append((key, problem))
+            # A load is a use in every engine's eyes: after the data, so it costs no latency.
+            self._io.mark_used(used)
+            self._task_done(state, outcomes, start)
+
+        def cancel() -> None:
+            self._task_done(state, [(key, ReadProblem.UNREADABLE) for key, _, _ in blocks])
+
+        return IOTask(run, cancel)
+
+    # --- results ---
+
+    def _task_done(self, state: FsJob, outcomes: list[_Outcome], start: float | None = None) -> None:
+        """Post one task's outcome (I/O thread); `start` is None when it was cancelled."""
+        end = time.monotonic()
+        self._completions.append((state, outcomes, end if start is None else start, end))
 
     @override
     def get_finished_jobs(self) -> Iterable[JobResult]:
         done, self._done = self._done, []
         completions = self._completions
         while completions:
-            state, failures, start, end = completions.popleft()
-            if failures:
-                state.failed = True
-                state.failed_keys.extend(failures)
+            state, outcomes, start, end = completions.popleft()
+            if state.meta.is_promotion:
+                self._settle_reads(state, outcomes)
+            else:
+                self._settle_writes(state, outcomes)
             state.add_span(start, end)
             state.remaining -= 1
             if state.remaining == 0:
                 done.append(state)
         finished: list[FsJob] = []
         for state in done:
-            if state.meta.is_promotion:
-                self._settle_load(state)
-            else:
-                self._settle_store(state)
+            if not state.meta.is_promotion:
+                self._announce_stored(state)
             (self._waiting if state.awaited else finished).append(state)
         # Stores relying on other jobs' writes finish once those settled: in this same poll
         # when those jobs finished, so a drain followed by one poll reports every job.
         waiting, self._waiting = self._waiting, []
         for state in waiting:
-            if any(segment.writing for _key, segment in state.awaited):
+            if not all(write.done for write in state.awaited):
                 self._waiting.append(state)
                 continue
-            if any(self._index.get(key) is None for key, _segment in state.awaited):
+            if not all(write.ok for write in state.awaited):
                 state.failed = True  # the write it relied on failed: that block is not stored
             finished.append(state)
+        self._report_evictions()
         return [state.result(self.block_bytes) for state in finished]
 
-    def _settle_store(self, state: FsJob) -> None:
-        written: set[OffloadKey] = set()
-        failed = set(state.failed_keys)
-        for segment in state.segments:
-            segment.writing = False
-            if segment.path in failed:
-                # Never announced, and its temporary file is already gone.
-                self._forget(segment)
+    def _settle_writes(self, state: FsJob, outcomes: list[_Outcome]) -> None:
+        writes = {write.key: write for write in state.writes}
+        for key, outcome in outcomes:
+            write = writes[key]
+            write.done = True
+            write.ok = isinstance(outcome, WriteOutcome)
+            if self._writing.get(key) is write:
+                del self._writing[key]
+            if write.ok:
+                state.moved += 1
+                self._unreadable.discard(block_name(key))
             else:
-                written.update(segment.keys)
-        state.moved = len(written)
-        stored = [key for key in dict.fromkeys(state.meta.keys) if key in written]
-        if self._events is not None and stored:
-            self._events.append(OffloadingEvent(stored, self.medium, removed=False))
+                state.failed = True
+                state.failed_keys.append(key)
 
-    def _settle_load(self, state: FsJob) -> None:
-        failed = set(state.failed_keys)
-        dropped: list[OffloadKey] = []
-        state.moved = sum(key not in failed for key, _entry in state.reads)
-        for key, entry in state.reads:
-            segment = entry.segment
-            segment.readers -= 1
-            if key in failed and self._index.get(key) is entry:
-                # Corrupt, truncated or vanished: never offer this block again, not even after
-                # a restart (its record is marked dead unless the whole segment goes).
-                del self._index[key]
-                segment.keys.discard(key)
-                dropped.append(key)
-                if segment.keys:
-                    self._pool.submit(self._mark_dead_task(segment.path, entry.offset), read=False)
-            if not segment.keys and segment.idle and segment in self._segments:
-                self._forget(segment)
-                self._pool.submit(self._delete_task(segment.path), read=False)
-        self._announce_removed(dropped)
+    def _settle_reads(self, state: FsJob, outcomes: list[_Outcome]) -> None:
+        removed: list[OffloadKey] = []
+        for key, problem in outcomes:
+            name = block_name(key)
+            self._reading[name] -= 1
+            if self._reading[name] <= 0:
+                del self._reading[name]
+            if problem is None:
+                state.moved += 1
+                continue
+            state.failed = True
+            state.failed_keys.append(key)
+            if problem is ReadProblem.UNREADABLE:
+                self._unreadable.add(name)  # never promoted again by this engine
+            elif self._announced is not None and self._announced.pop(name, None) is not None:
+                removed.append(key)  # missing or damaged (and deleted): gone for every engine
+        self._announce(removed, removed=True)
 
-    def _forget(self, segment: Segment) -> None:
-        for key in segment.keys:
-            del self._index[key]
-        segment.keys.clear()
-        del self._segments[segment]
-        self._used_bytes -= segment.size
+    def _announce_stored(self, state: FsJob) -> None:
+        announced = self._announced
+        if announced is None:
+            return
+        ok = {write.key for write in state.writes if write.ok}
+        ok.update(write.key for write in state.awaited if write.ok)
+        stored: list[OffloadKey] = []
+        for key in dict.fromkeys(state.meta.keys):
+            if key in ok:
+                name = block_name(key)
+                if name not in announced:
+                    announced[name] = key
+                    stored.append(key)
+        self._announce(stored, removed=False)
 
-    def _evict(self, segment: Segment, *, announce: bool) -> None:
-        keys = list(segment.keys)
-        self._evicted_blocks += len(keys)
-        self._forget(segment)
-        if announce:
-            self._announce_removed(keys)
+    def _report_evictions(self) -> None:
+        evicted = self._capacity.evicted
+        removed: list[OffloadKey] = []
+        while evicted:
+            name = evicted.popleft()
+            self._evicted_blocks += 1
+            if self._announced is not None:
+                key = self._announced.pop(name, None)
+                if key is not None:
+                    removed.append(key)
+        self._announce(removed, removed=True)
 
-    def _announce_removed(self, keys: list[OffloadKey]) -> None:
+    def _announce(self, keys: list[OffloadKey], *, removed: bool) -> None:
         if self._events is not None and keys:
-            self._events.append(OffloadingEvent(keys, self.medium, removed=True))
+            self._events.append(OffloadingEvent(keys, self.medium, removed=removed))
 
-    def _make_room(self, size: int, protected: Collection[OffloadKey]) -> bool:
-        """Evict idle segments, least recently used first, until `size` more bytes fit.
-
-        A segment holding one of `protected` (the storing job's keys, some of which may be
-        stored already) is never evicted, so a job never evicts its own blocks.
-        """
-        if self._capacity is None or self._used_bytes + size <= self._capacity:
-            return True
-        protected_keys = set(protected)
-        victims: list[Segment] = []
-        freed = 0
-        for segment in self._segments:
-            if self._used_bytes - freed + size <= self._capacity:
-                break
-            if segment.idle and segment.keys.isdisjoint(protected_keys):
-                victims.append(segment)
-                freed += segment.size
-        if self._used_bytes - freed + size > self._capacity:
-            return False
-        for segment in victims:
-            self._evict(segment, announce=True)
-            self._pool.submit(self._delete_task(segment.path), read=False)
-        return True
-
-    def _new_path(self) -> str:
-        self._last_generation = max(time.time_ns(), self._last_generation + 1)
-        name = f"{self._last_generation:016x}"
-        digest = hashlib.blake2b(name.encode(), digest_size=2).hexdigest()
-        return os.path.join(self.root_dir, digest[:2], digest[2:], name + SEGMENT_SUFFIX)
-
-    def _finish(self, state: FsJob) -> None:
-        self._done.append(state)
+    # --- recency ---
 
     @override
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        # Reversed, so the segment of the request's first block ends up the most recent.
-        for key in reversed(list(keys)):
-            entry = self._index.get(key)
-            if entry is not None:
-                self._segments.move_to_end(entry.segment)
+        if self._closed:
+            return
+        now = time.monotonic()
+        marked = self._marked
+        paths: list[str] = []
+        for key in keys:
+            name = block_name(key)
+            last = marked.get(name)
+            if last is not None and now - last < _MARK_INTERVAL_S:
+                continue
+            marked[name] = now
+            marked.move_to_end(name)
+            paths.append(os.path.join(self._dirs[fanout_dir(name)], name))
+        while len(marked) > _MAX_MARKED:
+            marked.popitem(last=False)
+        if paths:
+            # A metadata write per block, off the scheduler thread; absent files are skipped.
+            self._pool.submit(IOTask(lambda: self._io.mark_used(paths), lambda: None), read=False)
+
+    # --- the rest of the contract ---
 
     @override
     def take_events(self) -> Iterable[OffloadingEvent]:
         if self._events is None:
             return ()
+        self._report_evictions()
         events, self._events = self._events, []
         return events
 
@@ -440,52 +515,24 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         self._closed = True
         self._pool.shutdown()
         self._primary.release()
-        self._release_root()
 
-    # --- I/O threads ---
+    def _warn(self, operation: str, path: str, exc: BaseException) -> None:
+        # Disk-full or permission errors hit every block: warn at most every few seconds.
+        now = time.monotonic()
+        level = logging.DEBUG
+        if now - self._last_warning >= _WARN_INTERVAL_S:
+            self._last_warning = now
+            level = logging.WARNING
+        logger.log(level, "fs tier %s: %s of %s failed: %s", self.medium, operation, path, exc)
 
-    def _task_done(
-        self, state: FsJob, failures: Sequence[OffloadKey | str], start: float | None = None
-    ) -> None:
-        """Post one task's outcome (the blocks or the segment that failed; empty: success).
-
-        `start` is when the task began its I/O (None: cancelled before any).
-        """
-        end = time.monotonic()
-        self._completions.append((state, failures, end if start is None else start, end))
-
-    def _write_task(
-        self, state: FsJob, segment: Segment, records: list[tuple[OffloadKey, int]]
-    ) -> IOTask:
-        def run() -> None:
-            start = time.monotonic()
-            ok = self._io.write_segment(segment.path, records)
-            self._task_done(state, () if ok else (segment.path,), start)
-
-        return IOTask(run, lambda: self._task_done(state, (segment.path,)))
-
-    def _read_task(self, state: FsJob, path: str, runs: list[Run]) -> IOTask:
-        def run() -> None:
-            start = time.monotonic()
-            self._task_done(state, self._io.read_runs(path, runs), start)
-
-        return IOTask(run, lambda: self._task_done(state, [key for _, run in runs for key, _ in run]))
-
-    def _delete_task(self, path: str) -> IOTask:
-        # Run even when cancelled by shutdown: a restart must not find the data again.
-        return IOTask(lambda: unlink_quietly(path), lambda: unlink_quietly(path))
-
-    def _mark_dead_task(self, path: str, offset: int) -> IOTask:
-        def run() -> None:
-            self._io.mark_dead(path, offset)
-
-        return IOTask(run, run)
+    def __len__(self) -> int:
+        """Block files in the root as last listed (0 until a listing; unbounded roots are
+        not listed)."""
+        return self._capacity.files_found
 
     @override
     def __repr__(self) -> str:
         return (
-            f"FileSystemSecondaryTier({str(self.root_dir)!r}, blocks={len(self._index)}, "
-            f"segments={len(self._segments)}, used_bytes={self._used_bytes}, "
-            f"capacity_bytes={self._capacity})"
+            f"FileSystemSecondaryTier({str(self.root_dir)!r}, direct={self.direct}, "
+            f"used_bytes={self.used_bytes}, capacity_bytes={self._capacity.capacity_bytes})"
         )
-
