@@ -1,4 +1,5 @@
-"""FileSystemSecondaryTier: round trips, the on-disk index, capacity, and fault injection.
+"""FileSystemSecondaryTier in one process: round trips, the root's layout, sharing it, capacity,
+O_DIRECT and its fallback, and fault injection (processes sharing a root: test_fs_engines.py).
 
 Faults are injected by monkeypatching the `os` functions the I/O threads call (tests run as
 root, so chmod would not deny anything). Whatever the fault, the scheduler-side calls never
@@ -9,46 +10,56 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
+import mmap
 import multiprocessing
 import os
 import re
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvref.base import OffloadingEvent, OffloadKey, ReqContext, make_offload_key
-from kvref.tiering.fs import segment_io
-from kvref.tiering.fs.pool import DualQueuePool, IOTask
-from kvref.tiering.base import JobMetadata, JobResult
 from kvref.errors import KVRefError
+from kvref.tiering.base import JobMetadata, JobResult
 from kvref.tiering.fs import (
     CONFIG_FILE_NAME,
-    LOCK_FILE_NAME,
     RECORD_HEADER_BYTES,
     FileSystemSecondaryTier,
     TierRootError,
 )
+from kvref.tiering.fs import block_io, tier as tier_module
+from kvref.tiering.fs.format import file_bytes, header_bytes
+from kvref.tiering.fs.pool import DualQueuePool, IOTask
 from tests.tiering.helpers import BLOCK_BYTES, content, make_view, to_key, to_keys
 
 CTX = ReqContext(req_id="r1")
 NUM_BLOCKS = 8
-RECORD = RECORD_HEADER_BYTES + 12 + BLOCK_BYTES  # one record of a 12-byte test key
+RECORD = file_bytes(12, BLOCK_BYTES)  # the block file of a 12-byte test key
+HEADER = RECORD_HEADER_BYTES + 12  # the bytes of its header the checksums cover
+PAYLOAD = header_bytes(12)  # where its payload starts
+
+
+def aligned_view(num_blocks: int, block_bytes: int) -> memoryview:
+    """A page-aligned primary, as vLLM's and kvref's shared regions are (zero-copy O_DIRECT)."""
+    return memoryview(mmap.mmap(-1, num_blocks * block_bytes)).cast("B", (num_blocks, block_bytes))
 
 
 class Harness:
-    """A tier over a bytearray primary, with helpers to run jobs to completion."""
+    """A tier over a primary of `block_bytes` rows, with helpers to run jobs to completion."""
 
-    def __init__(self, root: Path, **kwargs: Any) -> None:
+    def __init__(self, root: Path, view: memoryview | None = None, **kwargs: Any) -> None:
         self.root = root
-        self.view = make_view(NUM_BLOCKS)
+        self.view = view if view is not None else make_view(NUM_BLOCKS)
+        self.block_bytes = self.view.strides[0] if self.view.strides else BLOCK_BYTES
         self.rows = self.view.cast("B")
         kwargs.setdefault("n_read_threads", 2)
         kwargs.setdefault("n_write_threads", 2)
@@ -57,11 +68,13 @@ class Harness:
         self.job_ids = 0
 
     def row(self, block_id: int) -> bytes:
-        return bytes(self.rows[block_id * BLOCK_BYTES : (block_id + 1) * BLOCK_BYTES])
+        size = self.block_bytes
+        return bytes(self.rows[block_id * size : (block_id + 1) * size])
 
     def fill(self, keys: list[OffloadKey], block_ids: list[int]) -> None:
+        size = self.block_bytes
         for key, block_id in zip(keys, block_ids):
-            self.rows[block_id * BLOCK_BYTES : (block_id + 1) * BLOCK_BYTES] = content(key)
+            self.rows[block_id * size : (block_id + 1) * size] = content(key, size)
 
     def job(self, keys: list[OffloadKey], block_ids: list[int], promotion: bool) -> JobMetadata:
         self.job_ids += 1
@@ -74,8 +87,9 @@ class Harness:
         return self.finish()
 
     def load(self, keys: list[OffloadKey], block_ids: list[int]) -> bool:
+        size = self.block_bytes
         for block_id in block_ids:
-            self.rows[block_id * BLOCK_BYTES : (block_id + 1) * BLOCK_BYTES] = bytes(BLOCK_BYTES)
+            self.rows[block_id * size : (block_id + 1) * size] = bytes(size)
         self.tier.submit_load(self.job(keys, block_ids, promotion=True))
         return self.finish()
 
@@ -86,7 +100,7 @@ class Harness:
         self.last_result: JobResult = results[0]
         return results[0].success
 
-    def files(self, suffix: str = ".kvs") -> list[Path]:
+    def files(self, suffix: str = ".kvb") -> list[Path]:
         return sorted(path for path in self.root.rglob(f"*{suffix}") if path.is_file())
 
     def close(self) -> None:
@@ -102,15 +116,13 @@ def harness(tmp_path: Path) -> Iterator[Harness]:
 
 
 def file_of(h: Harness, key: OffloadKey) -> Path:
-    location = h.tier.location(key)
-    assert location is not None
-    return Path(location[0])
+    return Path(h.tier.block_path(key))
 
 
-def record_of(h: Harness, key: OffloadKey) -> tuple[Path, int, int]:
-    location = h.tier.location(key)
-    assert location is not None
-    return Path(location[0]), location[1], location[2]
+def age(path: Path, seconds: float) -> None:
+    """Set `path`'s modification time `seconds` in the past."""
+    when = time.time() - seconds
+    os.utime(path, (when, when))
 
 
 # --- normal operation ---
@@ -118,16 +130,38 @@ def record_of(h: Harness, key: OffloadKey) -> tuple[Path, int, int]:
 
 def test_store_then_load_round_trip(harness: Harness) -> None:
     k1, k2 = to_keys([1, 2])
+    assert harness.tier.direct  # tmp_path is on a filesystem that takes O_DIRECT
     assert harness.tier.lookup(k1, CTX) is False
     assert harness.store([k1, k2], [0, 1])
     assert harness.tier.lookup(k1, CTX) is True
-    assert len(harness.files()) == 1  # one segment per store job
-    assert record_of(harness, k2)[1:] == (RECORD, RECORD)
-    # fan-out: root/<ff>/<ff>/<generation>.kvs
-    assert all(len(p.relative_to(harness.root).parts) == 3 for p in harness.files())
+    # One file per block: root/<hh>/<xxh3-128 of the key>.kvb, header page then payload page.
+    assert [p.relative_to(harness.root).parts for p in harness.files()] == sorted(
+        (p.parent.name, p.name) for p in map(Path, map(harness.tier.block_path, (k1, k2)))
+    )
+    assert all(re.fullmatch(r"[0-9a-f]{2}/([0-9a-f]{32})\.kvb", str(p.relative_to(harness.root))) for p in harness.files())
+    assert all(p.parent.name == p.name[:2] for p in harness.files())
+    assert [p.stat().st_size for p in harness.files()] == [RECORD, RECORD] == [2 * 4096] * 2
+    assert harness.tier.location(k2) == (str(file_of(harness, k2)), PAYLOAD, RECORD)
     assert harness.load([k2, k1], [5, 6])
     assert harness.row(5) == content(k2) and harness.row(6) == content(k1)
     assert harness.tier.take_events() == [OffloadingEvent([k1, k2], "fs", removed=False)]
+    assert harness.files(".tmp") == []
+
+
+@pytest.mark.parametrize("block_bytes", [4096, 3 * 4096, 1000])
+def test_a_page_aligned_primary_moves_blocks_without_copies(tmp_path: Path, block_bytes: int) -> None:
+    h = Harness(tmp_path / "fs", aligned_view(4, block_bytes))
+    try:
+        assert h.tier.direct
+        # Rows of whole pages go straight between the device and the row; others through a
+        # bounce buffer (O_DIRECT takes only whole pages).
+        assert h.tier._io.zero_copy is (block_bytes % 4096 == 0)  # pyright: ignore[reportPrivateUsage]
+        keys = to_keys([1, 2])
+        assert h.store(keys)
+        assert [p.stat().st_size for p in h.files()] == [file_bytes(12, block_bytes)] * 2
+        assert h.load(keys, [3, 2]) and (h.row(3), h.row(2)) == tuple(content(k, block_bytes) for k in keys)
+    finally:
+        h.close()
 
 
 def test_pending_write_answers_none_and_lookup_never_waits(
@@ -145,19 +179,23 @@ def test_pending_write_answers_none_and_lookup_never_waits(
     harness.fill([k1], [0])
     harness.tier.submit_store(harness.job([k1], [0], promotion=False))
     assert harness.tier.lookup(k1, CTX) is None  # the write is stuck in an I/O thread
+    assert harness.tier.contains([k1]) == [False]  # not held yet
     assert list(harness.tier.get_finished_jobs()) == []
     gate.set()
     harness.tier.drain_jobs()
     assert list(harness.tier.get_finished_jobs()) == [JobResult(harness.job_ids, True)]
-    assert harness.tier.lookup(k1, CTX) is True
+    assert harness.tier.lookup(k1, CTX) is True and harness.tier.contains([k1]) == [True]
 
 
-def test_stored_keys_are_not_written_twice(harness: Harness) -> None:
+def test_stored_blocks_are_not_written_twice(harness: Harness) -> None:
     k1, k2 = to_keys([1, 2])
     assert harness.store([k1])
-    first = harness.files()
+    first = file_of(harness, k1)
+    inode = first.stat().st_ino
+    age(first, 100)
     assert harness.store([k1, k2, k2], [0, 1, 2])
-    assert len(harness.files()) == 2 and first[0] in harness.files()
+    assert len(harness.files()) == 2 and first.stat().st_ino == inode
+    assert time.time() - first.stat().st_mtime < 50  # storing it again counts as a use
 
 
 def test_load_of_a_missing_block_fails_and_loads_the_others(harness: Harness) -> None:
@@ -179,13 +217,15 @@ def test_a_store_of_a_block_being_written_ends_with_that_write(
     # Reported stored means a lookup finds the block: a second job naming a block the first is
     # still writing is not done before that write is (found by kvref.testing.vllm's programs).
     gate = threading.Event()
-    real_write = segment_io.SegmentIO.write_segment
+    real_write = block_io.BlockIO.write_block
 
-    def gated_write(io: segment_io.SegmentIO, path: str, records: Any) -> bool:
+    def gated_write(io: block_io.BlockIO, path: str, key: bytes, block_id: int) -> block_io.WriteOutcome:
         assert gate.wait(5)
-        return False if first_write_fails else real_write(io, path, records)
+        if first_write_fails:
+            raise OSError(errno.EIO, "simulated")
+        return real_write(io, path, key, block_id)
 
-    monkeypatch.setattr(segment_io.SegmentIO, "write_segment", gated_write)
+    monkeypatch.setattr(block_io.BlockIO, "write_block", gated_write)
     k = to_key(1)
     harness.fill([k, k], [0, 1])
     harness.tier.submit_store(harness.job([k], [0], promotion=False))
@@ -199,11 +239,17 @@ def test_a_store_of_a_block_being_written_ends_with_that_write(
     assert harness.tier.lookup(k, CTX) is (not first_write_fails)
 
 
-def test_capacity_evicts_least_recently_used_segments(tmp_path: Path) -> None:
+# --- capacity ---
+
+
+def test_capacity_evicts_least_recently_used_blocks(tmp_path: Path) -> None:
     h = Harness(tmp_path / "fs", capacity_bytes=2 * RECORD)
     k1, k2, k3 = to_keys([1, 2, 3])
     assert h.store([k1], [0]) and h.store([k2], [1])
-    h.tier.touch([k1], CTX)
+    age(file_of(h, k1), 20)
+    age(file_of(h, k2), 10)
+    h.tier.touch([k1], CTX)  # k1 is now the most recent
+    h.tier.drain_jobs()
     h.tier.take_events()
     assert h.store([k3], [2])
     assert [h.tier.lookup(k, CTX) for k in (k1, k2, k3)] == [True, False, True]
@@ -211,18 +257,57 @@ def test_capacity_evicts_least_recently_used_segments(tmp_path: Path) -> None:
         OffloadingEvent([k2], "fs", removed=True),
         OffloadingEvent([k3], "fs", removed=False),
     ]
-    h.tier.drain_jobs()
-    assert len(h.files()) == 2 and h.tier.used_bytes == 2 * RECORD
+    assert h.tier.num_evicted_blocks() == 1
+    assert len(h.files()) == 2 and h.tier.used_bytes == 2 * RECORD and h.tier.usage() == 1.0
     h.close()
 
 
-def test_store_jobs_are_split_into_segments(tmp_path: Path) -> None:
-    h = Harness(tmp_path / "fs", max_segment_bytes=2 * RECORD)
-    keys = to_keys(range(5))
-    assert h.store(keys)
-    assert h.tier.num_segments == 3 and len(h.files()) == 3
-    assert h.load(keys, [3, 4, 5, 6, 7])
-    assert [h.row(i) for i in range(3, 8)] == [content(key) for key in keys]
+def test_a_load_marks_a_block_used(tmp_path: Path) -> None:
+    h = Harness(tmp_path / "fs", capacity_bytes=2 * RECORD)
+    k1, k2, k3 = to_keys([1, 2, 3])
+    assert h.store([k1], [0]) and h.store([k2], [1])
+    age(file_of(h, k1), 20)
+    age(file_of(h, k2), 10)
+    assert h.load([k1], [4])
+    assert h.store([k3], [2])
+    assert [h.tier.lookup(k, CTX) for k in (k1, k2, k3)] == [True, False, True]
+    h.close()
+
+
+def test_touches_are_marked_at_most_once_a_second(harness: Harness) -> None:
+    k1 = to_key(1)
+    assert harness.store([k1])
+    path = file_of(harness, k1)
+    harness.tier.touch([k1], CTX)
+    harness.tier.drain_jobs()
+    age(path, 30)
+    harness.tier.touch([k1, to_key(9)], CTX)  # marked a moment ago: no metadata write; 9 absent
+    harness.tier.drain_jobs()
+    assert time.time() - path.stat().st_mtime > 25
+
+
+def test_a_job_never_evicts_its_own_blocks(tmp_path: Path) -> None:
+    h = Harness(tmp_path / "fs", capacity_bytes=2 * RECORD)
+    k1, k2, k3 = to_keys([1, 2, 3])
+    assert h.store([k1], [0])
+    # k1 is stored already and named by the job: k2 fits, k3 finds no room.
+    assert not h.store([k1, k2, k3])
+    assert [h.tier.lookup(k, CTX) for k in (k1, k2, k3)] == [True, True, False]
+    h.close()
+
+
+def test_capacity_counts_the_files_of_every_writer(tmp_path: Path) -> None:
+    # Another engine's blocks and its write in flight count: the root is bounded as a whole.
+    other = Harness(tmp_path / "fs")
+    assert other.store(to_keys([1, 2]))
+    h = Harness(tmp_path / "fs", capacity_bytes=3 * RECORD)
+    in_flight = file_of(h, to_key(7)).parent / f"{file_of(h, to_key(7)).name}.host-1-abcd.tmp"
+    in_flight.parent.mkdir(exist_ok=True)
+    in_flight.write_bytes(bytes(RECORD))
+    assert h.store([to_key(3)], [0])  # 2 files + 1 in flight: the oldest block goes
+    assert sorted(h.tier.lookup(k, CTX) for k in to_keys([1, 2, 3])) == [False, True, True]
+    assert in_flight.exists()  # a fresh temporary file of a live writer stays
+    other.close()
     h.close()
 
 
@@ -251,60 +336,48 @@ def test_capacity_never_evicts_blocks_being_read(tmp_path: Path, monkeypatch: py
     h.close()
 
 
-def test_reads_are_not_starved_by_writes() -> None:
-    pool = DualQueuePool(1, 1, "test")
-    # One gate per write, so the test decides when each write may finish (no timing races).
-    gates = [threading.Event() for _ in range(10)]
-    started = threading.Semaphore(0)
-    done: list[str] = []
-    lock = threading.Lock()
-
-    def task(name: str, gate: threading.Event | None) -> IOTask:
-        def run() -> None:
-            started.release()
-            if gate is not None:
-                assert gate.wait(10)
-            with lock:
-                done.append(name)
-
-        return IOTask(run, lambda: None)
-
-    for i in range(10):
-        pool.submit(task(f"w{i}", gates[i]), read=False)
-    assert started.acquire(timeout=10) and started.acquire(timeout=10)  # both threads busy
-    pool.submit(task("r", None), read=True)
-    gates[0].set()
-    gates[1].set()
-    # The read must run next, while eight writes are still queued.
-    for _ in range(200):
-        with lock:
-            if "r" in done:
-                break
-        threading.Event().wait(0.01)
-    for gate in gates:
-        gate.set()
-    pool.drain()
-    pool.shutdown()
-    # Only the two writes that were already running may finish before the read.
-    assert set(done[: done.index("r")]) <= {"w0", "w1"}, done
-    assert len(done) == 11
+def test_many_domains_bound_the_root_and_evict_old_blocks_first(tmp_path: Path) -> None:
+    # 512 files of capacity: 8 domains of 64 files. Filling it twice over leaves the root at
+    # most at capacity, and the second fill's blocks (newer) survive far more than the first's.
+    capacity = 512 * RECORD
+    h = Harness(tmp_path / "fs", make_view(64), capacity_bytes=capacity, n_write_threads=4)
+    try:
+        assert h.tier._capacity.domains == 8  # pyright: ignore[reportPrivateUsage]
+        first = to_keys(range(512))
+        second = to_keys(range(512, 1024))
+        for start in range(0, 512, 64):
+            assert h.store(first[start : start + 64])
+        for key in first:
+            age(file_of(h, key), 100)
+        for start in range(0, 512, 64):
+            assert h.store(second[start : start + 64])
+        assert sum(p.stat().st_size for p in h.files()) <= capacity
+        kept_first = sum(h.tier.lookup(k, CTX) is True for k in first)
+        kept_second = sum(h.tier.lookup(k, CTX) is True for k in second)
+        # Uneven domains keep some old blocks; none is kept while its domain evicts a new one.
+        assert kept_second > 4 * kept_first and kept_first + kept_second == len(h.files())
+    finally:
+        h.close()
 
 
-def test_shutdown_fails_queued_jobs_and_later_submits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    h = Harness(tmp_path / "fs", n_read_threads=1, n_write_threads=1, max_segment_bytes=RECORD)
-    gate = threading.Event()
-    real_replace = os.replace
-    monkeypatch.setattr(os, "replace", lambda src, dst: (gate.wait(5), real_replace(src, dst)))  # pyright: ignore[reportUnknownLambdaType, reportUnknownArgumentType]
-    keys = to_keys(range(6))
-    h.fill(keys, list(range(6)))
-    h.tier.submit_store(h.job(keys, list(range(6)), promotion=False))
-    threading.Timer(0.05, gate.set).start()
-    h.tier.shutdown()  # two blocks are being written, four queued: cancelled
-    assert list(h.tier.get_finished_jobs()) == [JobResult(h.job_ids, False)]
-    h.tier.submit_store(h.job([to_key(9)], [0], promotion=False))
-    assert list(h.tier.get_finished_jobs()) == [JobResult(h.job_ids, False)]
-    h.tier.shutdown()  # idempotent
-    h.rows.release()
+# --- sharing a root ---
+
+
+def test_tiers_on_one_root_share_blocks(tmp_path: Path) -> None:
+    a = Harness(tmp_path / "fs")
+    b = Harness(tmp_path / "fs")  # no lock: a second tier on the root is welcome
+    k1, k2 = to_keys([1, 2])
+    assert b.tier.lookup(k1, CTX) is False
+    assert a.store([k1])
+    assert b.tier.lookup(k1, CTX) is True and b.tier.contains([k1, k2]) == [True, False]
+    assert b.load([k1], [3]) and b.row(3) == content(k1)
+    assert b.store([k1, k2])  # k1 is there already: only k2 is written
+    assert a.load([k2], [4]) and a.row(4) == content(k2)
+    # What one evicts or loses is a miss for the other.
+    file_of(a, k2).unlink()
+    assert a.tier.lookup(k2, CTX) is False and b.tier.lookup(k2, CTX) is False
+    a.close()
+    b.close()
 
 
 # --- restart ---
@@ -322,93 +395,63 @@ def test_blocks_survive_a_restart(tmp_path: Path) -> None:
     second.close()
 
 
-def test_restart_removes_stale_temp_files_and_keeps_the_newest_copy(tmp_path: Path) -> None:
-    k1, k2 = to_keys([1, 2])
-    first = Harness(tmp_path / "fs")
-    assert first.store([k1, k2])
-    path = file_of(first, k1)
-    first.close()
-    # A crash mid-write leaves a temp file; a crash mid-eviction can leave an older copy.
-    stale = path.with_name(f"{'f' * 16}.kvs.tmp")
-    stale.write_bytes(b"partial")
-    older = path.with_name(f"{0:016x}.kvs")
-    older.write_bytes(path.read_bytes())
-    second = Harness(tmp_path / "fs")
-    assert not stale.exists() and not older.exists() and path.exists()
-    assert second.tier.lookup(k1, CTX) is True and len(second.tier) == 2
-    assert second.tier.num_segments == 1
-    second.close()
-
-
-def test_restart_skips_damaged_records_and_unknown_names(tmp_path: Path) -> None:
-    k1, k2 = to_keys([1, 2])
-    first = Harness(tmp_path / "fs")
-    assert first.store([k1, k2])
-    path = file_of(first, k1)
-    first.close()
-    path.write_bytes(path.read_bytes()[:-1])  # k2's record is cut short
-    (path.parent / "notes.txt").write_text("not a block")
-    (path.parent / "zz.kvs").write_text("not hex")
-    second = Harness(tmp_path / "fs")
-    assert second.tier.lookup(k1, CTX) is True
-    assert second.tier.lookup(k2, CTX) is False
-    assert second.load([k1], [4]) and second.row(4) == content(k1)
-    second.close()
-
-
-def test_restart_drops_segments_of_another_block_size(tmp_path: Path) -> None:
+@pytest.mark.parametrize("capacity", [None, 8 * RECORD])
+def test_stale_temporary_files_of_dead_writers_are_deleted(tmp_path: Path, capacity: int | None) -> None:
     k1 = to_key(1)
     first = Harness(tmp_path / "fs")
     assert first.store([k1])
     path = file_of(first, k1)
     first.close()
-    data = bytearray(path.read_bytes())
-    data[16:24] = (BLOCK_BYTES * 2).to_bytes(8, "little") # payload length field
-    path.write_bytes(bytes(data) + bytes(BLOCK_BYTES))
-    second = Harness(tmp_path / "fs")
-    assert second.tier.lookup(k1, CTX) is False and not path.exists()
+    # Dead writers (another host, another pid) left these; the fresh one is a live writer's.
+    stale = path.with_name(f"{path.name}.deadhost-123-0a0a0a0a.tmp")
+    stale.write_bytes(b"partial")
+    age(stale, 120)
+    fresh = path.with_name(f"{'e' * 32}.kvb.livehost-456-0b0b0b0b.tmp")
+    fresh.write_bytes(b"partial")
+    second = Harness(tmp_path / "fs", capacity_bytes=capacity, stale_tmp_s=60)
+    second.tier.drain_jobs()  # the start-up sweep runs on an I/O thread
+    assert not stale.exists() and fresh.exists() and path.exists()
+    age(fresh, 120)
+    # Later, whoever writes to that directory finds it (unbounded roots: at most every
+    # stale_tmp_s / 2 per directory; bounded ones list their domain before each write).
+    if capacity is None:
+        second.tier._capacity._last_tmp_sweep[int(path.parent.name, 16)] = 0.0  # pyright: ignore[reportPrivateUsage]
+    same_dir = next(k for k in to_keys(range(2, 5000)) if file_of(second, k).parent == path.parent)
+    assert second.store([same_dir])
+    assert not fresh.exists()
+    assert second.tier.lookup(k1, CTX) is True
     second.close()
 
 
 def test_restart_with_another_block_size_is_refused(tmp_path: Path) -> None:
     Harness(tmp_path / "fs").close()
-    with pytest.raises(TierRootError, match=r"root_dir '.*fs' is not usable: it holds blocks written as"):
+    with pytest.raises(TierRootError, match=r"root_dir '.*fs' is not usable: .*kvref_fs_tier.json says it holds blocks written as"):
         FileSystemSecondaryTier(make_view(2, 128), tmp_path / "fs")
 
 
-def test_root_of_the_previous_format_is_refused_not_misread(tmp_path: Path) -> None:
-    # Format 2 checksummed payloads only (CRC-32): its records are never read as format 3.
+@pytest.mark.parametrize("version", [2, 3])
+def test_root_of_a_previous_format_is_refused_not_misread(tmp_path: Path, version: int) -> None:
+    # Formats 2 and 3 kept many blocks per segment file: never read as format 4.
     root = tmp_path / "fs"
     root.mkdir()
-    (root / CONFIG_FILE_NAME).write_text(json.dumps({"format": 2, "block_bytes": BLOCK_BYTES}))
-    with pytest.raises(OSError, match=r"written as \{'format': 2.*needs \{'format': 3"):
+    (root / CONFIG_FILE_NAME).write_text(json.dumps({"format": version, "block_bytes": BLOCK_BYTES}))
+    with pytest.raises(OSError, match=rf"written as \{{'format': {version}.*needs \{{'format': 4"):
         FileSystemSecondaryTier(make_view(2), root)
 
 
-def test_records_of_the_previous_format_are_skipped(tmp_path: Path) -> None:
-    k1 = to_key(1)
-    first = Harness(tmp_path / "fs")
-    assert first.store([k1])
-    path = file_of(first, k1)
-    first.close()
-    data = bytearray(path.read_bytes())
-    data[8:10] = (2).to_bytes(2, "little")  # the format field, where format 2 had it too
-    path.write_bytes(bytes(data))
-    second = Harness(tmp_path / "fs")
-    assert second.tier.lookup(k1, CTX) is False
-    second.close()
-
-
-def test_restart_over_capacity_evicts_the_oldest(tmp_path: Path) -> None:
-    keys = to_keys([1, 2, 3])
-    first = Harness(tmp_path / "fs")
-    for i, key in enumerate(keys):
-        assert first.store([key], [i])
-        os.utime(file_of(first, key), (1000 - i, 1000 - i))  # the first stored is the newest
-    first.close()
-    second = Harness(tmp_path / "fs", capacity_bytes=2 * RECORD)
-    assert [second.tier.lookup(key, CTX) for key in keys] == [True, True, False]
-    second.close()
+def test_a_file_of_another_format_or_block_size_is_never_read(harness: Harness) -> None:
+    k1, k2 = to_keys([1, 2])
+    assert harness.store([k1, k2])
+    for key, (start, value) in ((k1, (8, 3)), (k2, (16, 2 * BLOCK_BYTES))):
+        path = file_of(harness, key)
+        data = bytearray(path.read_bytes())
+        width = 2 if start == 8 else 8  # the format field, then the payload length field
+        data[start : start + width] = value.to_bytes(width, "little")
+        path.write_bytes(bytes(data))
+    assert not harness.load([k1, k2], [3, 4])
+    assert harness.last_result.successful_keys is None
+    assert [harness.tier.lookup(k, CTX) for k in (k1, k2)] == [False, False]
+    assert harness.files() == []  # deleted: a miss for every engine
 
 
 # --- construction errors ---
@@ -448,8 +491,6 @@ def test_root_without_write_permission_is_refused() -> None:
         os.chmod(base, 0o755)
         parent = base / "locked"
         (parent / "fs").mkdir(parents=True)
-        # Readable and searchable by everyone; writable by its owner only (not even by the
-        # owner when the test does not run as root).
         mode = 0o755 if os.geteuid() == 0 else 0o555
         os.chmod(parent / "fs", mode)
         os.chmod(parent, mode)
@@ -468,11 +509,27 @@ def test_root_without_write_permission_is_refused() -> None:
         shutil.rmtree(base)
 
 
-def test_corrupt_config_is_refused(tmp_path: Path) -> None:
+def test_corrupt_config_is_refused_naming_the_file(tmp_path: Path) -> None:
     (tmp_path / "fs").mkdir()
-    (tmp_path / "fs" / CONFIG_FILE_NAME).write_text("{not json")
-    with pytest.raises(TierRootError, match="is not valid JSON"):
+    config = tmp_path / "fs" / CONFIG_FILE_NAME
+    config.write_text("{not json")
+    with pytest.raises(TierRootError, match=rf"{re.escape(str(config))} is not a kvref fs tier config"):
         FileSystemSecondaryTier(make_view(2), tmp_path / "fs")
+
+
+@settings(max_examples=60, deadline=None)
+@given(garbage=st.binary(min_size=1, max_size=64))
+def test_a_garbled_config_is_refused_naming_the_file_never_a_bare_error(garbage: bytes) -> None:
+    # Invalid UTF-8 used to escape as a bare UnicodeDecodeError naming no file.
+    with tempfile.TemporaryDirectory(prefix="kvref-config-") as tmp:
+        config = Path(tmp) / CONFIG_FILE_NAME
+        config.write_bytes(garbage)
+        try:
+            FileSystemSecondaryTier(make_view(2), tmp, n_read_threads=1, n_write_threads=1).shutdown()
+        except TierRootError as exc:
+            assert str(config) in str(exc)
+        else:
+            raise AssertionError(f"{garbage!r} accepted as a config")
 
 
 @pytest.mark.parametrize(
@@ -480,11 +537,13 @@ def test_corrupt_config_is_refused(tmp_path: Path) -> None:
     [
         ({"n_read_threads": 0}, "n_read_threads must be None or an integer >= 1, got 0"),
         ({"n_write_threads": 2.5}, "n_write_threads must be None or an integer >= 1, got 2.5"),
-        ({"capacity_bytes": 10}, "capacity_bytes must be None or at least one block"),
+        ({"capacity_bytes": 10}, "capacity_bytes must be None or at least one block file"),
         ({"capacity_bytes": "1G"}, "capacity_bytes must be None or an integer >= 1, got '1G'"),
-        ({"max_segment_bytes": 0}, "max_segment_bytes must be an integer >= 1, got 0"),
-        ({"max_segment_bytes": True}, "max_segment_bytes must be an integer >= 1, got True"),
         ({"fsync": "no"}, "fsync must be true or false, got 'no'"),
+        ({"page_cache": 1}, "page_cache must be true or false, got 1"),
+        ({"stale_tmp_s": 0}, "stale_tmp_s must be a number of seconds in (0, 3600], got 0"),
+        ({"stale_tmp_s": 7200}, "stale_tmp_s must be a number of seconds in (0, 3600], got 7200"),
+        ({"stale_tmp_s": "1h"}, "stale_tmp_s must be a number of seconds in (0, 3600], got '1h'"),
         ({"enable_events": 1}, "enable_events must be true or false, got 1"),
         ({"name": ""}, "name must be a non-empty string, got ''"),
         ({"name": 7}, "name must be a non-empty string, got 7"),
@@ -496,29 +555,124 @@ def test_invalid_arguments(tmp_path: Path, kwargs: dict[str, Any], message: str)
     assert not (tmp_path / "fs").exists()  # refused before touching the disk
 
 
-@pytest.mark.parametrize(
-    ("cores", "readers", "writers"),
-    [(1, 1, 1), (2, 2, 1), (3, 3, 1), (6, 4, 3), (8, 4, 4), (64, 4, 4)],
-)
-def test_io_threads_default_to_a_reader_per_core_and_a_writer_per_two(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cores: int, readers: int, writers: int
-) -> None:
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))  # pyright: ignore[reportUnknownLambdaType, reportUnknownArgumentType]
-    h = Harness(tmp_path / "fs", n_read_threads=None, n_write_threads=None)
-    try:
-        assert (h.tier.n_read_threads, h.tier.n_write_threads) == (readers, writers)
-        assert h.store([to_key(1)]) and h.load([to_key(1)], [3])
-    finally:
-        h.close()
-    h = Harness(tmp_path / "fs", n_read_threads=3, n_write_threads=None)
-    assert (h.tier.n_read_threads, h.tier.n_write_threads) == (3, writers)
-    h.close()
-
-
 @pytest.mark.parametrize("root_dir", ["", 42, None])
 def test_invalid_root_dir(tmp_path: Path, root_dir: Any) -> None:
     with pytest.raises(ValueError, match="root_dir must be a non-empty path"):
         FileSystemSecondaryTier(make_view(2), root_dir)
+
+
+# --- O_DIRECT and its fallback ---
+
+
+def test_without_o_direct_io_is_buffered_with_one_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(tier_module, "probe_o_direct", lambda root: False)  # pyright: ignore[reportUnknownLambdaType, reportUnknownArgumentType]
+    drops: list[int] = []
+    real_fadvise = os.posix_fadvise
+
+    def counting_fadvise(fd: int, offset: int, length: int, advice: int) -> None:
+        drops.append(advice)
+        real_fadvise(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", counting_fadvise)
+    with caplog.at_level(logging.WARNING, logger="kvref.tiering.fs.tier"):
+        h = Harness(tmp_path / "fs")
+    warnings = [r.getMessage() for r in caplog.records if "O_DIRECT" in r.getMessage()]
+    assert len(warnings) == 1 and "buffered I/O" in warnings[0]
+    keys = to_keys([1, 2])
+    assert not h.tier.direct and h.store(keys) and h.load(keys, [3, 4])
+    assert (h.row(3), h.row(4)) == (content(keys[0]), content(keys[1]))
+    # Every write and read dropped its pages.
+    assert drops == [os.POSIX_FADV_DONTNEED] * 4
+    h.close()
+
+
+def test_page_cache_option_keeps_pages_and_skips_the_probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "posix_fadvise", lambda *args: pytest.fail("dropped pages"))  # pyright: ignore[reportUnknownLambdaType, reportUnknownArgumentType]
+    h = Harness(tmp_path / "fs", page_cache=True)
+    assert not h.tier.direct
+    assert h.store([to_key(1)]) and h.load([to_key(1)], [3]) and h.row(3) == content(to_key(1))
+    h.close()
+
+
+@pytest.mark.parametrize(
+    ("direct", "cores", "readers", "writers"),
+    [(True, 2, 8, 8), (False, 1, 1, 1), (False, 2, 2, 1), (False, 6, 4, 3), (False, 64, 4, 4)],
+)
+def test_io_thread_defaults(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    direct: bool,
+    cores: int,
+    readers: int,
+    writers: int,
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))  # pyright: ignore[reportUnknownLambdaType, reportUnknownArgumentType]
+    h = Harness(tmp_path / "fs", n_read_threads=None, n_write_threads=None, page_cache=not direct)
+    try:
+        assert h.tier.direct is direct
+        assert (h.tier.n_read_threads, h.tier.n_write_threads) == (readers, writers)
+        assert h.store([to_key(1)]) and h.load([to_key(1)], [3])
+    finally:
+        h.close()
+
+
+def test_reads_are_not_starved_by_writes() -> None:
+    pool = DualQueuePool(1, 1, "test")
+    # One gate per write, so the test decides when each write may finish (no timing races).
+    gates = [threading.Event() for _ in range(10)]
+    started = threading.Semaphore(0)
+    done: list[str] = []
+    lock = threading.Lock()
+
+    def task(name: str, gate: threading.Event | None) -> IOTask:
+        def run() -> None:
+            started.release()
+            if gate is not None:
+                assert gate.wait(10)
+            with lock:
+                done.append(name)
+
+        return IOTask(run, lambda: None)
+
+    for i in range(10):
+        pool.submit(task(f"w{i}", gates[i]), read=False)
+    assert started.acquire(timeout=10) and started.acquire(timeout=10)  # both threads busy
+    pool.submit(task("r", None), read=True)
+    gates[0].set()
+    gates[1].set()
+    for _ in range(200):
+        with lock:
+            if "r" in done:
+                break
+        threading.Event().wait(0.01)
+    for gate in gates:
+        gate.set()
+    pool.drain()
+    pool.shutdown()
+    # Only the two writes that were already running may finish before the read.
+    assert set(done[: done.index("r")]) <= {"w0", "w1"}, done
+    assert len(done) == 11
+
+
+def test_shutdown_fails_queued_jobs_and_later_submits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    h = Harness(tmp_path / "fs", n_read_threads=1, n_write_threads=1)
+    gate = threading.Event()
+    real_replace = os.replace
+    monkeypatch.setattr(tier_module, "_TASK_BYTES", BLOCK_BYTES)  # a task per block
+    monkeypatch.setattr(os, "replace", lambda src, dst: (gate.wait(5), real_replace(src, dst)))  # pyright: ignore[reportUnknownLambdaType, reportUnknownArgumentType]
+    keys = to_keys(range(6))
+    h.fill(keys, list(range(6)))
+    h.tier.submit_store(h.job(keys, list(range(6)), promotion=False))
+    threading.Timer(0.05, gate.set).start()
+    h.tier.shutdown()  # two blocks are being written, four queued: cancelled
+    assert list(h.tier.get_finished_jobs()) == [JobResult(h.job_ids, False)]
+    h.tier.submit_store(h.job([to_key(9)], [0], promotion=False))
+    assert list(h.tier.get_finished_jobs()) == [JobResult(h.job_ids, False)]
+    assert h.tier.lookup(to_key(9), CTX) is False and h.files(".tmp") == []
+    h.tier.shutdown()  # idempotent
+    h.rows.release()
 
 
 # --- fault injection: the scheduler side never raises and never gets wrong bytes ---
@@ -530,44 +684,49 @@ def flip(path: Path, position: int) -> None:
     path.write_bytes(bytes(data))
 
 
-def corrupt_payload(path: Path, offset: int, size: int) -> None:
-    flip(path, offset + size - 1)
+def corrupt_payload(path: Path) -> None:
+    flip(path, PAYLOAD + BLOCK_BYTES - 1)
 
 
-def corrupt_header(path: Path, offset: int, size: int) -> None:
-    flip(path, offset)
+def corrupt_header(path: Path) -> None:
+    flip(path, 0)
 
 
-def truncate(path: Path, offset: int, size: int) -> None:
-    os.truncate(path, offset + size // 2)
+def corrupt_checksum(path: Path) -> None:
+    flip(path, RECORD_HEADER_BYTES - 1)
 
 
-def other_key(path: Path, offset: int, size: int) -> None:
-    # Right size, right checksum, another key: a record that is not the one indexed.
-    flip(path, offset + RECORD_HEADER_BYTES + 7)
+def truncate(path: Path) -> None:
+    os.truncate(path, PAYLOAD + BLOCK_BYTES // 2)
 
 
-# Pieces: the default (a whole run in one preadv), a few bytes (every header a piece of its own,
-# payloads cut), one record (pieces straddle records).
-PIECES = [segment_io.READ_PIECE_BYTES, 16, RECORD]
+def extend(path: Path) -> None:
+    with open(path, "ab") as file:
+        file.write(bytes(4096))
 
 
-@pytest.mark.parametrize("piece", PIECES)
-@pytest.mark.parametrize("damage", [corrupt_payload, corrupt_header, truncate, other_key])
-def test_damaged_record_fails_the_load_and_becomes_a_miss(
-    harness: Harness, damage: Any, piece: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The load reads straight into the rows and verifies piece by piece: the damaged block's
-    # bytes may be in its row, but the job fails, so they are never reported as loaded.
-    monkeypatch.setattr(segment_io, "READ_PIECE_BYTES", piece)
+def other_key(path: Path) -> None:
+    # Right size, another key: a file that is not the block its name promises.
+    flip(path, RECORD_HEADER_BYTES + 7)
+
+
+def emptied(path: Path) -> None:
+    os.truncate(path, 0)
+
+
+@pytest.mark.parametrize("damage", [corrupt_payload, corrupt_header, corrupt_checksum, truncate, extend, other_key, emptied])
+def test_damaged_file_fails_the_load_and_becomes_a_miss(harness: Harness, damage: Any) -> None:
+    # The load reads straight into the rows and then verifies: the damaged block's bytes may be
+    # in its row, but the job fails, so they are never reported as loaded.
     k1, k2 = to_keys([1, 2])
     assert harness.store([k1, k2])
     harness.tier.take_events()
-    damage(*record_of(harness, k2))  # k2 is the segment's second (last) record
+    damage(file_of(harness, k2))
     assert not harness.load([k1, k2], [4, 5])
     assert harness.row(4) == content(k1)
     assert harness.last_result.successful_keys == (k1,)  # only the block verified whole
-    assert harness.tier.lookup(k2, CTX) is False  # never offered again
+    assert harness.tier.lookup(k2, CTX) is False  # never offered again, by any engine:
+    assert not file_of(harness, k2).exists()  # the file is gone
     assert harness.tier.lookup(k1, CTX) is True
     assert harness.tier.take_events() == [OffloadingEvent([k2], "fs", removed=True)]
     # The block can be stored again and then loads correctly.
@@ -575,13 +734,43 @@ def test_damaged_record_fails_the_load_and_becomes_a_miss(
     assert harness.load([k2], [6]) and harness.row(6) == content(k2)
 
 
-def test_vanished_segment_fails_the_load_and_is_forgotten(harness: Harness) -> None:
+def test_a_damaged_file_replaced_meanwhile_is_not_deleted(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Another engine stored a good copy after this one opened the damaged file: keep the copy.
+    k1 = to_key(1)
+    assert harness.store([k1])
+    path = file_of(harness, k1)
+    good = path.read_bytes()
+    corrupt_payload(path)
+    real_read = block_io.BlockIO._read_verified  # pyright: ignore[reportPrivateUsage]
+
+    def read_then_replace(io: block_io.BlockIO, fd: int, key: bytes, block_id: int) -> Any:
+        problem = real_read(io, fd, key, block_id)
+        replacement = path.with_name("replacement")
+        replacement.write_bytes(good)
+        os.replace(replacement, path)
+        return problem
+
+    monkeypatch.setattr(block_io.BlockIO, "_read_verified", read_then_replace)
+    assert not harness.load([k1], [3])
+    monkeypatch.undo()
+    assert path.exists() and harness.load([k1], [3]) and harness.row(3) == content(k1)
+
+
+@pytest.mark.parametrize("what", ["file", "directory", "root"])
+def test_files_deleted_by_hand_fail_loads_and_are_stored_again(harness: Harness, what: str) -> None:
     k1, k2 = to_keys([1, 2])
     assert harness.store([k1, k2])
-    file_of(harness, k1).unlink()
-    assert not harness.load([k1, k2], [4, 5])
-    assert [harness.tier.lookup(k, CTX) for k in (k1, k2)] == [False, False]
-    assert harness.tier.num_segments == 0 and harness.tier.used_bytes == 0
+    path = file_of(harness, k1)
+    if what == "file":
+        path.unlink()
+    elif what == "directory":
+        shutil.rmtree(path.parent)
+    else:
+        shutil.rmtree(harness.root)
+    assert not harness.load([k1], [4])
+    assert harness.tier.lookup(k1, CTX) is False
+    assert harness.store([k1], [0])  # directories are made again as needed
+    assert harness.load([k1], [4]) and harness.row(4) == content(k1)
 
 
 def test_crash_between_write_and_rename(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -598,30 +787,31 @@ def test_crash_between_write_and_rename(harness: Harness, monkeypatch: pytest.Mo
 
 
 def test_disk_full_fails_the_store(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
-    def full(fd: int, buffers: list[memoryview]) -> int:
+    def full(fd: int, buffers: list[memoryview], offset: int) -> int:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(os, "writev", full)
+    monkeypatch.setattr(os, "pwritev", full)
     keys = to_keys([1, 2, 3])
     assert not harness.store(keys)
     assert [harness.tier.lookup(key, CTX) for key in keys] == [False, False, False]
-    assert harness.files(".tmp") == [] and harness.tier.used_bytes == 0
+    assert harness.files(".tmp") == [] and harness.files() == []
     assert harness.tier.take_events() == []  # never announced
     monkeypatch.undo()
     assert harness.store(keys)
 
 
-def test_partial_writes_are_completed(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
-    real_writev = os.writev
-
-    def short_writev(fd: int, buffers: list[memoryview]) -> int:
-        return real_writev(fd, [bytes(buffers[0])[:5]])  # 5 bytes at a time
-
-    monkeypatch.setattr(os, "writev", short_writev)
+def test_partial_writes_and_reads_are_completed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Buffered I/O: O_DIRECT would refuse a piece that is not whole pages.
+    h = Harness(tmp_path / "fs", page_cache=True)
+    real_pwritev, real_preadv = os.pwritev, os.preadv
+    monkeypatch.setattr(os, "pwritev", lambda fd, bufs, off: real_pwritev(fd, [bytes(bufs[0])[:5]], off))  # pyright: ignore
+    monkeypatch.setattr(os, "preadv", lambda fd, bufs, off: real_preadv(fd, [bufs[0][:7]], off))  # pyright: ignore
     k1 = to_key(1)
-    assert harness.store([k1])
+    assert h.store([k1])
+    assert h.load([k1], [3]) and h.row(3) == content(k1)
     monkeypatch.undo()
-    assert harness.load([k1], [3]) and harness.row(3) == content(k1)
+    assert file_of(h, k1).stat().st_size == RECORD
+    h.close()
 
 
 def test_permission_denied_on_write_and_read(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -643,79 +833,10 @@ def test_permission_denied_on_write_and_read(harness: Harness, monkeypatch: pyte
     assert harness.store([k2])
     assert not harness.load([k2], [4])
     assert harness.tier.lookup(k2, CTX) is False  # an unreadable block is a miss afterwards
+    assert file_of(harness, k2).exists()  # but not deleted: another engine may read it
 
 
-def test_partial_reads_are_completed(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
-    real_preadv = os.preadv
-
-    def short_preadv(fd: int, buffers: list[memoryview], offset: int) -> int:
-        return real_preadv(fd, [buffers[0][:7]], offset)  # 7 bytes at a time
-
-    k1 = to_key(1)
-    assert harness.store([k1])
-    monkeypatch.setattr(os, "preadv", short_preadv)
-    assert harness.load([k1], [3]) and harness.row(3) == content(k1)
-
-
-@pytest.mark.parametrize("piece", [1, 7, RECORD_HEADER_BYTES + 12, RECORD - 1, RECORD, RECORD + 1, 4 * RECORD])
-def test_runs_are_read_in_pieces_of_bounded_size(
-    harness: Harness, piece: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    keys = to_keys([1, 2, 3, 4])
-    assert harness.store(keys)
-    real_preadv = os.preadv
-    sizes: list[int] = []
-
-    def counting_preadv(fd: int, buffers: list[memoryview], offset: int) -> int:
-        sizes.append(sum(len(buffer) for buffer in buffers))
-        return real_preadv(fd, buffers, offset)
-
-    monkeypatch.setattr(segment_io, "READ_PIECE_BYTES", piece)
-    monkeypatch.setattr(os, "preadv", counting_preadv)
-    assert harness.load(keys, [7, 6, 5, 4])
-    assert [harness.row(b) for b in (7, 6, 5, 4)] == [content(k) for k in keys]
-    assert sum(sizes) == 4 * RECORD  # every byte read once
-    # A piece never exceeds the bound, except a header longer than it (never cut).
-    assert max(sizes) <= max(piece, RECORD_HEADER_BYTES + 12)
-
-
-def test_large_loads_are_split_into_read_tasks(
-    harness: Harness, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    keys = to_keys(range(1, 7))
-    assert harness.store(keys)
-    real_open = os.open
-    opened: list[str] = []
-
-    def counting_open(path: str, flags: int, mode: int = 0o777) -> int:
-        if not flags & os.O_WRONLY:
-            opened.append(path)
-        return real_open(path, flags, mode)
-
-    monkeypatch.setattr(segment_io, "READ_TASK_BYTES", 2 * RECORD)
-    monkeypatch.setattr(os, "open", counting_open)
-    # Records 1, 2, 3 and 5 (4 is skipped: two runs), loaded in scrambled order.
-    wanted = [keys[4], keys[0], keys[2], keys[1]]
-    assert harness.load(wanted, [4, 5, 6, 7])
-    assert [harness.row(b) for b in (4, 5, 6, 7)] == [content(k) for k in wanted]
-    assert len(opened) == 2  # 2 records per task: one open each
-
-
-def test_dropped_blocks_stay_dropped_after_a_restart(tmp_path: Path) -> None:
-    k1, k2, k3 = to_keys([1, 2, 3])
-    first = Harness(tmp_path / "fs")
-    assert first.store([k1, k2]) and first.store([k3], [2])
-    corrupt_payload(*record_of(first, k2))  # its segment lives on (k1): the record is marked dead
-    corrupt_payload(*record_of(first, k3))  # its segment empties: deleted, even at shutdown
-    assert not first.load([k2], [4]) and not first.load([k3], [5])
-    first.close()
-    second = Harness(tmp_path / "fs")
-    assert [second.tier.lookup(k, CTX) for k in (k1, k2, k3)] == [True, False, False]
-    assert second.tier.num_segments == 1
-    second.close()
-
-
-# --- damage anywhere in a record never yields wrong bytes (issue 13, point 8) ---
+# --- damage anywhere in a file never yields wrong bytes ---
 
 GROUP_0 = make_offload_key(b"prefix01", 0)
 GROUP_1 = make_offload_key(b"prefix01", 1)
@@ -723,29 +844,25 @@ GROUP_1 = make_offload_key(b"prefix01", 1)
 
 @settings(max_examples=120, deadline=None)
 @given(
-    record=st.integers(0, 1),
     position=st.integers(0, RECORD - 1),
     bit=st.integers(0, 7),
+    damaged_group=st.integers(0, 1),
     restart=st.booleans(),
-    piece=st.sampled_from(PIECES),
 )
 def test_a_flipped_bit_anywhere_never_serves_wrong_bytes(
-    record: int, position: int, bit: int, restart: bool, piece: int
+    position: int, bit: int, damaged_group: int, restart: bool
 ) -> None:
-    # Two blocks whose keys differ in one bit of the group index, in two segments, the damaged
-    # one newest: a flipped key bit could turn group 0's record into group 1's.
-    with (
-        tempfile.TemporaryDirectory(prefix="kvref-flip-") as tmp,
-        mock.patch.object(segment_io, "READ_PIECE_BYTES", piece),
-    ):
+    # Two blocks whose keys differ in one bit of the group index: a flipped key bit could turn
+    # group 0's file into group 1's.
+    with tempfile.TemporaryDirectory(prefix="kvref-flip-") as tmp:
         h = Harness(Path(tmp) / "fs")
         try:
-            damaged, other = (GROUP_0, GROUP_1) if record == 0 else (GROUP_1, GROUP_0)
+            damaged, other = (GROUP_0, GROUP_1) if damaged_group == 0 else (GROUP_1, GROUP_0)
             assert h.store([other], [0])
             assert h.store([damaged], [1])
-            path, offset, _size = record_of(h, damaged)
+            path = file_of(h, damaged)
             data = bytearray(path.read_bytes())
-            data[offset + position] ^= 1 << bit
+            data[position] ^= 1 << bit
             path.write_bytes(bytes(data))
             if restart:
                 h.tier.shutdown()
@@ -760,7 +877,7 @@ def test_a_flipped_bit_anywhere_never_serves_wrong_bytes(
             h.close()
 
 
-# --- a full disk (point 8) ---
+# --- a full disk ---
 
 
 def test_restart_on_a_full_disk_starts_and_serves_what_it_holds(
@@ -782,11 +899,12 @@ def test_restart_on_a_full_disk_starts_and_serves_what_it_holds(
         return real_open(path, flags, mode, **kwargs)
 
     # Nothing that allocates space works: writes, new files, the config rewrite.
-    for name in ("write", "pwrite", "writev"):
+    for name in ("write", "pwrite", "writev", "pwritev"):
         monkeypatch.setattr(os, name, no_space)
     monkeypatch.setattr(os, "open", open_without_creating)
     monkeypatch.setattr(Path, "write_text", no_space)
     second = Harness(tmp_path / "fs")
+    assert second.tier.direct  # probed by reading, which needs no space
     assert [second.tier.lookup(key, CTX) for key in keys] == [True, True]
     assert second.load(keys, [4, 5])
     assert (second.row(4), second.row(5)) == (content(keys[0]), content(keys[1]))
@@ -803,44 +921,4 @@ def test_a_new_root_on_a_full_disk_is_refused(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setattr(Path, "write_text", no_space)
     with pytest.raises(TierRootError, match=r"root_dir '.*fs' is not usable: No space left on device"):
         FileSystemSecondaryTier(make_view(2), tmp_path / "fs")
-    assert [p.name for p in (tmp_path / "fs").iterdir()] == [LOCK_FILE_NAME]
-
-
-# --- one process per root (point 8) ---
-
-
-def test_a_second_tier_on_the_same_root_is_refused_naming_the_holder(tmp_path: Path) -> None:
-    first = Harness(tmp_path / "fs")
-    with pytest.raises(TierRootError, match=rf"another fs tier holds it \(pid {os.getpid()}\b"):
-        FileSystemSecondaryTier(make_view(2), tmp_path / "fs")
-    first.close()
-    FileSystemSecondaryTier(make_view(2), tmp_path / "fs").shutdown()  # free again
-
-
-def _try_to_open(root: str, result: Any) -> None:
-    try:
-        tier = FileSystemSecondaryTier(make_view(2), root, n_read_threads=1, n_write_threads=1)
-    except OSError as exc:
-        result.put(f"refused: {exc}")
-    else:
-        result.put(f"opened: {len(tier)} blocks")
-        tier.shutdown()
-
-
-def test_another_process_is_refused_while_the_root_is_held(tmp_path: Path) -> None:
-    first = Harness(tmp_path / "fs")
-    assert first.store(to_keys([1]))
-    context = multiprocessing.get_context("spawn")
-    result = context.SimpleQueue()
-    child = context.Process(target=_try_to_open, args=(str(first.root), result))
-    child.start()
-    child.join(60)
-    outcome = result.get()
-    assert outcome.startswith("refused: ") and f"(pid {os.getpid()}," in outcome, outcome
-    # The holder's data and temporary files were left alone.
-    assert first.tier.lookup(to_key(1), CTX) is True and first.load(to_keys([1]), [3])
-    first.close()
-    child = context.Process(target=_try_to_open, args=(str(first.root), result))
-    child.start()
-    child.join(60)
-    assert result.get() == "opened: 1 blocks"
+    assert list((tmp_path / "fs").iterdir()) == []

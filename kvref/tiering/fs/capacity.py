@@ -152,14 +152,17 @@ class RootCapacity:
             self._reserved[domain] += size
             return True
 
-    def release(self, directory_index: int, size: int) -> None:
-        """The write `reserve` counted has landed or failed (a later listing finds its file)."""
+    def release(self, directory_index: int, size: int, *, written: bool) -> None:
+        """The write `reserve` counted has landed (`written`: its file is there now, as the
+        domain's next listing will find) or failed."""
         domain = self.domain(directory_index)
         if self.budget is None:
             self._reserved[domain] -= size
             return
         with self._locks[domain]:
             self._reserved[domain] -= size
+            if written:
+                self._found[domain] += size
 
     def sweep(self, closed: Callable[[], bool]) -> None:
         """List every domain once: the root's usage, and stale temporary files deleted.

@@ -132,28 +132,41 @@ def _check_config(root: Path, block_bytes: int) -> None:
 
 
 def probe_o_direct(root: Path) -> bool:
-    """Return whether files under `root` can be written and read with O_DIRECT.
+    """Return whether files under `root` can be read and written with O_DIRECT.
 
     Some filesystems refuse it (overlayfs, older tmpfs, some NFS mounts) with EINVAL at open or
-    at the first I/O; one aligned page written and read back tells. A full or read-only root
-    cannot be probed: the answer is then False.
+    at the first I/O. The probe reads the root's config file with O_DIRECT (which needs no free
+    space, so a tier restarted on a full or read-only disk still reads its blocks directly);
+    where that says nothing, it writes and reads back one aligned page of a file of its own.
     """
     o_direct = getattr(os, "O_DIRECT", 0)
     if not o_direct:
         return False
-    path = str(root / f".o_direct_probe.{writer_token()}{TMP_SUFFIX}")
     page = mmap.mmap(-1, ALIGN)
     try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC | o_direct, 0o644)
         try:
-            return os.pwritev(fd, [page], 0) == ALIGN and os.preadv(fd, [page], 0) == ALIGN
+            fd = os.open(root / CONFIG_FILE_NAME, os.O_RDONLY | os.O_CLOEXEC | o_direct)
+            try:
+                os.preadv(fd, [page], 0)
+            finally:
+                os.close(fd)
+            return True
+        except OSError as exc:
+            if exc.errno == errno.EINVAL:
+                return False
+        path = str(root / f".o_direct_probe.{writer_token()}{TMP_SUFFIX}")
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC | o_direct, 0o644)
+            try:
+                return os.pwritev(fd, [page], 0) == ALIGN and os.preadv(fd, [page], 0) == ALIGN
+            finally:
+                os.close(fd)
+        except OSError:
+            return False
         finally:
-            os.close(fd)
-    except OSError:
-        return False
+            unlink_quietly(path)
     finally:
         page.close()
-        unlink_quietly(path)
 
 
 def unlink_quietly(path: str) -> bool:

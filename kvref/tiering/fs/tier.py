@@ -303,10 +303,13 @@ class FileSystemSecondaryTier(SecondaryTierManager):
                 return WriteOutcome.EXISTED
             if not self._capacity.reserve(index, size, protected, self._reading.__contains__):
                 return "no room: every block of its eviction domain is in use"
+            written = False
             try:
-                return self._io.write_block(path, key, block_id)
+                outcome = self._io.write_block(path, key, block_id)
+                written = outcome is WriteOutcome.WRITTEN
+                return outcome
             finally:
-                self._capacity.release(index, size)
+                self._capacity.release(index, size, written=written)
         except Exception as exc:  # OSError, or a bug: a failed store, never an exception
             self._warn("write", path, exc)
             return str(exc) or type(exc).__name__
@@ -389,6 +392,8 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             state.remaining -= 1
             if state.remaining == 0:
                 done.append(state)
+        # Blocks evicted to make room for these stores went first: removed before stored.
+        self._report_evictions()
         finished: list[FsJob] = []
         for state in done:
             if not state.meta.is_promotion:
@@ -404,7 +409,6 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             if not all(write.ok for write in state.awaited):
                 state.failed = True  # the write it relied on failed: that block is not stored
             finished.append(state)
-        self._report_evictions()
         return [state.result(self.block_bytes) for state in finished]
 
     def _settle_writes(self, state: FsJob, outcomes: list[_Outcome]) -> None:
