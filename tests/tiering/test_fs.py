@@ -347,8 +347,9 @@ def test_many_domains_bound_the_root_and_evict_old_blocks_first(tmp_path: Path) 
         second = to_keys(range(512, 1024))
         for start in range(0, 512, 64):
             assert h.store(first[start : start + 64])
-        for key in first:
-            age(file_of(h, key), 100)
+        for key in first:  # (uneven domains evicted a few already)
+            if file_of(h, key).exists():
+                age(file_of(h, key), 100)
         for start in range(0, 512, 64):
             assert h.store(second[start : start + 64])
         assert sum(p.stat().st_size for p in h.files()) <= capacity
