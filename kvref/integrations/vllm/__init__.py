@@ -10,8 +10,8 @@ need no fork and patch nothing of vLLM's:
                              "url": "redis://cache.internal:6379/0"}]}}'
 
 `RedisTier` (kvref's `RedisSecondaryTier`: engines on many machines share blocks through one
-Redis server or cluster) and `FileSystemTier` (kvref's `FileSystemSecondaryTier`: checksummed
-segment files under `root_dir`) are `SecondaryTierManager`s of vLLM's. Each translates vLLM's
+Redis server or cluster) and `FileSystemTier` (kvref's `FileSystemSecondaryTier`: a checksummed
+file per block under `root_dir`, shared by every engine on it, bounded across it) are `SecondaryTierManager`s of vLLM's. Each translates vLLM's
 calls to its kvref tier, which does the work (I/O threads, value format, checksums, routing,
 fault handling): jobs keep their ids, `chunk_ids` become block ids, results keep vLLM's partial
 success (`successful_keys`), and the tier's removal events come out as vLLM's. Besides the
