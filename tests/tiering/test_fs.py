@@ -239,6 +239,22 @@ def test_a_store_of_a_block_being_written_ends_with_that_write(
     assert harness.tier.lookup(k, CTX) is (not first_write_fails)
 
 
+def test_fsync_makes_each_file_and_its_name_durable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    synced: list[bool] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        synced.append(os.path.isdir(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    h = Harness(tmp_path / "fs", fsync=True)
+    assert h.store(to_keys([1, 2]))
+    # Per block: the file before its rename, then its directory after it (two writers interleave).
+    assert sorted(synced) == [False, False, True, True]
+    h.close()
+
+
 # --- capacity ---
 
 

@@ -185,6 +185,8 @@ class BlockIO:
         except BaseException:
             unlink_quietly(tmp_path)
             raise
+        if self._fsync:
+            _fsync_directory(os.path.dirname(path))  # the rename itself survives a power cut
         return WriteOutcome.WRITTEN
 
     def _create(self, tmp_path: str) -> int:
@@ -272,6 +274,14 @@ class BlockIO:
                 os.utime(path)
             except OSError:
                 pass  # gone or read-only: nothing to mark
+
+
+def _fsync_directory(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _write_all(fd: int, parts: list[memoryview]) -> None:
