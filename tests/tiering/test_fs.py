@@ -425,9 +425,12 @@ def test_stale_temporary_files_of_dead_writers_are_deleted(tmp_path: Path, capac
     age(stale, 120)
     fresh = path.with_name(f"{'e' * 32}.kvb.livehost-456-0b0b0b0b.tmp")
     fresh.write_bytes(b"partial")
+    probe = first.root / ".o_direct_probe.deadhost-123-0a0a0a0a.tmp"  # killed while opening
+    probe.write_bytes(bytes(4096))
+    age(probe, 120)
     second = Harness(tmp_path / "fs", capacity_bytes=capacity, stale_tmp_s=60)
     second.tier.drain_jobs()  # the start-up sweep runs on an I/O thread
-    assert not stale.exists() and fresh.exists() and path.exists()
+    assert not stale.exists() and not probe.exists() and fresh.exists() and path.exists()
     age(fresh, 120)
     # Later, whoever writes to that directory finds it (unbounded roots: at most every
     # stale_tmp_s / 2 per directory; bounded ones list their domain before each write).

@@ -88,6 +88,7 @@ class RootCapacity:
         self.capacity_bytes = capacity_bytes
         self.domains = domains_for(capacity_bytes, file_bytes)
         self.budget = None if capacity_bytes is None else capacity_bytes // self.domains
+        self._root = str(root)
         self._dirs = [os.path.join(root, f"{index:02x}") for index in range(FANOUT)]
         self._token = token
         self._stale_tmp_s = stale_tmp_s
@@ -170,6 +171,7 @@ class RootCapacity:
         Args:
             closed: polled between directories; the sweep stops early once it answers True.
         """
+        self._sweep_tmp_in(self._root)  # a config or O_DIRECT probe file of a dead opener
         if self.budget is None:
             for index in range(FANOUT):
                 if closed():
@@ -268,10 +270,13 @@ class RootCapacity:
             self._sweep_tmp(directory_index)
 
     def _sweep_tmp(self, directory_index: int) -> None:
+        self._last_tmp_sweep[directory_index] = time.time()
+        self._sweep_tmp_in(self._dirs[directory_index])
+
+    def _sweep_tmp_in(self, directory: str) -> None:
         now = time.time()
-        self._last_tmp_sweep[directory_index] = now
         try:
-            entries = os.scandir(self._dirs[directory_index])
+            entries = os.scandir(directory)
         except OSError:
             return
         with entries:
