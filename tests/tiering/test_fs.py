@@ -397,6 +397,27 @@ def test_tiers_on_one_root_share_blocks(tmp_path: Path) -> None:
     b.close()
 
 
+def test_blocks_another_engine_evicts_are_announced_removed_once_seen_gone(tmp_path: Path) -> None:
+    # A's events said it stored k1; B's eviction of k1 must not leave A's consumers believing it.
+    a = Harness(tmp_path / "fs", capacity_bytes=8 * RECORD)
+    b = Harness(tmp_path / "fs", capacity_bytes=2 * RECORD)
+    k1 = to_key(1)
+    assert a.store([k1])
+    assert a.tier.take_events() == [OffloadingEvent([k1], "fs", removed=False)]
+    age(file_of(a, k1), 10)
+    assert b.store(to_keys([2, 3]))  # one domain: k1 is the oldest and goes
+    assert not file_of(a, k1).exists() and b.tier.num_evicted_blocks() == 1
+    assert b.tier.take_events() == [OffloadingEvent(to_keys([2, 3]), "fs", removed=False)]
+    assert a.store([to_key(4)])  # A's next listing finds k1 gone
+    assert a.tier.take_events() == [
+        OffloadingEvent([k1], "fs", removed=True),
+        OffloadingEvent([to_key(4)], "fs", removed=False),
+    ]
+    assert a.tier.num_evicted_blocks() == 0  # A evicted nothing itself
+    a.close()
+    b.close()
+
+
 # --- restart ---
 
 

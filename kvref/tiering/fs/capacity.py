@@ -103,6 +103,9 @@ class RootCapacity:
         self._last_tmp_sweep = [0.0] * FANOUT  # unbounded roots only: nothing lists them
         self.evicted: deque[str] = deque()
         """Names of the block files this engine evicted, for the scheduler thread to report."""
+        self.vanished: deque[str] = deque()
+        """Names of block files gone since the last listing: evicted by other engines, or
+        deleted by hand."""
         self.stale_removed = 0
 
     @property
@@ -153,17 +156,27 @@ class RootCapacity:
             self._reserved[domain] += size
             return True
 
-    def release(self, directory_index: int, size: int, *, written: bool) -> None:
-        """The write `reserve` counted has landed (`written`: its file is there now, as the
-        domain's next listing will find) or failed."""
+    def release(self, directory_index: int, size: int, written: str | None) -> None:
+        """The write `reserve` counted has landed (`written` names the file now there) or
+        failed (None)."""
         domain = self.domain(directory_index)
         if self.budget is None:
             self._reserved[domain] -= size
             return
+        directory = self._dirs[directory_index]
+        try:
+            # Known from now on: if another engine evicts it before the next listing, that
+            # listing reports it vanished.
+            stat = os.stat(os.path.join(directory, written)) if written else None
+        except OSError:
+            stat = None
         with self._locks[domain]:
             self._reserved[domain] -= size
-            if written:
-                self._found[domain] += size
+            if written and stat is not None:
+                self._found[domain] += stat.st_size
+                self._files[domain][written] = _FileInfo(
+                    stat.st_ino, stat.st_size, stat.st_mtime_ns, directory
+                )
 
     def sweep(self, closed: Callable[[], bool]) -> None:
         """List every domain once: the root's usage, and stale temporary files deleted.
@@ -220,6 +233,7 @@ class RootCapacity:
         if len(seen) != len(files):
             for name in [name for name in files if name not in seen]:
                 del files[name]
+                self.vanished.append(name)
         self._found[domain] = total
         return total
 

@@ -303,13 +303,13 @@ class FileSystemSecondaryTier(SecondaryTierManager):
                 return WriteOutcome.EXISTED
             if not self._capacity.reserve(index, size, protected, self._reading.__contains__):
                 return "no room: every block of its eviction domain is in use"
-            written = False
+            written: str | None = None
             try:
                 outcome = self._io.write_block(path, key, block_id)
-                written = outcome is WriteOutcome.WRITTEN
+                written = name if outcome is WriteOutcome.WRITTEN else None
                 return outcome
             finally:
-                self._capacity.release(index, size, written=written)
+                self._capacity.release(index, size, written)
         except Exception as exc:  # OSError, or a bug: a failed store, never an exception
             self._warn("write", path, exc)
             return str(exc) or type(exc).__name__
@@ -460,15 +460,19 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         self._announce(stored, removed=False)
 
     def _report_evictions(self) -> None:
-        evicted = self._capacity.evicted
+        """Count this engine's evictions, and announce as removed the blocks it announced as
+        stored that it evicted or that its listings no longer find (another engine evicted
+        them, or they were deleted by hand)."""
+        evicted, vanished = self._capacity.evicted, self._capacity.vanished
         removed: list[OffloadKey] = []
-        while evicted:
-            name = evicted.popleft()
-            self._evicted_blocks += 1
-            if self._announced is not None:
-                key = self._announced.pop(name, None)
-                if key is not None:
-                    removed.append(key)
+        for names, own in ((evicted, True), (vanished, False)):
+            while names:
+                name = names.popleft()
+                self._evicted_blocks += own
+                if self._announced is not None:
+                    key = self._announced.pop(name, None)
+                    if key is not None:
+                        removed.append(key)
         self._announce(removed, removed=True)
 
     def _announce(self, keys: list[OffloadKey], *, removed: bool) -> None:
