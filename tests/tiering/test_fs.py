@@ -321,7 +321,7 @@ def test_capacity_counts_the_files_of_every_writer(tmp_path: Path) -> None:
     in_flight.parent.mkdir(exist_ok=True)
     in_flight.write_bytes(bytes(RECORD))
     assert h.store([to_key(3)], [0])  # 2 files + 1 in flight: the oldest block goes
-    assert sorted(h.tier.lookup(k, CTX) for k in to_keys([1, 2, 3])) == [False, True, True]
+    assert sorted(h.tier.lookup(k, CTX) is True for k in to_keys([1, 2, 3])) == [False, True, True]
     assert in_flight.exists()  # a fresh temporary file of a live writer stays
     other.close()
     h.close()
