@@ -219,11 +219,11 @@ def test_a_store_of_a_block_being_written_ends_with_that_write(
     gate = threading.Event()
     real_write = block_io.BlockIO.write_block
 
-    def gated_write(io: block_io.BlockIO, path: str, key: bytes, block_id: int) -> block_io.WriteOutcome:
+    def gated_write(io: block_io.BlockIO, path: str, key: bytes, block_id: int, make_room: Any) -> block_io.WriteOutcome:
         assert gate.wait(5)
         if first_write_fails:
             raise OSError(errno.EIO, "simulated")
-        return real_write(io, path, key, block_id)
+        return real_write(io, path, key, block_id, make_room)
 
     monkeypatch.setattr(block_io.BlockIO, "write_block", gated_write)
     k = to_key(1)

@@ -85,6 +85,7 @@ class WriteOutcome(enum.Enum):
 
     WRITTEN = "written"
     EXISTED = "existed"  # another writer (any engine) had already stored it
+    NO_ROOM = "no room"  # the capacity could not make room for it: nothing written
 
 
 class ReadProblem(enum.Enum):
@@ -145,9 +146,19 @@ class BlockIO:
 
     # --- writes ---
 
-    def write_block(self, path: str, key: bytes, block_id: int) -> WriteOutcome:
+    def write_block(
+        self, path: str, key: bytes, block_id: int, make_room: Callable[[], bool]
+    ) -> WriteOutcome:
         """Store primary row `block_id` as `key`'s block file `path` (unless one is there), via a
         temporary file of this writer renamed into place.
+
+        Args:
+            path: the block file's path.
+            key: the block's key.
+            block_id: the primary row to store.
+            make_room: called once the temporary file exists at its full size (so every other
+                engine's listing counts it from then on: of two writers racing for the last
+                room, the later one to list sees the other's file); False: no room.
 
         Raises:
             OSError: the write failed (disk full, I/O error, ...); no temporary file is left.
@@ -172,6 +183,10 @@ class BlockIO:
         fd = self._create(tmp_path)
         try:
             try:
+                os.ftruncate(fd, sum(len(part) for part in parts))  # sparse: no data yet
+                if not make_room():
+                    unlink_quietly(tmp_path)
+                    return WriteOutcome.NO_ROOM
                 _write_all(fd, parts)
                 if self._fsync:
                     os.fsync(fd)

@@ -12,12 +12,14 @@ moved on, and it goes back in line). A load or a `touch` in any engine sets a fi
 (`BlockIO.mark_used`), so recency is shared through the files themselves; atime, `flock` and
 daemons are not used, so a root on NFS works the same way.
 
-Bounds: the files of a domain exceed its share only by the writes other engines started before
-they could see this one's (each checks, then writes), so the root exceeds `capacity_bytes` by no
-more than the writes in flight. Eviction is least-recently-used within each domain; across the
-root the victim is the least recently used file of its domain, which is among the oldest
-`domains` files of the root in expectation (domains hold a uniform sample of the keys). Domains
-hold at least `_MIN_FILES_PER_DOMAIN` files each, so small capacities get one domain: exact LRU.
+Bounds: a writer creates its temporary file at its full size (sparse) before it lists, so of two
+engines racing for a domain's last room the later one to list counts the other's file and makes
+room for both: at rest the root is within `capacity_bytes`, and while engines write it exceeds it
+by at most the writes in flight. Eviction is least-recently-used within each domain; across the
+root the victim is the least recently used file of its domain, on average among the oldest 4-7%
+of the root's files with 64 files a domain (closer to exact LRU as domains hold more files:
+each domain's horizon drifts by about the square root of its files), and never newer than every
+file of its domain. A capacity under 128 files is one domain: exact LRU.
 
 Cost: a write lists its domain, about `files / domains` entries (each `os.scandir` entry costs
 well under a microsecond locally; more on NFS), plus one `stat` and `unlink` per eviction.

@@ -297,22 +297,26 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         index = fanout_dir(name)
         path = os.path.join(self._dirs[index], name)
         size = file_bytes(len(key), self.block_bytes)
+        reserved = False
+        outcome: WriteOutcome | None = None
+
+        def make_room() -> bool:
+            nonlocal reserved
+            reserved = self._capacity.reserve(index, size, protected, self._reading.__contains__)
+            return reserved
+
         try:
-            if os.path.exists(path):
-                self._io.mark_used([path])
-                return WriteOutcome.EXISTED
-            if not self._capacity.reserve(index, size, protected, self._reading.__contains__):
+            outcome = self._io.write_block(path, key, block_id, make_room)
+            if outcome is WriteOutcome.NO_ROOM:
                 return "no room: every block of its eviction domain is in use"
-            written: str | None = None
-            try:
-                outcome = self._io.write_block(path, key, block_id)
-                written = name if outcome is WriteOutcome.WRITTEN else None
-                return outcome
-            finally:
-                self._capacity.release(index, size, written)
+            return outcome
         except Exception as exc:  # OSError, or a bug: a failed store, never an exception
             self._warn("write", path, exc)
             return str(exc) or type(exc).__name__
+        finally:
+            if reserved:
+                written = name if outcome is WriteOutcome.WRITTEN else None
+                self._capacity.release(index, size, written)
 
     # --- loads ---
 
