@@ -1,19 +1,25 @@
-"""Benchmark the filesystem tier and the tiering manager's cost on the scheduler thread.
+"""Benchmark the filesystem tier on the disk, its page-cache footprint, and the tiering manager's
+cost on the scheduler thread.
 
-Part 1, throughput: for each block size, store N blocks from a shared-memory primary into a
-`FileSystemSecondaryTier` and load them back, next to a plain sequential write/read of the
-same bytes to one file in the same directory (one `os.write`/`os.preadv` per block), measured
-in the same run. The ratio tier/plain is the figure of merit (target >= 0.8 at 256 KiB and
-1 MiB): the verdict uses the median over repeats of the ratio of each back-to-back pair (plain,
-then tier), which a host whose load drifts between repeats skews less than best-of-N. The tier checksums every record (XXH3-64) on store and verifies it on load; the run
-first prints the checksum's speed next to zlib's CRC-32 (format 2's), on one core.
+    .venv/bin/python tools/bench_tiering.py --dir /work            # every part
+    .venv/bin/python tools/bench_tiering.py --dir /work --skip-scheduler --skip-residency
 
-Page cache: by default both sides write into the page cache (no fsync) and read back what is
-probably still cached, i.e. memory-speed figures. `--fsync` fsyncs every tier block and the
-plain file; `--cold` additionally syncs and drops every written file from the page cache
-(`posix_fadvise(DONTNEED)`, per file) before the reads, so reads hit the device. Between timed
-phases the files of the previous phase are fsynced (untimed), so no phase pays for another's
-write-back.
+Part 1, throughput on the device: for each block size, `FileSystemSecondaryTier` (its defaults:
+O_DIRECT where the root takes it, 8 + 8 threads) stores `--total` bytes from a page-aligned
+shared-memory primary into a fresh root, then loads them back cold: before every load phase the
+page cache is dropped (`_disk_bench.drop_page_cache`: `/proc/sys/vm/drop_caches` as root, else
+`posix_fadvise(DONTNEED)` on every file, after a sync; the run prints which). Loads are checked
+against the stored bytes. Baseline, measured in the same rounds: the device's own O_DIRECT
+bandwidth, plain large files written then read in 1 MiB aligned requests by one thread (as `dd`)
+and by `--streams` threads, one file each. `--fallback` adds the tier with O_DIRECT refused
+(buffered I/O whose pages are dropped), as on a filesystem without it. Each round runs every
+contender once, in a rotated order; ratios are medians of the per-round ratios, against the
+faster device run of the round. Target: >= 0.8x of the device, store and load.
+
+Part 1b, page cache: an engine stores `--residency-total` bytes; once its jobs finish, the share
+of those bytes still in the page cache (`fincore`, else `mincore`) must be at most 10%, with
+O_DIRECT and with the buffered fallback (forced by refusing the O_DIRECT probe); the same after
+a load. `page_cache=True`, which keeps the pages on purpose, is shown for contrast.
 
 Part 2, scheduler-thread cost: drive a `TieringOffloadingManager` (CPU primary + fs tier) with
 steps of prepare_store/complete_store (which submits cascades), lookups of evicted blocks (which
@@ -26,14 +32,16 @@ the time of one block's I/O.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
-import zlib
 import shutil
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+import zlib
+from collections.abc import Callable, Generator, Sequence
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -41,21 +49,33 @@ if __package__ in (None, ""):
 
 import xxhash
 
+import kvref.tiering.fs.tier as fs_tier_module
 from kvref.base import OffloadingManager, ReqContext
 from kvref.cpu.manager import CPUOffloadingManager
 from kvref.cpu.shared_region import DEFAULT_REGION_DIR, SharedOffloadRegion
 from kvref.tiering.base import JobMetadata
 from kvref.tiering.fs import FileSystemSecondaryTier
-from kvref.tiering.fs.pool import default_threads
+from kvref.tiering.fs.root import BLOCK_SUFFIX
 from kvref.tiering.manager import CPUPrimaryTierOffloadingManager, TieringOffloadingManager
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _disk_bench import (  # noqa: E402
+    COLD_METHODS,
+    DirectFileBaseline,
+    Rounds,
+    drop_page_cache,
+    files_under,
+    load_average,
+    resident_bytes,
+    rotated,
+)
 from _tier_bench import human, key_of, parse_size  # noqa: E402
 from bench_redis import main as bench_redis  # noqa: E402  (run by --redis)
 
 __all__ = ["main"]
 
 CTX = ReqContext(req_id="bench")
+_TIER, _FALLBACK, _ONE, _MANY, _DEVICE = "tier", "tier, buffered fallback", "1 stream", "streams", "device"
 
 
 def fill(rows: memoryview) -> None:
@@ -66,150 +86,165 @@ def fill(rows: memoryview) -> None:
         rows[start:end] = chunk[: end - start]
 
 
-def drop_from_page_cache(paths: Sequence[str]) -> None:
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+def refuse_o_direct(root: Path) -> bool:
+    return False
 
 
-def block_files(root: Path) -> list[str]:
-    return [str(path) for path in root.rglob("*.kvs")]
-
-
-def settle(paths: Sequence[str]) -> None:
-    """Write back the files of the previous phase (untimed), so no phase pays for another's."""
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def plain_write(path: Path, rows: memoryview, block_bytes: int, fsync: bool) -> float:
-    start = time.perf_counter()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+@contextlib.contextmanager
+def o_direct_refused() -> Generator[None]:
+    """Tiers made inside see a root that refuses O_DIRECT (they warn once and go buffered)."""
+    probe = fs_tier_module.probe_o_direct
+    fs_tier_module.probe_o_direct = refuse_o_direct
+    tier_logger = logging.getLogger(fs_tier_module.__name__)
+    was_disabled, tier_logger.disabled = tier_logger.disabled, True  # the warning is expected
     try:
-        for offset in range(0, len(rows), block_bytes):
-            os.write(fd, rows[offset : offset + block_bytes])
-        if fsync:
-            os.fsync(fd)
+        yield
     finally:
-        os.close(fd)
-    return time.perf_counter() - start
+        fs_tier_module.probe_o_direct = probe
+        tier_logger.disabled = was_disabled
 
 
-def plain_read(path: Path, rows: memoryview, block_bytes: int) -> float:
-    start = time.perf_counter()
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        for offset in range(0, len(rows), block_bytes):
-            os.preadv(fd, [rows[offset : offset + block_bytes]], offset)
-    finally:
-        os.close(fd)
-    return time.perf_counter() - start
+def make_tier(view: memoryview, root: Path, *, fallback: bool = False, page_cache: bool = False) -> FileSystemSecondaryTier:
+    with o_direct_refused() if fallback else contextlib.nullcontext():
+        return FileSystemSecondaryTier(view, root, page_cache=page_cache)
 
 
 def run_jobs(
-    tier: FileSystemSecondaryTier, num_blocks: int, job_blocks: int, promotion: bool, first_id: int
-) -> tuple[float, bool]:
+    tier: FileSystemSecondaryTier, num_blocks: int, job_blocks: int, promotion: bool, first_id: int, first_key: int = 0
+) -> float:
+    """Submit jobs storing (or loading) blocks `first_key...` from (into) rows 0...; the seconds
+    until the tier drained them, all reported successful."""
     start = time.perf_counter()
     job_id = first_id
     for first in range(0, num_blocks, job_blocks):
         ids = list(range(first, min(first + job_blocks, num_blocks)))
-        job = JobMetadata(job_id, tuple(key_of(i) for i in ids), ids, promotion, CTX)
+        job = JobMetadata(job_id, tuple(key_of(first_key + i) for i in ids), ids, promotion, CTX)
         (tier.submit_load if promotion else tier.submit_store)(job)
         job_id += 1
     tier.drain_jobs()
-    results = list(tier.get_finished_jobs())
     elapsed = time.perf_counter() - start
-    return elapsed, len(results) == job_id - first_id and all(r.success for r in results)
+    results = list(tier.get_finished_jobs())
+    assert len(results) == job_id - first_id and all(r.success for r in results), "a job failed"
+    return elapsed
 
 
-def bench_throughput(args: argparse.Namespace, work_dir: Path) -> list[tuple[int, float, float]]:
-    print(
-        f"\n== fs tier throughput: {human(args.total)} per block size, {args.read_threads} read + "
-        f"{args.write_threads} write threads, jobs of {args.job_blocks} blocks, "
-        f"fsync={'yes' if args.fsync else 'no'}, reads={'cold' if args.cold else 'page cache'} =="
-    )
-    print(
-        f"{'block':>8} | {'plain write':>11} {'tier store':>10} {'best':>6} {'pairs':>6} | "
-        f"{'plain read':>10} {'tier load':>9} {'best':>6} {'pairs':>6}   (GB/s, best of "
-        f"{args.repeats}; ratios: best/best, median of the paired repeats)"
-    )
-    ratios: list[tuple[int, float, float]] = []
+def bench_throughput(args: argparse.Namespace, work_dir: Path) -> list[str]:
+    """Interleaved rounds of the tier and the device per block size; returns the verdicts."""
+    names = [_TIER, _ONE, _MANY, *([_FALLBACK] if args.fallback else [])]
+    methods: set[str] = set()
+    verdicts: list[str] = []
     for block_bytes in args.block_sizes:
-        num_blocks = max(1, args.total // block_bytes)
-        total = num_blocks * block_bytes
-        root = work_dir / f"tier-{block_bytes}"
-        plain = work_dir / f"plain-{block_bytes}.bin"
-        with SharedOffloadRegion(
-            f"bench{os.getpid()}_{block_bytes}", num_blocks, block_bytes, directory=args.region_dir
-        ) as region:
+        num_blocks = max(args.job_blocks, args.total // block_bytes)
+        moved = num_blocks * block_bytes
+        baselines = {_ONE: DirectFileBaseline(work_dir, moved, 1), _MANY: DirectFileBaseline(work_dir, moved, args.streams)}
+        rounds = Rounds()
+        with SharedOffloadRegion(f"bench{os.getpid()}_{block_bytes}", num_blocks, block_bytes, directory=args.region_dir) as region:
             view = region.create_kv_memoryview()
             rows = view.cast("B")
             fill(rows)
-            expected_head = bytes(rows[:4096])
-            tier = FileSystemSecondaryTier(
-                view,
-                root,
-                n_read_threads=args.read_threads,
-                n_write_threads=args.write_threads,
-                fsync=args.fsync,
-            )
-            best = {"pw": 0.0, "ts": 0.0, "pr": 0.0, "tl": 0.0}
-            # Each repeat measures plain then tier back to back: the ratio of that pair is
-            # robust to the host's load drifting between repeats, which best-of-N is not.
-            pair_ratios: dict[str, list[float]] = {"store": [], "load": []}
-            for repeat in range(args.repeats):
-                # Fresh files each repeat: the tier skips blocks it already holds.
-                if repeat:
-                    tier.shutdown()
-                    shutil.rmtree(root)
-                    tier = FileSystemSecondaryTier(
-                        view,
-                        root,
-                        n_read_threads=args.read_threads,
-                        n_write_threads=args.write_threads,
-                        fsync=args.fsync,
-                    )
-                plain_speed = total / plain_write(plain, rows, block_bytes, args.fsync)
-                best["pw"] = max(best["pw"], plain_speed)
-                settle([str(plain)])
-                elapsed, ok = run_jobs(tier, num_blocks, args.job_blocks, False, 0)
-                assert ok, "tier store failed"
-                best["ts"] = max(best["ts"], total / elapsed)
-                pair_ratios["store"].append(total / elapsed / plain_speed)
-                settle(block_files(root))
-                if args.cold:
-                    drop_from_page_cache([str(plain), *block_files(root)])
-                plain_speed = total / plain_read(plain, rows, block_bytes)
-                best["pr"] = max(best["pr"], plain_speed)
-                if args.cold:
-                    drop_from_page_cache([str(plain), *block_files(root)])
-                rows[: len(expected_head)] = bytes(len(expected_head))
-                elapsed, ok = run_jobs(tier, num_blocks, args.job_blocks, True, 1 << 30)
-                assert ok, "tier load failed"
-                assert bytes(rows[:4096]) == expected_head, "tier load returned other bytes"
-                best["tl"] = max(best["tl"], total / elapsed)
-                pair_ratios["load"].append(total / elapsed / plain_speed)
-            tier.shutdown()
+            expected = xxhash.xxh3_64_intdigest(rows)
+            for round_index in range(args.repeats):
+                for name in rotated(names, round_index):
+                    os.sync()  # the previous contender's write-back is not this one's
+                    baseline = baselines.get(name)
+                    if baseline is not None:
+                        rounds.add(name, "store", baseline.write())
+                        methods.add(drop_page_cache(baseline.paths, args.cold))
+                        rounds.add(name, "load", baseline.read())
+                        baseline.remove()
+                        continue
+                    root = work_dir / f"tier-{block_bytes}-{round_index}"
+                    tier = make_tier(view, root, fallback=name == _FALLBACK)
+                    try:
+                        rounds.add(name, "store", run_jobs(tier, num_blocks, args.job_blocks, False, 0))
+                        methods.add(drop_page_cache([root], args.cold))
+                        rows[:] = bytes(len(rows))
+                        rounds.add(name, "load", run_jobs(tier, num_blocks, args.job_blocks, True, 1 << 30))
+                        assert xxhash.xxh3_64_intdigest(rows) == expected, "the tier loaded other bytes"
+                    finally:
+                        tier.shutdown()
+                        shutil.rmtree(root, ignore_errors=True)
             rows.release()
-        shutil.rmtree(root, ignore_errors=True)
-        plain.unlink(missing_ok=True)
-        write_ratio = statistics.median(pair_ratios["store"])
-        read_ratio = statistics.median(pair_ratios["load"])
-        ratios.append((block_bytes, write_ratio, read_ratio))
+            view.release()
+        moved_by = {_TIER: moved, _FALLBACK: moved, _DEVICE: moved, **{n: b.total for n, b in baselines.items()}}
+        for phase in ("store", "load"):
+            rounds.combine_fastest(_DEVICE, [_ONE, _MANY], phase, moved_by)
         print(
-            f"{human(block_bytes):>8} | {best['pw'] / 1e9:11.2f} {best['ts'] / 1e9:10.2f} "
-            f"{best['ts'] / best['pw']:6.2f} {write_ratio:6.2f} | {best['pr'] / 1e9:10.2f} "
-            f"{best['tl'] / 1e9:9.2f} {best['tl'] / best['pr']:6.2f} {read_ratio:6.2f}"
+            f"\n== {human(block_bytes)} blocks, {human(moved)} per phase, {args.repeats} rounds "
+            f"interleaved, jobs of {args.job_blocks} blocks, {load_average()} =="
         )
-    return ratios
+        print(f"  {'':36} {'store GB/s':>17}   {'cold load GB/s':>17}   ratio to the device, median [range]")
+        print(f"  {'':36} {'best':>8} {'median':>8}   {'best':>8} {'median':>8}")
+        labels = {
+            _ONE: "O_DIRECT file, 1 MiB x 1 stream",
+            _MANY: f"O_DIRECT files, 1 MiB x {args.streams} streams",
+            _TIER: "FileSystemSecondaryTier (defaults)",
+            _FALLBACK: "the tier, buffered fallback",
+        }
+        medians: dict[str, list[float]] = {}
+        for name in [_ONE, _MANY, *names[:1], *names[3:]]:
+            cells = [
+                f"{rounds.best_gbps(name, phase, moved_by[name]):8.2f} {rounds.median_gbps(name, phase, moved_by[name]):8.2f}"
+                for phase in ("store", "load")
+            ]
+            line = f"  {labels[name]:36} {cells[0]}   {cells[1]}"
+            if name in (_TIER, _FALLBACK):
+                ratios = [rounds.ratios(name, _DEVICE, phase, moved, moved) for phase in ("store", "load")]
+                medians[name] = [statistics.median(r) for r in ratios]
+                line += "   " + ", ".join(
+                    f"{phase} {m:.2f}x [{min(r):.2f}, {max(r):.2f}]" for phase, m, r in zip(("store", "load"), medians[name], ratios)
+                )
+            print(line, flush=True)
+        met = "met" if min(medians[_TIER]) >= 0.8 else "NOT met"
+        verdicts.append(
+            f"{human(block_bytes)}: the tier >= 0.8x of the device (the faster of 1 and {args.streams} "
+            f"streams each round), store and load: {met}"
+        )
+    verdicts.extend(f"cold loads: {COLD_METHODS[method]}" for method in sorted(methods))
+    return verdicts
+
+
+def block_files(root: Path) -> list[str]:
+    return [path for path in files_under([root]) if path.endswith(BLOCK_SUFFIX)]
+
+
+def bench_residency(args: argparse.Namespace, work_dir: Path) -> list[str]:
+    """The share of an engine's stored (then loaded) bytes left in the page cache."""
+    block_bytes = 1 << 20
+    num_blocks = max(1, args.residency_total // block_bytes)
+    stored = num_blocks * block_bytes
+    print(f"\n== page cache after an engine stores {human(stored)} ({human(block_bytes)} blocks) and its jobs finish ==")
+    verdicts: list[str] = []
+    with SharedOffloadRegion(f"benchres{os.getpid()}", num_blocks, block_bytes, directory=args.region_dir) as region:
+        view = region.create_kv_memoryview()
+        fill(view.cast("B"))
+        for label, fallback, page_cache in (
+            ("O_DIRECT", False, False),
+            ("buffered fallback (O_DIRECT refused)", True, False),
+            ("page_cache=True (keeps pages, for contrast)", False, True),
+        ):
+            root = work_dir / "residency"
+            drop_page_cache([work_dir], args.cold)
+            tier = make_tier(view, root, fallback=fallback, page_cache=page_cache)
+            try:
+                run_jobs(tier, num_blocks, 16, False, 0)
+                after_store, counter = resident_bytes(block_files(root))
+                run_jobs(tier, num_blocks, 16, True, 1 << 30)
+                after_load, _ = resident_bytes(block_files(root))
+                direct = tier.direct
+            finally:
+                tier.shutdown()
+                shutil.rmtree(root, ignore_errors=True)
+            shares = (after_store / stored, after_load / stored)
+            print(
+                f"  {label:44} (direct={direct}) resident after the store: {human(after_store):>9} "
+                f"({shares[0]:6.1%}), after a load: {human(after_load):>9} ({shares[1]:6.1%})  [{counter}]"
+            )
+            if not page_cache:
+                met = "met" if max(shares) <= 0.10 else "NOT met"
+                verdicts.append(f"page cache <= 10% of the stored bytes, {label}: {met}")
+        view.release()
+    return verdicts
 
 
 def bench_checksums() -> None:
@@ -254,7 +289,7 @@ def drive(manager: OffloadingManager, steps: int, keys_per_step: int, lookups: i
 
 def bench_scheduler(args: argparse.Namespace, work_dir: Path) -> None:
     block_bytes = args.sched_block
-    num_blocks = max(64, args.total // block_bytes)
+    num_blocks = max(64, (256 << 20) // block_bytes)  # a 256 MiB primary
     print(
         f"\n== scheduler-thread cost per call (us): {args.steps} steps x ({args.keys_per_step} "
         f"stores + {args.lookups} lookups), {human(block_bytes)} blocks, primary of {num_blocks} "
@@ -268,9 +303,6 @@ def bench_scheduler(args: argparse.Namespace, work_dir: Path) -> None:
         tier = FileSystemSecondaryTier(
             primary.get_kv_memoryview(),
             work_dir / "sched-tier",
-            n_read_threads=args.read_threads,
-            n_write_threads=args.write_threads,
-            fsync=args.fsync,
         )
         manager = TieringOffloadingManager(primary, [tier])
         io_start = time.perf_counter()
@@ -313,46 +345,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", type=Path, default=None, help="where block files go (default: a temp dir under /tmp)")
     parser.add_argument("--region-dir", default=DEFAULT_REGION_DIR, help="where the primary's shared region lives")
-    parser.add_argument("--total", type=parse_size, default=parse_size("256M"), help="bytes per block size (default 256M)")
+    parser.add_argument("--total", type=parse_size, default=parse_size("1G"), help="bytes per phase and block size (default 1G)")
     parser.add_argument(
         "--block-sizes",
         type=lambda text: [parse_size(part) for part in text.split(",")],
-        default=[parse_size(s) for s in ("64K", "256K", "1M", "4M")],
-        help="comma-separated block sizes (default 64K,256K,1M,4M)",
+        default=[parse_size(s) for s in ("2M", "1M", "256K")],
+        help="comma-separated block sizes (default 2M,1M,256K)",
     )
-    parser.add_argument("--read-threads", type=int, default=None, help="default: the tier's (one per core, 1-4)")
-    parser.add_argument("--write-threads", type=int, default=None, help="default: the tier's (one per two cores, 1-4)")
+    parser.add_argument("--streams", type=int, default=8, help="the many-stream O_DIRECT baseline's streams (default 8)")
+    parser.add_argument("--fallback", action="store_true", help="also measure the tier with O_DIRECT refused (buffered)")
+    parser.add_argument("--cold", choices=("auto", "drop_caches", "fadvise"), default="auto", help="how loads are made cold (default: drop_caches as root, else fadvise)")
     parser.add_argument("--job-blocks", type=int, default=16, help="blocks per submitted job")
-    parser.add_argument("--repeats", type=int, default=3, help="best of N runs per figure")
-    parser.add_argument("--fsync", action="store_true", help="fsync tier blocks and the plain file")
-    parser.add_argument("--cold", action="store_true", help="drop written files from the page cache before reads")
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds per block size (default 5)")
+    parser.add_argument("--residency-total", type=parse_size, default=parse_size("256M"), help="bytes stored for the page-cache part (default 256M)")
     parser.add_argument("--steps", type=int, default=300, help="scheduler benchmark steps")
     parser.add_argument("--keys-per-step", type=int, default=8)
     parser.add_argument("--lookups", type=int, default=32, help="lookups per step")
     parser.add_argument("--sched-block", type=parse_size, default=parse_size("1M"), help="block size of the scheduler benchmark")
     parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--skip-residency", action="store_true")
     parser.add_argument("--skip-scheduler", action="store_true")
     parser.add_argument("--redis", action="store_true", help="also run tools/bench_redis.py: the Redis tier vs a redis-py pipeline")
     args = parser.parse_args(argv)
-    args.read_threads = args.read_threads or default_threads(read=True)
-    args.write_threads = args.write_threads or default_threads(read=False)
-    if args.cold:
-        args.fsync = True
 
     work_dir = Path(tempfile.mkdtemp(prefix="kvref-bench-", dir=args.dir))
-    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, files under {work_dir}")
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, files under {work_dir}, {load_average()}")
+    verdicts: list[str] = []
     try:
         if not args.skip_throughput:
             bench_checksums()
-            ratios = bench_throughput(args, work_dir)
-            for block_bytes, write_ratio, read_ratio in ratios:
-                if block_bytes not in (256 << 10, 1 << 20):
-                    continue
-                verdict = "met" if min(write_ratio, read_ratio) >= 0.8 else "NOT met"
-                print(
-                    f"target >= 0.8x of plain I/O at {human(block_bytes)}: {verdict} "
-                    f"(median paired ratio: store {write_ratio:.2f}x, load {read_ratio:.2f}x)"
-                )
+            verdicts += bench_throughput(args, work_dir)
+        if not args.skip_residency:
+            verdicts += bench_residency(args, work_dir)
+        if verdicts:
+            print()
+            print("\n".join(verdicts))
         if not args.skip_scheduler:
             bench_scheduler(args, work_dir)
         if args.redis:

@@ -35,9 +35,20 @@ def test_vllm_tools_answer_help() -> None:
 
 def test_bench_vllm_tiers_runs_tiny(redis_server: LocalRedisServer, tmp_path: Path) -> None:
     done = run_tool(
-        "bench_vllm_tiers.py", "--total", "8M", "--block", "256K", "--repeats", "1",
-        "--url", redis_server.url, "--dir", str(tmp_path),
+        "bench_vllm_tiers.py", "--fs-total", "8M", "--fs-blocks", "256K", "--repeats", "1",
+        "--engines", "2", "--engines-block", "256K", "--engine-repeats", "1", "--cold", "fadvise",
+        "--redis-total", "8M", "--redis-block", "256K", "--url", redis_server.url, "--dir", str(tmp_path),
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    for line in ("kvref FileSystemTier", "kvref RedisTier", "FileSystemTier >= 1.0x of vLLM fs"):
-        assert line in done.stdout
+    for line in (
+        "vLLM fs (16+16 threads, O_DIRECT)",
+        "kvref FileSystemTier / vLLM fs",
+        "256 KiB: kvref FileSystemTier >= 1.0x of vLLM fs, store and load",
+        "kvref FileSystemTier >= 0.8x of the device",
+        "2 engines loading at once from one root",
+        "cold loads: os.sync(), then posix_fadvise(DONTNEED)",
+        "kvref RedisTier",
+        "RedisTier >= 0.8x of redis-py pipeline",
+    ):
+        assert line in done.stdout, line
+    assert not list(tmp_path.iterdir()), "the benchmark left files behind"

@@ -1,0 +1,286 @@
+"""What the disk-tier benchmarks (`bench_tiering.py`, `bench_vllm_tiers.py`) share: a cold page
+cache before every load phase, the device's own O_DIRECT bandwidth, the page-cache residency of a
+tier's files, and figures over interleaved rounds with ratios paired per round.
+
+Cold: `drop_page_cache` syncs, then, as root, writes `3` to `/proc/sys/vm/drop_caches` (data,
+dentries and inodes of the whole host); otherwise it calls `posix_fadvise(DONTNEED)` on every
+file under the roots it is given (their data pages only). Both print as `COLD_METHODS` says.
+
+The device: `DirectFileBaseline` writes and reads plain large files with O_DIRECT in aligned
+requests (1 MiB by default), one file and one thread per stream: one stream is `dd`'s pattern,
+several keep several requests in flight, as a tier's I/O threads do.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import shutil
+import statistics
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+__all__ = [
+    "COLD_METHODS",
+    "drop_page_cache",
+    "files_under",
+    "DirectFileBaseline",
+    "resident_bytes",
+    "Rounds",
+    "rotated",
+    "load_average",
+    "process_cpu_s",
+]
+
+_DROP_CACHES = "/proc/sys/vm/drop_caches"
+_O_DIRECT = getattr(os, "O_DIRECT", 0)
+
+COLD_METHODS = {
+    "drop_caches": "os.sync(), then 3 written to /proc/sys/vm/drop_caches (as root)",
+    "fadvise": "os.sync(), then posix_fadvise(DONTNEED) on every file of the tier roots",
+}
+"""How `drop_page_cache` made a phase cold, by the name it returns."""
+
+
+def files_under(roots: Iterable[Path]) -> list[str]:
+    """Every regular file under the roots (the roots may be files themselves)."""
+    paths: list[str] = []
+    for root in roots:
+        if root.is_file():
+            paths.append(str(root))
+            continue
+        for directory, _dirs, names in os.walk(root):
+            paths.extend(os.path.join(directory, name) for name in names)
+    return paths
+
+
+def drop_page_cache(roots: Sequence[Path], method: str = "auto") -> str:
+    """Sync, then drop the page cache: all of it as root, else the roots' files' pages.
+
+    Args:
+        roots: directories (or files) whose cached pages must go.
+        method: "auto" (drop_caches when root, else fadvise), "drop_caches" or "fadvise".
+
+    Returns:
+        The method used, a key of `COLD_METHODS`.
+    """
+    os.sync()
+    if method in ("auto", "drop_caches") and os.geteuid() == 0:
+        try:
+            with open(_DROP_CACHES, "w") as control:
+                control.write("3")
+            return "drop_caches"
+        except OSError:
+            if method == "drop_caches":
+                raise
+    elif method == "drop_caches":
+        raise PermissionError(f"writing {_DROP_CACHES} needs root")
+    for path in files_under(roots):
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue  # removed meanwhile (a temporary file renamed into place)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    return "fadvise"
+
+
+class DirectFileBaseline:
+    """The device's own O_DIRECT bandwidth: `streams` plain files of `total / streams` bytes,
+    each written, then read, sequentially in `request`-byte aligned requests by its own thread.
+
+    Args:
+        directory: where the files go (on the device under test).
+        total: bytes written and read per phase (rounded down to whole requests per stream).
+        streams: files, threads and requests in flight.
+        request: bytes per `pwrite`/`preadv` (a multiple of 4 KiB).
+    """
+
+    def __init__(self, directory: Path, total: int, streams: int, request: int = 1 << 20) -> None:
+        if not _O_DIRECT:
+            raise OSError("O_DIRECT is not available on this platform")
+        self.streams = streams
+        self.request = request
+        self.stream_bytes = max(1, total // streams // request) * request
+        self.total = self.stream_bytes * streams
+        self.paths = [directory / f"o_direct-{streams}x-{index}.bin" for index in range(streams)]
+        self._data = os.urandom(request)
+
+    def _run(self, work: Callable[[int], None]) -> float:
+        started = time.perf_counter()
+        if self.streams == 1:
+            work(0)
+        else:
+            threads = [threading.Thread(target=work, args=(index,)) for index in range(self.streams)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        return time.perf_counter() - started
+
+    def write(self) -> float:
+        """Write the files afresh; return the seconds taken."""
+        self.remove()
+        failures: list[BaseException] = []
+
+        def work(index: int) -> None:
+            buffer = mmap.mmap(-1, self.request)  # anonymous: page-aligned, as O_DIRECT needs
+            buffer.write(self._data)
+            fd = os.open(self.paths[index], os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_DIRECT, 0o644)
+            try:
+                for offset in range(0, self.stream_bytes, self.request):
+                    if os.pwrite(fd, buffer, offset) != self.request:
+                        raise OSError(f"short O_DIRECT write to {self.paths[index]}")
+            except BaseException as exc:
+                failures.append(exc)
+            finally:
+                os.close(fd)
+                buffer.close()
+
+        elapsed = self._run(work)
+        if failures:
+            raise failures[0]
+        return elapsed
+
+    def read(self) -> float:
+        """Read the files back; return the seconds taken."""
+        failures: list[BaseException] = []
+
+        def work(index: int) -> None:
+            buffer = mmap.mmap(-1, self.request)
+            fd = os.open(self.paths[index], os.O_RDONLY | _O_DIRECT)
+            try:
+                for offset in range(0, self.stream_bytes, self.request):
+                    if os.preadv(fd, [buffer], offset) != self.request:
+                        raise OSError(f"short O_DIRECT read of {self.paths[index]}")
+                if buffer[: len(self._data)] != self._data:
+                    raise OSError(f"{self.paths[index]} read back other bytes")
+            except BaseException as exc:
+                failures.append(exc)
+            finally:
+                os.close(fd)
+                buffer.close()
+
+        elapsed = self._run(work)
+        if failures:
+            raise failures[0]
+        return elapsed
+
+    def remove(self) -> None:
+        for path in self.paths:
+            path.unlink(missing_ok=True)
+
+
+# --- page-cache residency ---
+
+
+def resident_bytes(paths: Sequence[str]) -> tuple[int, str]:
+    """Bytes of the files' data in the page cache now, and the tool that counted them:
+    util-linux `fincore` where it is installed, else `mincore(2)` directly."""
+    fincore = shutil.which("fincore")
+    if fincore is None:
+        return sum(_mincore_bytes(path) for path in paths), "mincore"
+    total = 0
+    for start in range(0, len(paths), 256):
+        done = subprocess.run(
+            [fincore, "--bytes", "--noheadings", "--raw", "--output", "RES", *paths[start : start + 256]],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        total += sum(int(line) for line in done.stdout.split())
+    return total, "fincore"
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def _mincore_bytes(path: str) -> int:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return 0
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return 0
+        address = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if address == _MAP_FAILED:
+            raise OSError(ctypes.get_errno(), f"mmap of {path} failed")
+        try:
+            pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+            vector = (ctypes.c_ubyte * pages)()
+            if _libc.mincore(address, size, vector) != 0:
+                raise OSError(ctypes.get_errno(), f"mincore of {path} failed")
+            resident = sum(byte & 1 for byte in vector)
+        finally:
+            _libc.munmap(address, size)
+        return min(size, resident * mmap.PAGESIZE)
+    finally:
+        os.close(fd)
+
+
+# --- interleaved rounds ---
+
+
+def rotated(names: Sequence[str], round_index: int) -> list[str]:
+    """`names` starting at the `round_index`-th (so no contender always runs first)."""
+    shift = round_index % len(names)
+    return [*names[shift:], *names[:shift]]
+
+
+class Rounds:
+    """Seconds per (contender, phase) per round, for best-of figures and per-round ratios."""
+
+    def __init__(self) -> None:
+        self._seconds: dict[tuple[str, str], list[float]] = {}
+
+    def add(self, name: str, phase: str, seconds: float) -> None:
+        self._seconds.setdefault((name, phase), []).append(seconds)
+
+    def has(self, name: str, phase: str) -> bool:
+        return (name, phase) in self._seconds
+
+    def seconds(self, name: str, phase: str) -> list[float]:
+        return self._seconds[(name, phase)]
+
+    def best_gbps(self, name: str, phase: str, moved: int) -> float:
+        return moved / min(self.seconds(name, phase)) / 1e9
+
+    def median_gbps(self, name: str, phase: str, moved: int) -> float:
+        return moved / statistics.median(self.seconds(name, phase)) / 1e9
+
+    def ratios(self, name: str, base: str, phase: str, base_moved: int, moved: int) -> list[float]:
+        """Per round: `name`'s speed / `base`'s speed (`base` may be a `combine`d name)."""
+        return [
+            (moved / ours) / (base_moved / theirs)
+            for ours, theirs in zip(self.seconds(name, phase), self.seconds(base, phase))
+        ]
+
+    def combine_fastest(self, combined: str, names: Sequence[str], phase: str, moved: dict[str, int]) -> None:
+        """Record under `combined`, per round, the fastest of `names`: its seconds scaled to
+        `moved[combined]` bytes (each of `names` moved `moved[name]`)."""
+        columns = [[s * moved[combined] / moved[name] for s in self.seconds(name, phase)] for name in names]
+        self._seconds[(combined, phase)] = [min(values) for values in zip(*columns)]
+
+
+def process_cpu_s() -> float:
+    """CPU seconds this process has used so far, every thread, user and system."""
+    times = os.times()
+    return times.user + times.system
+
+
+def load_average() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f}"
