@@ -101,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     print(
-        f"total ({args.rounds} rounds, capacity {args.capacity_files or 'none'} files): "
+        f"total ({args.rounds} rounds, capacity "
+        f"{'none' if args.capacity_files is None else f'{args.capacity_files} files'}): "
         + ", ".join(f"{name} {value}" for name, value in totals.items())
     )
     return 1 if failures else 0

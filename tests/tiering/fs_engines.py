@@ -33,7 +33,7 @@ from kvref.base import OffloadKey, ReqContext, make_offload_key
 from kvref.tiering.base import JobMetadata
 from kvref.tiering.fs import FileSystemSecondaryTier
 from kvref.tiering.fs.format import file_bytes
-from kvref.tiering.fs.root import FANOUT, TMP_SUFFIX, block_name
+from kvref.tiering.fs.root import BLOCK_SUFFIX, FANOUT, TMP_SUFFIX, block_name
 
 __all__ = [
     "BLOCK_BYTES",
@@ -45,6 +45,7 @@ __all__ = [
     "key_of",
     "kill_writers_while_loading",
     "load_loop",
+    "scan_root",
     "serve",
     "store_stream",
     "temporary_files",
@@ -398,16 +399,43 @@ def load_loop(
 # --- writers killed mid-store while others load ---
 
 
-def temporary_files(root: Path) -> list[str]:
-    """The temporary files in the root's fan-out directories."""
-    found: list[str] = []
+def scan_root(root: Path) -> tuple[int, list[str], list[str]]:
+    """The root's file bytes (its fan-out directories' block and temporary files), its block
+    file names and its temporary file paths.
+
+    A file renamed from its temporary name while the directory is read may be listed under
+    both names: it is counted once (same inode and block name).
+    """
+    seen: set[tuple[int, str]] = set()
+    total = 0
+    blocks: list[str] = []
+    tmps: list[str] = []
     for index in range(FANOUT):
         try:
-            with os.scandir(root / f"{index:02x}") as entries:
-                found.extend(entry.path for entry in entries if entry.name.endswith(TMP_SUFFIX))
+            with os.scandir(root / f"{index:02x}") as listing:
+                entries = list(listing)
         except FileNotFoundError:
             continue
-    return found
+        for entry in entries:
+            try:
+                stat = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # evicted or renamed meanwhile
+            identity = (stat.st_ino, entry.name.split(".", 1)[0])
+            if identity in seen:
+                continue
+            seen.add(identity)
+            total += stat.st_size
+            if entry.name.endswith(BLOCK_SUFFIX):
+                blocks.append(entry.name)
+            elif entry.name.endswith(TMP_SUFFIX):
+                tmps.append(entry.path)
+    return total, blocks, tmps
+
+
+def temporary_files(root: Path) -> list[str]:
+    """The temporary files in the root's fan-out directories."""
+    return scan_root(root)[2]
 
 
 class KillReport(NamedTuple):

@@ -42,6 +42,7 @@ from tests.tiering.fs_engines import (
     Outcome,
     block_content,
     kill_writers_while_loading,
+    scan_root,
 )
 
 SPAWN: SpawnContext = multiprocessing.get_context("spawn")
@@ -137,35 +138,6 @@ def assert_loaded(outcomes: Sequence[Outcome]) -> None:
 
 
 # --- the root as the filesystem shows it ---
-
-
-def scan_root(root: Path) -> tuple[int, list[str], list[str]]:
-    """The root's file bytes (block and temporary files in its fan-out directories, each inode
-    counted once, so a file renamed during the scan is not counted twice), its block file names
-    and its temporary file paths."""
-    seen: set[int] = set()
-    total = 0
-    blocks: list[str] = []
-    tmps: list[str] = []
-    for index in range(FANOUT):
-        try:
-            entries = list(os.scandir(root / f"{index:02x}"))
-        except FileNotFoundError:
-            continue
-        for entry in entries:
-            try:
-                stat = entry.stat(follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            if stat.st_ino in seen:
-                continue
-            seen.add(stat.st_ino)
-            total += stat.st_size
-            if entry.name.endswith(".kvb"):
-                blocks.append(entry.name)
-            elif entry.name.endswith(".tmp"):
-                tmps.append(entry.path)
-    return total, blocks, tmps
 
 
 class RootSampler(threading.Thread):
@@ -281,6 +253,7 @@ def test_engines_open_one_root_at_once_and_see_each_others_blocks_at_once(
                     latency = other.call("wait_hit", numbers, 1.0)
                     assert latency is not None, f"engine {writer}'s blocks not seen in 1 s"
                     latencies.append(latency)
+                    assert other.call("contains", numbers) == [True] * len(numbers)
                     assert_loaded([other.call("load", numbers)])
     assert max(latencies) < 1.0
     stored = [1000 * w + 100 * r + i for w in range(4) for r in range(3) for i in range(8)]
@@ -388,14 +361,14 @@ def test_eviction_is_lru_across_engines_in_one_domain(engines: list[EngineProces
     a, b, c = engines[:3]
     for number in range(capacity_files):  # oldest first, each with its own mtime
         assert a.call("store", [number])
-        time.sleep(0.01)
+        time.sleep(0.02)
     assert_loaded([b.call("load", [0])])  # a load in B is a use
     b.call("touch", [1])  # so is a touch in B
     c.call("touch", [2])  # or in C
-    time.sleep(0.01)
+    time.sleep(0.02)
     for number in range(100, 106):  # six blocks more: six evicted, by A
         assert a.call("store", [number])
-        time.sleep(0.01)
+        time.sleep(0.02)
     expected = [True] * 3 + [False] * 6 + [True] * 7 + [True] * 6
     numbers = [*range(capacity_files), *range(100, 106)]
     for engine in (a, b, c):
@@ -577,21 +550,26 @@ def test_a_full_disk_fails_stores_and_keeps_serving_loads(
         root = tmp_path / "mnt" / "root"
         a, b, c = engines[:3]
         open_all([a, b], root, **options)
-        if not mounted:  # no tmpfs allowed here: A's writes fail as on a full disk
-            a.call("fill_disk_after", 300)
-        numbers = list(range(700))  # 700 files of 8 KiB: more than 4 MiB
-        outcomes: list[Outcome] = a.call("store_all", jobs_of(numbers, 8))
+        if not mounted:  # no tmpfs allowed here: writes fail as on a full disk, past a point
+            for engine in (a, b):
+                engine.call("fill_disk_after", 150)
+        # A and B store at once, 800 files of 8 KiB in all: more than 4 MiB.
+        mine = {a: list(range(400)), b: list(range(1000, 1400))}
+        results = run_all([a, b], "store_all", [jobs_of(mine[a], 8), jobs_of(mine[b], 8)])
+        outcomes: list[Outcome] = [outcome for result in results for outcome in result]
         ok = [n for outcome in outcomes if outcome.success for n in outcome.keys]
         failed_jobs = [outcome for outcome in outcomes if not outcome.success]
         assert ok and failed_jobs, (len(ok), len(failed_jobs))
+        assert all(not result[-1].success for result in results)  # both ran out of room
         _bytes, blocks, tmps = scan_root(root)
         assert tmps == []  # failed writes leave nothing behind
+        numbers = mine[a] + mine[b]
         paths = [Path(a.call("block_path", n)) for n in numbers]
         for engine in (a, b):
             assert engine.call("lookup", numbers) == [path.exists() for path in paths]
         assert len(blocks) == sum(path.exists() for path in paths)
         # Loads of what is stored still work on the full disk, in any engine, new ones too.
-        assert_loaded(b.call("load_all", jobs_of(ok, 8)))
+        assert_loaded(a.call("load_all", jobs_of(ok, 8)) + b.call("load_all", jobs_of(ok, 8)))
         c.call("open", str(root), **options)  # a new engine on the full disk
         assert_loaded(c.call("load_all", jobs_of(ok[:64], 8)))
         # Room made by hand: stores work again.
@@ -599,7 +577,7 @@ def test_a_full_disk_fails_stores_and_keeps_serving_loads(
             path.unlink(missing_ok=True)
         if not mounted:
             a.call("fill_disk_after", None)
-        assert a.call("store", [5000, 5001, 5002, 5003])
+        assert a.call("store", [5000, 5001, 5002, 5003])  # the disk had room again
         assert_loaded([b.call("load", [5000, 5001, 5002, 5003])])
         for engine in (a, b, c):
             engine.call("close")
