@@ -814,6 +814,22 @@ def test_files_deleted_by_hand_fail_loads_and_are_stored_again(harness: Harness,
     assert harness.load([k1], [4]) and harness.row(4) == content(k1)
 
 
+def test_a_filesystem_that_refuses_to_replace_a_name_means_another_writer_stored_it(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_replace = os.replace
+
+    def publish_first(src: str, dst: str) -> None:
+        real_replace(src, dst)  # the other writer's identical copy lands first ...
+        raise FileExistsError(errno.EEXIST, "File exists", dst)  # ... and ours is refused
+
+    monkeypatch.setattr(os, "replace", publish_first)
+    k1 = to_key(1)
+    assert harness.store([k1])
+    monkeypatch.undo()
+    assert harness.files(".tmp") == [] and harness.load([k1], [3]) and harness.row(3) == content(k1)
+
+
 def test_crash_between_write_and_rename(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
     def crash(src: str, dst: str) -> None:
         raise OSError(errno.EIO, "simulated crash before rename")

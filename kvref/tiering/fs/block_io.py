@@ -196,7 +196,14 @@ class BlockIO:
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(fd)
-            os.replace(tmp_path, path)
+            try:
+                os.replace(tmp_path, path)
+            except FileExistsError:
+                # Some shared filesystems refuse to replace a name (EEXIST) where POSIX replaces
+                # it: another writer published this block first, with the same bytes.
+                unlink_quietly(tmp_path)
+                self.mark_used([path])
+                return WriteOutcome.EXISTED
         except BaseException:
             unlink_quietly(tmp_path)
             raise

@@ -109,7 +109,7 @@ def _check_config(root: Path, block_bytes: int) -> None:
     if raw is not None:
         try:
             found: object = json.loads(raw.decode("utf-8"))
-        except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError alike
+        except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, or nested too deep
             raise _root_error(
                 root, f"{config_path} is not a kvref fs tier config (not valid UTF-8 JSON: {exc})"
             ) from exc
