@@ -1,8 +1,9 @@
 """Broken vLLM secondary tiers, one bug each, for the conformance kit to catch.
 
 Each is the example `DictTier` (examples/vllm_dict_tier) with one fault an author could make;
-`BREAKS` says which rule of `SecondaryTierContract` each one breaks (`FOUND_BY`: the test that shows it, where that is another rule's). Loaded by vLLM's factory
-from `{"type": <class name>, "module_path": "tests.vllm.broken_tiers"}`.
+`BREAKS` says which rule of `SecondaryTierContract` each one breaks (`FOUND_BY`: the test that
+shows it, where that is another rule's). Loaded by vLLM's factory from
+`{"type": <class name>, "module_path": "tests.vllm.broken_tiers"}`.
 """
 
 from __future__ import annotations
@@ -305,6 +306,50 @@ class ForgetsOnRestart(DictTier):
     """Claims to be persistent (its test says so) but keeps blocks per instance."""
 
 
+class IndexesOnlyItsOwnStores(PersistentDictTier):
+    """Blocks in a shared store, but each instance answers lookups from an index of its own
+    (what the store held when it started, and what it stored since), as a disk tier with an
+    in-memory index per process does: a restart finds every block, another engine none."""
+
+    def __init__(self, offloading_spec: Any, primary_kv_view: memoryview, tier_type: str, **options: Any) -> None:
+        super().__init__(offloading_spec, primary_kv_view, tier_type, **options)
+        self._index = set(self._blocks)
+
+    @override
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        return LookupResult.HIT if key in self._index else LookupResult.MISS
+
+    @override
+    def submit_store(self, job_metadata: TransferJob) -> None:
+        super().submit_store(job_metadata)
+        if self._finished[-1].success:
+            self._index.update(job_metadata.keys)
+
+
+class RemembersMisses(PersistentDictTier):
+    """Blocks in a shared store, but a block an instance once found absent stays a MISS there
+    until that instance stores it itself (a negative cache that only its own stores clear)."""
+
+    def __init__(self, offloading_spec: Any, primary_kv_view: memoryview, tier_type: str, **options: Any) -> None:
+        super().__init__(offloading_spec, primary_kv_view, tier_type, **options)
+        self._absent: set[OffloadKey] = set()
+
+    @override
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        if key in self._absent:
+            return LookupResult.MISS
+        answer = super().lookup(key, req_context)
+        if answer is LookupResult.MISS:
+            self._absent.add(key)
+        return answer
+
+    @override
+    def submit_store(self, job_metadata: TransferJob) -> None:
+        super().submit_store(job_metadata)
+        if self._finished[-1].success:
+            self._absent.difference_update(job_metadata.keys)
+
+
 BREAKS: dict[str, str] = {
     "ReportsJobsTwice": "every_job_is_reported_exactly_once",
     "ReportsUnknownJob": "every_job_is_reported_exactly_once",
@@ -335,7 +380,9 @@ BREAKS: dict[str, str] = {
     "HangsInShutdown": "shutdown_returns_promptly_and_leaves_no_thread",
     "MixesUpOverlappingJobs": "stored_bytes_load_back_exactly",
     "ForgetsOnRestart": "blocks_survive_a_new_instance",
+    "IndexesOnlyItsOwnStores": "a_block_stored_by_one_instance_is_a_hit_in_another",
+    "RemembersMisses": "a_block_stored_by_one_instance_is_a_hit_in_another",
 }
 # The rule's test that shows the fault, where another rule's test is not the one that would.
 FOUND_BY: dict[str, str] = {"MixesUpOverlappingJobs": "overlapping_jobs_from_several_requests"}
-PERSISTENT = frozenset({"ForgetsOnRestart", "PersistentDictTier"})
+PERSISTENT = frozenset({"ForgetsOnRestart", "IndexesOnlyItsOwnStores", "RemembersMisses", "PersistentDictTier"})

@@ -67,7 +67,7 @@ def test_the_correct_tiers_they_are_made_from_pass(pytester: pytest.Pytester, na
     module = "examples.vllm_dict_tier.dict_tier" if name == "DictTier" else broken_tiers.__name__
     pytester.makepyfile(test_subject=_TIER_TEST.format(name=name, module=module, persistent=persistent))
     result = pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider", *KIT_PLUGIN)
-    # Not applicable: the damaged-block rule (no damage_block fixture), and the restart rule for
-    # the non-persistent one.
-    inapplicable = 1 if persistent else 2
+    # Not applicable: the damaged-block rule (no damage_block fixture), and for the
+    # non-persistent one the restart and sharing rules.
+    inapplicable = 1 if persistent else 3
     result.assert_outcomes(passed=len(SecondaryTierContract.rules()) - inapplicable, deselected=inapplicable)

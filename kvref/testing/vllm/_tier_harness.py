@@ -4,7 +4,9 @@
 operator's dict, over a primary view and a `TieringOffloadingSpec` built from an
 `OffloadingConfig`), submits `TransferJob`s as vLLM's tiering manager does and collects their
 results, checking on every poll what every poll must satisfy: a job is reported once, only if it
-was submitted, and a load reported good holds the right bytes.
+was submitted, and a load reported good holds the right bytes. `TierHarness.peer` is a second
+engine beside it (its own primary memory, the same blocks), for the rule that two instances on
+one storage share their blocks.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ NUM_BLOCKS = 16
 END_OF_STEP = ScheduleEndContext(new_req_ids=[], preempted_req_ids=())
 _SETTLE_S = 10.0  # how long a RETRY or an unreported job may last before it counts as stuck
 _POLL_S = 0.002
+_RETRY_ASK_S = 0.01  # between requests asking again for a block that answered MISS
 _engine_ids = itertools.count()
 
 
@@ -94,6 +97,7 @@ class TierHarness:
         self.submitted: dict[SecondaryTierManager, dict[int, TransferJob]] = {}
         self.reported: dict[SecondaryTierManager, dict[int, JobResult]] = {}
         self.stored_ok: set[OffloadKey] = set()  # blocks of store jobs reported successful
+        self._peers: list[TierHarness] = []
 
     def key(self, n: int, batch: int = 0) -> OffloadKey:
         """This harness's `n`-th block of `batch` (a 16-byte hash, KV-cache group 0)."""
@@ -106,9 +110,10 @@ class TierHarness:
         """Build a tier from the operator's dict (plus `options`) with vLLM's factory.
 
         The tier built before is shut down first: as in an engine, one tier per configuration
-        is alive at a time (a tier may hold its storage exclusively).
+        is alive at a time (a tier may hold its storage exclusively). A peer's tiers are
+        another engine's, and stay.
         """
-        self.shutdown_all()
+        self._shutdown_own()
         config = {**self.tier_config, **options}
         tier = SecondaryTierFactory.create_secondary_tier(  # pyright: ignore[reportUnknownMemberType]
             config, self.rows.data, offloading_spec(config, kv_events=kv_events)
@@ -118,7 +123,27 @@ class TierHarness:
         self.reported[tier] = {}
         return tier
 
+    def peer(self, tier_config: Mapping[str, Any]) -> TierHarness:
+        """A second engine beside this one, whose tiers (built from `tier_config`, on the same
+        storage) are alive at the same time as this one's.
+
+        It has a primary memory of its own, as another engine has, and shares with this harness
+        what is true of blocks wherever they are: their names and bytes, and which were stored.
+        """
+        peer = TierHarness(tier_config, self.rule)
+        peer._salt = self._salt
+        peer.stored_ok = self.stored_ok
+        peer.threads_before = self.threads_before
+        self._peers.append(peer)
+        return peer
+
     def shutdown_all(self) -> None:
+        """Shut down every tier built here and by the peers."""
+        for peer in self._peers:
+            peer.shutdown_all()
+        self._shutdown_own()
+
+    def _shutdown_own(self) -> None:
         while self.tiers:
             tier = self.tiers.pop()
             try:
@@ -238,6 +263,24 @@ class TierHarness:
                 )
             tier.on_schedule_end(END_OF_STEP)
             time.sleep(_POLL_S)
+
+    def lookup_until_hit(self, tier: SecondaryTierManager, block: OffloadKey, deadline: float) -> tuple[LookupResult, float]:
+        """Ask for `block` as requests arriving one after another do (each a new request,
+        finished once answered) until it answers HIT or `deadline` (`time.monotonic()`) passes.
+
+        Returns:
+            The last answer and when it came (`time.monotonic()`).
+        """
+        asked = 0
+        while True:
+            req = ReqContext(req_id=f"kit-until-hit-{asked}")
+            answer = self.lookup(tier, block, req)
+            answered = time.monotonic()
+            tier.on_request_finished(req)
+            if answer is LookupResult.HIT or answered > deadline:
+                return answer, answered
+            asked += 1
+            time.sleep(_RETRY_ASK_S)
 
     def new_threads(self) -> list[threading.Thread]:
         return [t for t in threading.enumerate() if t not in self.threads_before and t.is_alive()]

@@ -11,7 +11,11 @@ The kit builds the tier itself, with vLLM's `SecondaryTierFactory`, from that di
 as vLLM's tiering manager does (`kvref.testing.vllm._tier_harness`). Optional:
 
 * `persistent = False` for a tier whose blocks die with it (the persistence rule then does not
-  apply);
+  apply, nor, unless `shared = True`, the sharing rule);
+* `shared = False` for a tier whose instances keep their blocks to themselves, even on the same
+  storage (the sharing rule then does not apply);
+* a `second_tier_config` fixture giving the dict of a second engine on the same storage, where
+  it is not `tier_config` itself (another mount of the same volume, say);
 * a `damage_block` fixture returning `damage(tier, key)`, which corrupts a stored block in place,
   for the damaged-load rule (which does not apply without it);
 * `not_applicable = {"rule_id": "why"}` to opt out of a rule that cannot apply.
@@ -22,6 +26,7 @@ Rules that do not apply are deselected and listed with their reasons at the end 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar
 
@@ -50,21 +55,32 @@ __all__ = ["SecondaryTierContract", "DamageBlock"]
 
 DamageBlock = Callable[[SecondaryTierManager, OffloadKey], None]
 
+_SHARING_RULE = "a_block_stored_by_one_instance_is_a_hit_in_another"
+_SHARED_WITHIN_S = 1.0
+
 
 class SecondaryTierContract(TierJobRules, TierEventRules, Contract):
     """Subclass it and give a `tier_config` fixture: every rule below runs against your tier.
 
     Attributes:
         persistent: blocks outlive the tier instance (a new one on the same config finds them).
+        shared: instances on the same storage share their blocks (any number of engines may use
+            it at once); None (the default) for the same as `persistent`.
         quick_examples: random programs per run at `--kvref-conformance=quick` (deep: 20x).
     """
 
     persistent: ClassVar[bool] = True
+    shared: ClassVar[bool | None] = None
     quick_examples: ClassVar[int] = 25
 
     @pytest.fixture
     def tier_config(self) -> dict[str, Any]:
         pytest.fail(f"{type(self).__name__} must define a `tier_config` fixture: the dict of `secondary_tiers`")
+
+    @pytest.fixture
+    def second_tier_config(self, tier_config: dict[str, Any]) -> dict[str, Any]:
+        """The dict of a second engine on the same storage, beside the first: by default the same."""
+        return tier_config
 
     @pytest.fixture
     def damage_block(self) -> DamageBlock | None:
@@ -76,6 +92,12 @@ class SecondaryTierContract(TierJobRules, TierEventRules, Contract):
         inapplicable = super().inapplicable_rules()
         if not cls.persistent:
             inapplicable.setdefault("blocks_survive_a_new_instance", "persistent = False: the tier's blocks die with it")
+        if cls.shared is False:
+            inapplicable.setdefault(_SHARING_RULE, "shared = False: each instance keeps its blocks to itself")
+        elif cls.shared is None and not cls.persistent:
+            inapplicable.setdefault(
+                _SHARING_RULE, "persistent = False: blocks live in their instance (set shared = True if others see them)"
+            )
         # A damage_block fixture is given by overriding this one in the subclass (a class's own
         # fixture hides any in conftest), so the class attribute says whether there is one.
         if next(k for k in cls.__mro__ if "damage_block" in vars(k)) is SecondaryTierContract:
@@ -325,6 +347,46 @@ class SecondaryTierContract(TierJobRules, TierEventRules, Contract):
         loaded = harness.load(second, keys, list(range(8, 12)))
         if not loaded.success:
             raise rule.violation("load on a new instance", expected=True, got=loaded)
+
+    def test_a_block_stored_by_one_instance_is_a_hit_in_another(
+        self, harness: TierHarness, second_tier_config: dict[str, Any]
+    ) -> None:
+        """A block whose store one instance reported successful is a HIT (after any RETRY)
+        within 1 s in a second instance on the same storage, alive beside it, for a request
+        that asks afterwards (even where that instance answered MISS for it just before), and
+        loads there with the bytes stored; either instance may be the one that stored it.
+
+        In vLLM: replicas of a model, data-parallel ranks and hosts on a shared volume each
+        run a tier of their own over one store; a block that only the engine that stored it
+        finds is recomputed by every other, so the shared tier saves them nothing."""
+        rule = self.rule(_SHARING_RULE)
+        first = harness.build()
+        other = harness.peer(second_tier_config)
+        second = other.build()
+        roles = ((harness, first, other, second, "the first", "the second"),
+                 (other, second, harness, first, "the second", "the first"))  # fmt: skip
+        for batch, (writer, stores, reader, finds, stored_by, found_by) in enumerate(roles, start=1):
+            keys = [harness.key(n, batch) for n in range(3)]
+            before = ReqContext(req_id=f"before-store-{batch}")
+            for key in keys:  # a MISS it must not keep once the block is stored
+                reader.lookup(finds, key, before)
+            finds.on_request_finished(before)
+            stored = writer.store(stores, keys, [0, 1, 2])
+            if not stored.success:
+                raise rule.violation(f"a store of three blocks in {stored_by} instance failed", expected=True, got=stored)
+            reported = time.monotonic()
+            for key in keys:
+                answer, answered = reader.lookup_until_hit(finds, key, reported + _SHARED_WITHIN_S)
+                if answer is not LookupResult.HIT:
+                    raise rule.violation(
+                        f"{found_by} instance asked for a block {stored_by} stored, for {answered - reported:.2f} s",
+                        expected=f"HIT within {_SHARED_WITHIN_S:.0f} s", got=answer,
+                    )  # fmt: skip
+            loaded = reader.load(finds, keys, [8, 9, 10])  # bytes checked by the harness
+            if not loaded.success:
+                raise rule.violation(
+                    f"{found_by} instance loaded blocks {stored_by} stored", expected="success=True", got=loaded
+                )
 
     def test_overlapping_jobs_from_several_requests(self, harness: TierHarness) -> None:
         """Many jobs of several requests in flight at once, sharing blocks, each end as if
