@@ -6,10 +6,14 @@ as a module of its own. A module that runs it against a kvref tier binds the sui
 that build a tier themselves, construct) to that tier, then takes the suite's fixtures and its
 applicable tests into its own namespace, where pytest collects them.
 
-`APPLICABLE` lists the tests that judge a tier by vLLM's API alone; `NOT_APPLICABLE` lists every
-other test of the file with the reason: they inspect vLLM's fs internals (its file layout, its
-thread pool, its C extension, its fields) or vLLM's registry. `test_suite_is_fully_classified`
-fails when a vLLM release adds or renames a test, so none is silently left out.
+`APPLICABLE` lists the tests that judge a tier by vLLM's API alone; `FILE_LAYOUT` those that also
+find a block's file through `tier.file_mapper` (run against a tier of block files that answers
+with its own paths); `KNOWN_FAILURES` those of them kvref's tier fails today, with why (run as
+strict xfails); `NOT_APPLICABLE` every other test of the file, with the reason: they patch or
+inspect vLLM's fs internals (its thread pool, C extension, store function, fields), build vLLM's
+registered type, or hold a tier to a choice kvref's makes differently.
+`test_suite_is_fully_classified` fails when a vLLM release adds or renames a test, so none is
+silently left out.
 """
 
 from __future__ import annotations
@@ -19,12 +23,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import pytest
 
 from tools._audit_corpus import fetch_corpus
 from tools.vllm_env import VLLM_SPEC
 
 __all__ = [
     "APPLICABLE",
+    "FILE_LAYOUT",
+    "KNOWN_FAILURES",
     "NOT_APPLICABLE",
     "NOT_APPLICABLE_VARIANTS",
     "SUITE_PATH",
@@ -49,27 +56,44 @@ APPLICABLE = (
     "test_cascade_store_emits_fs_event_through_tiering_manager",
 )
 
-_FILE_LAYOUT = "inspects vLLM's fs file layout (tier.file_mapper paths on disk)"
+# Tests that find a block's file through `tier.file_mapper` (`get_file_name(key)`, and
+# `base_path`) and then create, damage, remove or compare it: they apply to a tier of block
+# files that says where they are (kvref's `FileSystemTier`, given a `file_mapper` that answers
+# with its own paths), not to a tier without files.
+FILE_LAYOUT = (
+    "test_store_creates_file_and_lookup_succeeds",
+    "test_store_then_load_roundtrip",
+    "test_store_load_data_integrity",
+    "test_failed_load_corrects_verdict_and_removes_corrupt_file",
+    "test_failed_load_after_abort_does_not_break_newer_probe",
+    "test_batched_partial_load_failure_keeps_loaded_blocks",
+    "test_transient_load_failure_leaves_file",
+    "test_fs_tier_cross_tp_round_trip",
+)
+
+# Tests that apply and that kvref's tier fails today, each with why: run as strict xfails, so
+# the day it passes the suite says so, and the test moves to the list it belongs in.
+KNOWN_FAILURES = {
+    "test_store_accepts_block_published_by_another_writer": (
+        "a rename that reports EEXIST (some shared filesystems do, where POSIX replaces) fails "
+        "kvref's store, although another engine has just published the block"
+    ),
+}
+
 NOT_APPLICABLE = {
-    "test_store_creates_file_and_lookup_succeeds": _FILE_LAYOUT,
-    "test_store_accepts_block_published_by_another_writer": "patches vLLM's fs I/O module (fs.io)",
-    "test_store_then_load_roundtrip": _FILE_LAYOUT,
     "test_factory_forwards_locality_to_fs_tier": "builds vLLM's registered 'fs' type",
     "test_shutdown_discards_pending_tasks": "inspects vLLM's fs thread pool (tier._pool)",
-    "test_store_load_data_integrity": _FILE_LAYOUT,
     "test_store_load_roundtrip_without_o_direct": "patches and inspects vLLM's O_DIRECT probe",
     "test_wait_idle_blocks_until_tasks_complete": "tests vLLM's DualQueueThreadPool alone",
     "test_batch_lookup_c_extension": "tests vLLM's fs C extension alone",
-    "test_failed_load_corrects_verdict_and_removes_corrupt_file": _FILE_LAYOUT,
-    "test_failed_load_after_abort_does_not_break_newer_probe": _FILE_LAYOUT,
-    "test_batched_partial_load_failure_keeps_loaded_blocks": _FILE_LAYOUT,
-    "test_batched_load_first_block_fails_marks_whole_batch": _FILE_LAYOUT,
-    "test_transient_load_failure_leaves_file": _FILE_LAYOUT,
+    "test_batched_load_first_block_fails_marks_whole_batch": (
+        "vLLM's fs tier reads a job's blocks in order and stops at the first bad one; kvref's "
+        "reads every block and reports the good ones in successful_keys (vLLM keeps them)"
+    ),
     "test_mixed_job_results_emit_event_only_for_successful_job": "patches vLLM's fs store function",
     "test_partially_failed_store_emits_no_event": "patches vLLM's fs store function",
     "test_events_disabled_by_default": "inspects vLLM's fs fields (tier.events, _store_job_keys)",
     "test_events_require_global_kv_events_flag": "inspects vLLM's fs fields (tier.events)",
-    "test_fs_tier_cross_tp_round_trip": "compares vLLM's fs file layout (file_mapper.base_path)",
 }
 
 # Variants of applicable tests that choose vLLM's fs C extension (`use_c_ext=True`): internal to
@@ -78,6 +102,10 @@ NOT_APPLICABLE_VARIANTS = frozenset(
     {
         "test_batch_lookup_dispatch[True]",
         "test_out_of_bounds_block_id_smoke[True]",
+        *(f"test_store_load_data_integrity[True-{size}]" for size in (0, 1, 2, 5)),
+        "test_failed_load_corrects_verdict_and_removes_corrupt_file[True]",
+        "test_batched_partial_load_failure_keeps_loaded_blocks[True]",
+        "test_transient_load_failure_leaves_file[True]",
     }
 )
 
@@ -92,6 +120,12 @@ def load_suite(module_name: str) -> ModuleType:
     return module
 
 
-def suite_tests(suite: ModuleType) -> dict[str, Any]:
-    """The applicable tests of `suite`, by name (to merge into a test module's namespace)."""
-    return {name: getattr(suite, name) for name in APPLICABLE}
+def suite_tests(suite: ModuleType, *, files: bool = False) -> dict[str, Any]:
+    """The applicable tests of `suite`, by name (to merge into a test module's namespace), with
+    the `FILE_LAYOUT` ones and the `KNOWN_FAILURES` (as strict xfails) where `files` (the tier
+    has block files it can name)."""
+    tests = {name: getattr(suite, name) for name in (*APPLICABLE, *(FILE_LAYOUT if files else ()))}
+    if files:
+        for name, reason in KNOWN_FAILURES.items():
+            tests[name] = pytest.mark.xfail(strict=True, reason=reason)(getattr(suite, name))
+    return tests
