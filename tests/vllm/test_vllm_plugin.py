@@ -41,6 +41,7 @@ from kvref.base import OffloadKey as KvrefKey
 from kvref.integrations.vllm import FileSystemTier, KvrefTierMetrics, RedisTier
 from kvref.tiering.base import JobResult as KvrefJobResult
 from kvref.tiering.fs import FileSystemSecondaryTier
+from kvref.tiering.fs.format import file_bytes
 from kvref.tiering.memory import InMemorySecondaryTier
 from kvref.tiering.redis import RedisSecondaryTier
 from kvref.tiering.redis.local import LocalRedisCluster, LocalRedisServer
@@ -282,10 +283,10 @@ def lose(tier: SecondaryTierManager, k: OffloadKey, redis_server: LocalRedisServ
         assert isinstance(medium, FileSystemSecondaryTier)
         location = medium.location(KvrefKey(k))
         assert location is not None
-        path, offset, _size = location
-        with open(path, "r+b") as segment:
-            segment.seek(offset + 100)
-            segment.write(b"\xff" * 8)
+        path, payload_offset, _size = location
+        with open(path, "r+b") as block_file:
+            block_file.seek(payload_offset + 100)
+            block_file.write(b"\xff" * 8)
 
 
 def test_failed_load_keeps_good_blocks_and_turns_lost_ones_to_miss(
@@ -445,8 +446,10 @@ def test_failed_store_emits_no_event(redis_server: LocalRedisServer) -> None:
 
 
 def test_stats_and_config_info_reach_vllms_metrics(tmp_path: Path, redis_server: LocalRedisServer) -> None:
+    # Six block files: each request's four fit, the twelve of three requests do not.
+    capacity = 6 * file_bytes(len(prompt_keys("stats", 1)[0]), _ROW)
     tiers = [
-        {"type": "FileSystemTier", "module_path": _MODULE, "root_dir": str(tmp_path), "capacity_bytes": 6 * _ROW},
+        {"type": "FileSystemTier", "module_path": _MODULE, "root_dir": str(tmp_path), "capacity_bytes": capacity},
         {"type": "RedisTier", "module_path": _MODULE, "url": redis_server.url, "namespace": uuid.uuid4().hex},
     ]
     definitions = TieringOffloadingSpec.build_metric_definitions({"secondary_tiers": tiers})
@@ -471,7 +474,7 @@ def test_stats_and_config_info_reach_vllms_metrics(tmp_path: Path, redis_server:
         assert again is None or KvrefTierMetrics.BLOCKS_STORED not in again.metric_sections()[1]
         info = engine.manager.config_info()
         assert [series["tier"] for series in info] == ["0:primary", "1:FileSystemTier", "2:RedisTier"]
-        assert info[1]["fs_capacity_bytes"] == 6 * _ROW and "url" not in info[2]
+        assert info[1]["fs_capacity_bytes"] == capacity and "url" not in info[2]
     finally:
         engine.close()
 
