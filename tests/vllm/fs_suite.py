@@ -8,10 +8,9 @@ applicable tests into its own namespace, where pytest collects them.
 
 `APPLICABLE` lists the tests that judge a tier by vLLM's API alone; `FILE_LAYOUT` those that also
 find a block's file through `tier.file_mapper` (run against a tier of block files that answers
-with its own paths); `KNOWN_FAILURES` those of them kvref's tier fails today, with why (run as
-strict xfails); `NOT_APPLICABLE` every other test of the file, with the reason: they patch or
-inspect vLLM's fs internals (its thread pool, C extension, store function, fields), build vLLM's
-registered type, or hold a tier to a choice kvref's makes differently.
+with its own paths); `NOT_APPLICABLE` every other test of the file, with the reason: they patch
+or inspect vLLM's fs internals (its thread pool, C extension, store function, fields), build
+vLLM's registered type, or hold a tier to a choice kvref's makes differently.
 `test_suite_is_fully_classified` fails when a vLLM release adds or renames a test, so none is
 silently left out.
 """
@@ -23,15 +22,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import pytest
-
 from tools._audit_corpus import fetch_corpus
 from tools.vllm_env import VLLM_SPEC
 
 __all__ = [
     "APPLICABLE",
     "FILE_LAYOUT",
-    "KNOWN_FAILURES",
     "NOT_APPLICABLE",
     "NOT_APPLICABLE_VARIANTS",
     "SUITE_PATH",
@@ -57,11 +53,13 @@ APPLICABLE = (
 )
 
 # Tests that find a block's file through `tier.file_mapper` (`get_file_name(key)`, and
-# `base_path`) and then create, damage, remove or compare it: they apply to a tier of block
-# files that says where they are (kvref's `FileSystemTier`, given a `file_mapper` that answers
-# with its own paths), not to a tier without files.
+# `base_path`) and then check, damage, remove or compare it: they apply to a tier of block files
+# that says where they are (kvref's `FileSystemTier`, given a `file_mapper` that answers with its
+# own paths), not to a tier without files. One also makes the rename of a store report EEXIST,
+# as some shared filesystems do, by patching `os.replace`, which kvref's writes call too.
 FILE_LAYOUT = (
     "test_store_creates_file_and_lookup_succeeds",
+    "test_store_accepts_block_published_by_another_writer",
     "test_store_then_load_roundtrip",
     "test_store_load_data_integrity",
     "test_failed_load_corrects_verdict_and_removes_corrupt_file",
@@ -70,15 +68,6 @@ FILE_LAYOUT = (
     "test_transient_load_failure_leaves_file",
     "test_fs_tier_cross_tp_round_trip",
 )
-
-# Tests that apply and that kvref's tier fails today, each with why: run as strict xfails, so
-# the day it passes the suite says so, and the test moves to the list it belongs in.
-KNOWN_FAILURES = {
-    "test_store_accepts_block_published_by_another_writer": (
-        "a rename that reports EEXIST (some shared filesystems do, where POSIX replaces) fails "
-        "kvref's store, although another engine has just published the block"
-    ),
-}
 
 NOT_APPLICABLE = {
     "test_factory_forwards_locality_to_fs_tier": "builds vLLM's registered 'fs' type",
@@ -122,10 +111,5 @@ def load_suite(module_name: str) -> ModuleType:
 
 def suite_tests(suite: ModuleType, *, files: bool = False) -> dict[str, Any]:
     """The applicable tests of `suite`, by name (to merge into a test module's namespace), with
-    the `FILE_LAYOUT` ones and the `KNOWN_FAILURES` (as strict xfails) where `files` (the tier
-    has block files it can name)."""
-    tests = {name: getattr(suite, name) for name in (*APPLICABLE, *(FILE_LAYOUT if files else ()))}
-    if files:
-        for name, reason in KNOWN_FAILURES.items():
-            tests[name] = pytest.mark.xfail(strict=True, reason=reason)(getattr(suite, name))
-    return tests
+    the `FILE_LAYOUT` ones where `files` (the tier has block files it can name)."""
+    return {name: getattr(suite, name) for name in (*APPLICABLE, *(FILE_LAYOUT if files else ()))}

@@ -19,7 +19,6 @@ from kvref.tiering.fs import FileSystemSecondaryTier
 from tests.vllm.fs_suite import (
     APPLICABLE,
     FILE_LAYOUT,
-    KNOWN_FAILURES,
     NOT_APPLICABLE,
     NOT_APPLICABLE_VARIANTS,
     load_suite,
@@ -65,6 +64,6 @@ def test_suite_is_fully_classified() -> None:
         for node in tree.body
         if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")
     }
-    classified = [*APPLICABLE, *FILE_LAYOUT, *KNOWN_FAILURES, *NOT_APPLICABLE]
+    classified = [*APPLICABLE, *FILE_LAYOUT, *NOT_APPLICABLE]
     assert in_suite == set(classified)
     assert len(classified) == len(set(classified))
