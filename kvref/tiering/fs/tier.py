@@ -1,13 +1,13 @@
-"""`FileSystemSecondaryTier`: the tier's scheduler-thread API and the tasks it queues for its I/O
-threads, whose file work is `BlockIO`'s and whose room-making is `RootCapacity`'s (the design is
-in the package docstring, `kvref.tiering.fs`)."""
+"""`FileSystemSecondaryTier`: the tier's scheduler-thread API and its bookkeeping of jobs; the I/O
+threads run `JobTasks` (`kvref.tiering.fs.tasks`), whose file work is `BlockIO`'s and whose
+room-making is `RootCapacity`'s (the design is in the package docstring, `kvref.tiering.fs`)."""
 
 from __future__ import annotations
 
 import logging
 import os
 import time
-from collections import Counter, OrderedDict, deque
+from collections import Counter, OrderedDict
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
@@ -27,6 +27,7 @@ from kvref.tiering.fs.capacity import RootCapacity
 from kvref.tiering.fs.format import MAX_KEY_BYTES, file_bytes, header_bytes
 from kvref.tiering.fs.job import BlockWrite, FsJob
 from kvref.tiering.fs.pool import DualQueuePool, IOTask, default_threads
+from kvref.tiering.fs.tasks import JobTasks, Outcome
 from kvref.tiering.fs.root import (
     block_name,
     fanout_dir,
@@ -46,10 +47,7 @@ _MARK_INTERVAL_S = 1.0
 """A block marked used less than this long ago by this engine is not marked again (a `touch` of
 a long prefix every step would otherwise cost a metadata write per block per step)."""
 _MAX_MARKED = 1 << 16
-_WARN_INTERVAL_S = 10.0
 
-# One task's outcome per block: (key, None for success, else the failure).
-_Outcome = tuple[OffloadKey, WriteOutcome | ReadProblem | str | None]
 
 
 class FileSystemSecondaryTier(SecondaryTierManager):
@@ -160,10 +158,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         self._done: list[FsJob] = []
         self._waiting: list[FsJob] = []  # stores done but for blocks other jobs are writing
         self._closed = False
-        # Per-task completions posted by the I/O threads (deque appends and pops are atomic:
-        # the scheduler thread never waits on a lock that an I/O thread could hold).
-        self._completions: deque[tuple[FsJob, list[_Outcome], float, float]] = deque()
-        self._last_warning = 0.0
+        self._tasks = JobTasks(self._io, self._capacity, self._dirs, self._reading, self.medium)
 
         self._pool = DualQueuePool(self.n_read_threads, self.n_write_threads, f"kvref-{self.medium}")
         # Learn the root's usage and remove dead writers' temporary files, off the caller's
@@ -272,51 +267,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             task_bytes += self.block_bytes
         state.remaining = len(tasks)
         for blocks in tasks:
-            self._pool.submit(self._write_task(state, blocks, protected), read=False)
-
-    def _write_task(
-        self, state: FsJob, blocks: list[tuple[OffloadKey, int]], protected: frozenset[str]
-    ) -> IOTask:
-        def run() -> None:
-            start = time.monotonic()
-            outcomes: list[_Outcome] = []
-            for key, block_id in blocks:
-                outcomes.append((key, self._write_block(key, block_id, protected)))
-            self._task_done(state, outcomes, start)
-
-        def cancel() -> None:
-            self._task_done(state, [(key, "cancelled") for key, _ in blocks])
-
-        return IOTask(run, cancel)
-
-    def _write_block(
-        self, key: OffloadKey, block_id: int, protected: frozenset[str]
-    ) -> WriteOutcome | str:
-        """Store one block (I/O thread): make room, write, and return how it went."""
-        name = block_name(key)
-        index = fanout_dir(name)
-        path = os.path.join(self._dirs[index], name)
-        size = file_bytes(len(key), self.block_bytes)
-        reserved = False
-        outcome: WriteOutcome | None = None
-
-        def make_room() -> bool:
-            nonlocal reserved
-            reserved = self._capacity.reserve(index, size, protected, self._reading.__contains__)
-            return reserved
-
-        try:
-            outcome = self._io.write_block(path, key, block_id, make_room)
-            if outcome is WriteOutcome.NO_ROOM:
-                return "no room: every block of its eviction domain is in use"
-            return outcome
-        except Exception as exc:  # OSError, or a bug: a failed store, never an exception
-            self._warn("write", path, exc)
-            return str(exc) or type(exc).__name__
-        finally:
-            if reserved:
-                written = name if outcome is WriteOutcome.WRITTEN else None
-                self._capacity.release(index, size, written)
+            self._pool.submit(self._tasks.write(state, blocks, protected), read=False)
 
     # --- loads ---
 
@@ -347,45 +298,14 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             self._marked[name] = time.monotonic()  # the load marks it used
         state.remaining = len(tasks)
         for blocks in tasks:
-            self._pool.submit(self._read_task(state, blocks), read=True)
-
-    def _read_task(self, state: FsJob, blocks: list[tuple[OffloadKey, str, int]]) -> IOTask:
-        def run() -> None:
-            start = time.monotonic()
-            outcomes: list[_Outcome] = []
-            used: list[str] = []
-            for key, name, block_id in blocks:
-                path = os.path.join(self._dirs[fanout_dir(name)], name)
-                try:
-                    problem = self._io.read_block(path, key, block_id)
-                except Exception as exc:  # a bug: a failed load, never an exception
-                    self._warn("read", path, exc)
-                    problem = ReadProblem.UNREADABLE
-                if problem is None:
-                    used.append(path)
-                elif problem is not ReadProblem.MISSING:
-                    self._warn("read", path, OSError(f"block {key.hex()}: {problem.value}"))
-                outcomes.append((key, problem))
-            # A load is a use in every engine's eyes: after the data, so it costs no latency.
-            self._io.mark_used(used)
-            self._task_done(state, outcomes, start)
-
-        def cancel() -> None:
-            self._task_done(state, [(key, ReadProblem.UNREADABLE) for key, _, _ in blocks])
-
-        return IOTask(run, cancel)
+            self._pool.submit(self._tasks.read(state, blocks), read=True)
 
     # --- results ---
-
-    def _task_done(self, state: FsJob, outcomes: list[_Outcome], start: float | None = None) -> None:
-        """Post one task's outcome (I/O thread); `start` is None when it was cancelled."""
-        end = time.monotonic()
-        self._completions.append((state, outcomes, end if start is None else start, end))
 
     @override
     def get_finished_jobs(self) -> Iterable[JobResult]:
         done, self._done = self._done, []
-        completions = self._completions
+        completions = self._tasks.completions
         while completions:
             state, outcomes, start, end = completions.popleft()
             if state.meta.is_promotion:
@@ -415,12 +335,12 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             finished.append(state)
         return [state.result(self.block_bytes) for state in finished]
 
-    def _settle_writes(self, state: FsJob, outcomes: list[_Outcome]) -> None:
+    def _settle_writes(self, state: FsJob, outcomes: list[Outcome]) -> None:
         writes = {write.key: write for write in state.writes}
         for key, outcome in outcomes:
             write = writes[key]
             write.done = True
-            write.ok = isinstance(outcome, WriteOutcome)
+            write.ok = outcome is WriteOutcome.WRITTEN or outcome is WriteOutcome.EXISTED
             if self._writing.get(key) is write:
                 del self._writing[key]
             if write.ok:
@@ -430,7 +350,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
                 state.failed = True
                 state.failed_keys.append(key)
 
-    def _settle_reads(self, state: FsJob, outcomes: list[_Outcome]) -> None:
+    def _settle_reads(self, state: FsJob, outcomes: list[Outcome]) -> None:
         removed: list[OffloadKey] = []
         for key, problem in outcomes:
             name = block_name(key)
@@ -527,15 +447,6 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         self._closed = True
         self._pool.shutdown()
         self._primary.release()
-
-    def _warn(self, operation: str, path: str, exc: BaseException) -> None:
-        # Disk-full or permission errors hit every block: warn at most every few seconds.
-        now = time.monotonic()
-        level = logging.DEBUG
-        if now - self._last_warning >= _WARN_INTERVAL_S:
-            self._last_warning = now
-            level = logging.WARNING
-        logger.log(level, "fs tier %s: %s of %s failed: %s", self.medium, operation, path, exc)
 
     def __len__(self) -> int:
         """Block files in the root as last listed (0 until a listing; unbounded roots are
