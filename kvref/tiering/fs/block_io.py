@@ -18,6 +18,7 @@ import errno
 import mmap
 import os
 import threading
+import time
 from collections.abc import Callable
 
 from kvref.tiering.base import PrimaryBlocks
@@ -35,6 +36,8 @@ from kvref.tiering.fs.root import TMP_SUFFIX, unlink_quietly
 __all__ = ["ReadProblem", "WriteOutcome", "BlockIO", "buffer_address"]
 
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
+_MARK_INTERVAL_S = 1.0
+"""A file used less than this long ago is not marked used again (a metadata write saved)."""
 # sync_file_range(2) flags: start writeback of the range and wait for it, without the journal
 # commit fdatasync also waits for; the clean pages can then be dropped.
 _SYNC_FILE_RANGE_WAIT_BEFORE = 1
@@ -156,9 +159,10 @@ class BlockIO:
             path: the block file's path.
             key: the block's key.
             block_id: the primary row to store.
-            make_room: called once the temporary file exists at its full size (so every other
-                engine's listing counts it from then on: of two writers racing for the last
-                room, the later one to list sees the other's file); False: no room.
+            make_room: called once the temporary file is written whole, before it is renamed
+                into place (every other engine's listing counts it from then on, so of two
+                writers racing for the last room the later one to list sees the other's file);
+                False: no room, and the file is deleted.
 
         Raises:
             OSError: the write failed (disk full, I/O error, ...); no temporary file is left.
@@ -183,10 +187,6 @@ class BlockIO:
         fd = self._create(tmp_path)
         try:
             try:
-                os.ftruncate(fd, sum(len(part) for part in parts))  # sparse: no data yet
-                if not make_room():
-                    unlink_quietly(tmp_path)
-                    return WriteOutcome.NO_ROOM
                 _write_all(fd, parts)
                 if self._fsync:
                     os.fsync(fd)
@@ -196,6 +196,9 @@ class BlockIO:
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(fd)
+            if not make_room():
+                unlink_quietly(tmp_path)
+                return WriteOutcome.NO_ROOM
             try:
                 os.replace(tmp_path, path)
             except FileExistsError:
@@ -227,12 +230,20 @@ class BlockIO:
 
     # --- reads ---
 
-    def read_block(self, path: str, key: bytes, block_id: int) -> ReadProblem | None:
+    def read_block(self, path: str, key: bytes, block_id: int, used: list[str]) -> ReadProblem | None:
         """Read `key`'s block file into primary row `block_id` and verify it.
 
         A file that fails verification has still been read into the row (unless read through
         the bounce buffer): the caller must fail the load. A damaged file is deleted, unless a
         writer has replaced it since it was opened.
+
+        Args:
+            path: the block file's path.
+            key: the block's key.
+            block_id: the primary row to fill.
+            used: `path` is appended when the load is a use to mark (`mark_used`) and the file
+                was not marked within the last second: the caller marks it once the job's
+                outcome is posted, off the load's latency.
 
         Returns:
             None when the row now holds the block, else why not.
@@ -244,18 +255,22 @@ class BlockIO:
         except OSError:
             return ReadProblem.UNREADABLE
         try:
-            problem = self._read_verified(fd, key, block_id)
+            stat = os.fstat(fd)
+            problem = self._read_verified(fd, key, block_id, stat.st_size)
             if problem is ReadProblem.DAMAGED:
                 self._delete_if_same(fd, path)
-            elif self._drop_pages:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            else:
+                if self._drop_pages:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                if time.time() - stat.st_mtime >= _MARK_INTERVAL_S:
+                    used.append(path)  # a load is a use, in every engine's eyes
         except OSError:
             problem = ReadProblem.UNREADABLE
         finally:
             os.close(fd)
         return problem
 
-    def _read_verified(self, fd: int, key: bytes, block_id: int) -> ReadProblem | None:
+    def _read_verified(self, fd: int, key: bytes, block_id: int, size: int) -> ReadProblem | None:
         row = self._primary.row(block_id)
         buffer = self._buffer()
         head = header_bytes(len(key))
@@ -268,7 +283,7 @@ class BlockIO:
             parts = [buffer[: head + self._payload_bytes]]
             payload = buffer[head : head + self.block_bytes]
         expected = sum(len(part) for part in parts)
-        if _read_all(fd, parts) != expected or os.fstat(fd).st_size != expected:
+        if size != expected or _read_all(fd, parts) != expected:
             return ReadProblem.DAMAGED
         hasher = check_header(buffer[:head], key, self.block_bytes)
         if hasher is None or not payload_checksum_ok(buffer[:head], hasher, payload):

@@ -4,7 +4,7 @@ least recently used ones, and removing the temporary files of dead writers.
 No engine owns the root, so none can keep its byte count in memory: every engine learns it from
 the directories themselves. The root's `FANOUT` directories are split into `domains` eviction
 domains of equal size, each with `capacity_bytes // domains` bytes. Before a block file is
-written, the writing thread lists the directories of its domain (`os.scandir`: one `stat` only
+renamed into place, the writing thread lists the directories of its domain (`os.scandir`: one `stat` only
 for a file it has not seen before), adds the blocks this engine is still writing there, and, if
 the new file would not fit, deletes the domain's files in order of modification time, oldest
 first, re-reading each one's time first (another engine may have just used it: its time then
@@ -12,9 +12,9 @@ moved on, and it goes back in line). A load or a `touch` in any engine sets a fi
 (`BlockIO.mark_used`), so recency is shared through the files themselves; atime, `flock` and
 daemons are not used, so a root on NFS works the same way.
 
-Bounds: a writer creates its temporary file at its full size (sparse) before it lists, so of two
-engines racing for a domain's last room the later one to list counts the other's file and makes
-room for both: at rest the root is within `capacity_bytes`, and while engines write it exceeds it
+Bounds: a writer lists after its temporary file is written whole and before it renames it into
+place, so of two engines racing for a domain's last room the later one to list counts the
+other's file and makes room for both: at rest the root is within `capacity_bytes`, and while engines write it exceeds it
 by at most the writes in flight. Eviction is least-recently-used within each domain; across the
 root the victim is the least recently used file of its domain, on average among the oldest 4-7%
 of the root's files with 64 files a domain (closer to exact LRU as domains hold more files:

@@ -118,18 +118,15 @@ class JobTasks:
             for key, name, block_id in blocks:
                 path = os.path.join(self._dirs[fanout_dir(name)], name)
                 try:
-                    problem = self._io.read_block(path, key, block_id)
+                    problem = self._io.read_block(path, key, block_id, used)
                 except Exception as exc:  # a bug: a failed load, never an exception
                     self.warn("read", path, exc)
                     problem = ReadProblem.UNREADABLE
-                if problem is None:
-                    used.append(path)
-                elif problem is not ReadProblem.MISSING:
+                if problem is not None and problem is not ReadProblem.MISSING:
                     self.warn("read", path, OSError(f"block {key.hex()}: {problem.value}"))
                 outcomes.append((key, problem))
-            # A load is a use in every engine's eyes: after the data, so it costs no latency.
-            self._io.mark_used(used)
             self._post(state, outcomes, start)
+            self._io.mark_used(used)  # after the outcome: a metadata write off the load's latency
 
         def cancel() -> None:
             self._post(state, [(key, ReadProblem.UNREADABLE) for key, _, _ in blocks])
