@@ -18,7 +18,6 @@ import errno
 import mmap
 import os
 import threading
-import time
 from collections.abc import Callable
 
 from kvref.tiering.base import PrimaryBlocks
@@ -36,8 +35,6 @@ from kvref.tiering.fs.root import TMP_SUFFIX, unlink_quietly
 __all__ = ["ReadProblem", "WriteOutcome", "BlockIO", "buffer_address"]
 
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
-_MARK_INTERVAL_S = 1.0
-"""A file used less than this long ago is not marked used again (a metadata write saved)."""
 # sync_file_range(2) flags: start writeback of the range and wait for it, without the journal
 # commit fdatasync also waits for; the clean pages can then be dropped.
 _SYNC_FILE_RANGE_WAIT_BEFORE = 1
@@ -241,9 +238,8 @@ class BlockIO:
             path: the block file's path.
             key: the block's key.
             block_id: the primary row to fill.
-            used: `path` is appended when the load is a use to mark (`mark_used`) and the file
-                was not marked within the last second: the caller marks it once the job's
-                outcome is posted, off the load's latency.
+            used: `path` is appended when the load succeeded: a use, which the caller marks
+                (`mark_used`) once the job's outcome is posted, off the load's latency.
 
         Returns:
             None when the row now holds the block, else why not.
@@ -262,8 +258,7 @@ class BlockIO:
             else:
                 if self._drop_pages:
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                if time.time() - stat.st_mtime >= _MARK_INTERVAL_S:
-                    used.append(path)  # a load is a use, in every engine's eyes
+                used.append(path)  # a load is a use, in every engine's eyes
         except OSError:
             problem = ReadProblem.UNREADABLE
         finally:
