@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import multiprocessing
 import os
 from pathlib import Path
 
@@ -49,3 +50,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     assert package.__file__ is not None
     report = {"imported_from": str(Path(package.__file__).resolve().parent), "outcomes": _outcomes}
     Path(destination).write_text(json.dumps(report, indent=1, sort_keys=True))
+    # A test of vLLM's (its shared-region races, cpu/test_shared_offload_region.py) can leave
+    # worker processes blocked on a queue when it fails under load; the interpreter's exit would
+    # join them forever. The report is written: end them.
+    for child in multiprocessing.active_children():
+        child.kill()
+        child.join(5)
