@@ -147,8 +147,8 @@ class ARCCachePolicy(CachePolicy):
                 and (not b2 or b2.keys().isdisjoint(keys))
             ):
                 return
-            # A list (what the manager passes) is reversed in place, not copied first.
-            in_order = reversed(keys if keys.__class__ is list else list(keys))
+            # A list or tuple (what the manager passes) is reversed in place, not copied first.
+            in_order = reversed(keys) if isinstance(keys, (list, tuple)) else reversed(list(keys))
         for key in in_order:
             if key in t2:
                 t2.move_to_end(key)
