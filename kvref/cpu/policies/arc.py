@@ -16,6 +16,8 @@ __all__ = ["ARCCachePolicy"]
 
 _Entries = Iterator[tuple[OffloadKey, BlockStatus]]
 _FIRST = operator.itemgetter(0)  # an eviction's key
+# touch tests longer key lists against every table in C before its per-key loop.
+_PROBED_IN_C = 16
 
 
 class ARCCachePolicy(CachePolicy):
@@ -134,21 +136,24 @@ class ARCCachePolicy(CachePolicy):
         # Probed in the order keys are most often found (t2, t1, the ghosts): each probe of
         # another large table is a likely cache miss, the main cost per key.
         t1, t2, b1, b2 = self.t1, self.t2, self.b1.copies, self.b2.copies
-        # A request's new blocks are neither held nor ghosts: then nothing moves, found in C.
-        # (The ghosts' dicts also hold discarded keys: a false alarm only costs the loop.) A
-        # single key is probed by the loop itself, in no particular order: four views and a
-        # reversed iterator cost more than its four probes.
+        # A long list of a request's new blocks (neither held nor ghosts) moves nothing, which
+        # a C-level test finds (the ghosts' dicts also hold discarded keys: a false alarm only
+        # costs the loop). A short list is probed by the loop itself: building the views costs
+        # more than its probes.
+        num_keys = len(keys)
+        if (
+            num_keys > _PROBED_IN_C
+            and t2.keys().isdisjoint(keys)
+            and t1.keys().isdisjoint(keys)
+            and (not b1 or b1.keys().isdisjoint(keys))
+            and (not b2 or b2.keys().isdisjoint(keys))
+        ):
+            return
+        # Last key first; a list (what the manager passes) is reversed in place, not copied,
+        # and a single key is not reversed at all.
         in_order: Iterable[OffloadKey] = keys
-        if len(keys) > 1:
-            if (
-                t2.keys().isdisjoint(keys)
-                and t1.keys().isdisjoint(keys)
-                and (not b1 or b1.keys().isdisjoint(keys))
-                and (not b2 or b2.keys().isdisjoint(keys))
-            ):
-                return
-            # A list or tuple (what the manager passes) is reversed in place, not copied first.
-            in_order = reversed(keys) if isinstance(keys, (list, tuple)) else reversed(list(keys))
+        if num_keys > 1:
+            in_order = reversed(keys) if isinstance(keys, list) else reversed(list(keys))
         for key in in_order:
             if key in t2:
                 t2.move_to_end(key)
