@@ -228,12 +228,12 @@ class ManagerBookkeeping(OffloadingManager):
 
     @override
     def __getstate__(self) -> dict[str, object]:
-        # The lookup closure is bound to this manager's block map: copies and unpickled managers
-        # get their own (see __setstate__), starting from this one's counts. (vars() slows this
-        # manager's attribute access from now on, see the _policy setter: copies are for tests
-        # and snapshots, off the serving path.)
+        # The lookup and touch closures are bound to this manager's policy: copies and
+        # unpickled managers get their own (see __setstate__), starting from this one's counts.
+        # (vars() slows this manager's attribute access from now on, see the _policy setter:
+        # copies are for tests and snapshots, off the serving path.)
         state = dict(vars(self))
-        for name in ("lookup", "_lookup", "_lookup_counts", "_get_block", "_get_other_block"):
+        for name in ("lookup", "touch", "_lookup", "_lookup_counts", "_get_block", "_get_other_block"):
             state.pop(name, None)
         state["_lookup_totals"] = self._lookup_counts()
         return state

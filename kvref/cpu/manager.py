@@ -22,7 +22,7 @@ errors) is the manager's base class, `ManagerBookkeeping` in `kvref.cpu.bookkeep
 from __future__ import annotations
 
 import operator
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from itertools import filterfalse, repeat
 from typing import cast
 
@@ -57,6 +57,20 @@ _SECOND = operator.itemgetter(1)
 _BLOCK_LEVEL = RequestOffloadingContext()
 
 
+def _make_touch(
+    policy_touch: Callable[[Collection[OffloadKey]], None],
+) -> Callable[[Collection[OffloadKey], ReqContext], None]:
+    """Return a manager's touch: refuse a single key, then pass the keys to the policy (a
+    closure, as the lookup is: see `make_lookup`)."""
+
+    def touch(keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        if keys.__class__ is not list and isinstance(keys, _SINGLE_KEY_TYPES):
+            check_key_collection(keys, "touch")
+        policy_touch(keys)
+
+    return touch
+
+
 class CPUOffloadingManager(ManagerBookkeeping):
     """Offloads blocks to `num_blocks` CPU slots, evicting idle blocks as the policy chooses.
 
@@ -78,11 +92,14 @@ class CPUOffloadingManager(ManagerBookkeeping):
     @override
     def _bind_policy(self, policy: CachePolicy) -> None:
         super()._bind_policy(policy)
+        # Instance attributes: callers reach the closures without binding a method, on the two
+        # calls made per block and step. Set through setattr, not vars(): vars() turns the
+        # instance's inline attribute values into a dict, which makes every later attribute
+        # access of the manager slower. A subclass that overrides a call keeps its method.
         if type(self).lookup is CPUOffloadingManager.lookup:
-            # An instance attribute: callers reach the closure without binding a method. Set
-            # through setattr, not vars(): vars() turns the instance's inline attribute values
-            # into a dict, which makes every later attribute access of the manager slower.
             object.__setattr__(self, "lookup", self._lookup)
+        if type(self).touch is CPUOffloadingManager.touch:
+            object.__setattr__(self, "touch", _make_touch(policy.touch))
 
     # --- OffloadingManager interface ---
 
@@ -141,6 +158,7 @@ class CPUOffloadingManager(ManagerBookkeeping):
 
     @override
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        # Instances call _make_touch's closure directly; this serves subclasses' super().
         if keys.__class__ is not list and isinstance(keys, _SINGLE_KEY_TYPES):
             check_key_collection(keys, "touch")
         self._policy_touch(keys)
