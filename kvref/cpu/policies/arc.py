@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import operator
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence, Set
 
 from typing_extensions import override
@@ -154,11 +154,6 @@ class ARCCachePolicy(CachePolicy):
         in_order: Iterable[OffloadKey] = keys
         if num_keys > 1:
             in_order = reversed(keys) if isinstance(keys, list) else reversed(list(keys))
-            if all(map(t2.__contains__, keys)):
-                # Every key is frequent already (a request's hits, touched again): each only
-                # moves to t2's MRU end, in C (deque(..., 0) consumes the map, keeping nothing).
-                deque(map(t2.move_to_end, in_order), 0)
-                return
         for key in in_order:
             if key in t2:
                 t2.move_to_end(key)
