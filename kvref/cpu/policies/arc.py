@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import operator
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence, Set
+from collections.abc import Collection, Iterator, Mapping, Sequence, Set
 
 from typing_extensions import override
 
@@ -136,11 +136,21 @@ class ARCCachePolicy(CachePolicy):
         # Probed in the order keys are most often found (t2, t1, the ghosts): each probe of
         # another large table is a likely cache miss, the main cost per key.
         t1, t2, b1, b2 = self.t1, self.t2, self.b1.copies, self.b2.copies
+        num_keys = len(keys)
+        if num_keys == 1:
+            # One key: no reversal, and no method bound for a single call.
+            for key in keys:
+                if key in t2:
+                    t2.move_to_end(key)
+                elif key in t1:
+                    self._use_recent(key)
+                elif key in b1 or key in b2:
+                    self._adapt_to_ghost_hit(key)
+            return
         # A long list of a request's new blocks (neither held nor ghosts) moves nothing, which
         # a C-level test finds (the ghosts' dicts also hold discarded keys: a false alarm only
         # costs the loop). A short list is probed by the loop itself: building the views costs
         # more than its probes.
-        num_keys = len(keys)
         if (
             num_keys > _PROBED_IN_C
             and t2.keys().isdisjoint(keys)
@@ -149,21 +159,26 @@ class ARCCachePolicy(CachePolicy):
             and (not b2 or b2.keys().isdisjoint(keys))
         ):
             return
-        # Last key first; a list (what the manager passes) is reversed in place, not copied,
-        # and a single key is not reversed at all.
-        in_order: Iterable[OffloadKey] = keys
-        if num_keys > 1:
-            in_order = reversed(keys) if isinstance(keys, list) else reversed(list(keys))
-        for key in in_order:
+        refresh_t2 = t2.move_to_end  # bound once, outside the per-key loop
+        # Last key first; a list (what the manager passes) is reversed in place, not copied.
+        for key in reversed(keys) if isinstance(keys, list) else reversed(list(keys)):
             if key in t2:
-                t2.move_to_end(key)
-            elif key in t1:
+                refresh_t2(key)
+            elif key in t1:  # _use_recent, inlined: a request's first reuses arrive here
                 if t1[key].ref_cnt >= 0:
                     t2[key] = t1.pop(key)
                 else:
                     t1.move_to_end(key)
             elif key in b1 or key in b2:
                 self._adapt_to_ghost_hit(key)
+
+    def _use_recent(self, key: OffloadKey) -> None:
+        """Step 3a: a touched t1 block is promoted to t2 if ready, else moved to t1's MRU end."""
+        t1 = self.t1
+        if t1[key].ref_cnt >= 0:
+            self.t2[key] = t1.pop(key)
+        else:
+            t1.move_to_end(key)
 
     @override
     def on_request_finished(
