@@ -135,18 +135,20 @@ class ARCCachePolicy(CachePolicy):
     def touch(self, keys: Collection[OffloadKey]) -> None:
         # Probed in the order keys are most often found (t2, t1, the ghosts): each probe of
         # another large table is a likely cache miss, the main cost per key.
-        t1, t2, b1, b2 = self.t1, self.t2, self.b1.copies, self.b2.copies
+        t1, t2 = self.t1, self.t2
         num_keys = len(keys)
         if num_keys == 1:
-            # One key: no reversal, and no method bound for a single call.
+            # One key: no reversal, no method bound for a single call, and the ghost lists
+            # read only if the key is not held.
             for key in keys:
                 if key in t2:
                     t2.move_to_end(key)
                 elif key in t1:
                     self._use_recent(key)
-                elif key in b1 or key in b2:
+                elif key in self.b1.copies or key in self.b2.copies:
                     self._adapt_to_ghost_hit(key)
             return
+        b1, b2 = self.b1.copies, self.b2.copies
         # A long list of a request's new blocks (neither held nor ghosts) moves nothing, which
         # a C-level test finds (the ghosts' dicts also hold discarded keys: a false alarm only
         # costs the loop). A short list is probed by the loop itself: building the views costs
