@@ -17,19 +17,22 @@ move them. It never copies data itself. Its primitives:
 Every `keys` parameter is a `Collection[OffloadKey]`: callers may pass a list, a tuple, a set or
 a dict view, and implementations may iterate it more than once and take its `len`, but must not
 index it.
+
+Where the parts live: this module holds the keys, the request context and the manager contract;
+the load/store specs are in `kvref.specs` and the statistics in `kvref.stats`, and are exported
+from here too.
 """
 
 from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from array import array
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any, NewType, TypeVar
 
-from typing_extensions import override
+from kvref.specs import BlockIDsLoadStoreSpec, GPULoadStoreSpec, LoadStoreSpec
+from kvref.stats import OffloadingStats, TierStats
 
 __all__ = [
     "OffloadKey",
@@ -174,100 +177,6 @@ def check_key_collection(keys: object, operation: str) -> None:
 _SINGLE_KEY_TYPES: tuple[type, ...] = (bytes, bytearray, memoryview, str)
 
 
-class LoadStoreSpec(ABC):
-    """Opaque metadata that lets a worker locate blocks on one medium."""
-
-    @staticmethod
-    @abstractmethod
-    def medium() -> str:
-        """Return the medium these blocks live on ("GPU", "CPU", ...)."""
-
-
-class BlockIDsLoadStoreSpec(LoadStoreSpec, ABC):
-    """Blocks addressed by integer ids on their medium (co-indexed with the keys they serve).
-
-    `block_ids` is an `array('q')`: packed int64, compact and zero-copy into torch/numpy.
-    """
-
-    def __init__(self, block_ids: Iterable[int]) -> None:
-        # array fills a sized array from a list, but grows one item at a time from an iterator.
-        self._ids: array[int] | list[int] = array(
-            "q", block_ids if isinstance(block_ids, list) else list(block_ids)
-        )
-
-    @property
-    def block_ids(self) -> array[int]:
-        """The block ids, packed (on first read, for a spec built from a list it owns)."""
-        ids = self._ids
-        if isinstance(ids, list):
-            ids = self._ids = array("q", ids)
-        return ids
-
-    @override
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.block_ids.tolist()})"
-
-    @override
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, BlockIDsLoadStoreSpec):
-            return NotImplemented
-        return type(self) is type(other) and self.block_ids == other.block_ids
-
-
-class GPULoadStoreSpec(BlockIDsLoadStoreSpec):
-    """GPU blocks of one request, ordered by KV-cache group.
-
-    An offloaded block may span several GPU blocks (the block-size factor), so the first GPU
-    block of a group can sit mid-way into an offloaded block; `block_indices[g]` says where.
-
-    Args:
-        block_ids: GPU block ids, group 0's first, then group 1's, ...
-        group_sizes: how many of `block_ids` belong to each group.
-        block_indices: per group, the request-relative index (in GPU blocks) of its first block.
-    """
-
-    def __init__(
-        self, block_ids: Iterable[int], group_sizes: Sequence[int], block_indices: Sequence[int]
-    ) -> None:
-        super().__init__(block_ids)
-        if len(block_indices) != len(group_sizes):
-            raise ValueError(
-                f"block_indices has {len(block_indices)} entries but group_sizes has "
-                f"{len(group_sizes)}: both need one entry per KV-cache group"
-            )
-        if any(size < 0 for size in group_sizes) or sum(group_sizes) != len(self.block_ids):
-            raise ValueError(
-                f"group_sizes {list(group_sizes)} must be non-negative and sum to the "
-                f"{len(self.block_ids)} block ids"
-            )
-        if any(index < 0 for index in block_indices):
-            raise ValueError(f"block_indices {list(block_indices)} must be non-negative")
-        self.group_sizes: tuple[int, ...] = tuple(group_sizes)
-        self.block_indices: tuple[int, ...] = tuple(block_indices)
-
-    @staticmethod
-    @override
-    def medium() -> str:
-        return "GPU"
-
-    @override
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, GPULoadStoreSpec):
-            return NotImplemented
-        return (
-            self.block_ids == other.block_ids
-            and self.group_sizes == other.group_sizes
-            and self.block_indices == other.block_indices
-        )
-
-    @override
-    def __repr__(self) -> str:
-        return (
-            f"GPULoadStoreSpec({self.block_ids.tolist()}, group_sizes={list(self.group_sizes)}, "
-            f"block_indices={list(self.block_indices)})"
-        )
-
-
 @dataclass
 class PrepareStoreOutput:
     """What `prepare_store` decided.
@@ -305,87 +214,6 @@ class OffloadPolicy(enum.Enum):
     """Only newly computed blocks; blocks that were prefix hits are already offloaded."""
     REQUEST_LEVEL = "request_level"
     """Every block of the request, prefix hits included (tiers that need whole requests)."""
-
-
-@dataclass
-class TierStats:
-    """Cumulative counters of one tier, as the tiering manager saw them (and the tier reports).
-
-    Attributes:
-        name: the tier's medium name ("CPU" for the primary).
-        lookups: blocks asked for in this tier by `lookup`.
-        hits: lookups it held the block for (the primary: loadable; a secondary tier: it could
-            be promoted, which `lookup` then stages).
-        misses: lookups it did not hold (a block still being written counts neither way).
-        blocks_stored: blocks written into the tier (GPU stores for the primary, blocks of
-            successful cascades for a secondary tier, including ones it already held).
-        blocks_loaded: blocks read out of the tier (GPU loads for the primary, promoted blocks
-            for a secondary tier).
-        blocks_evicted: blocks the tier evicted to make room.
-        failed_jobs: jobs that failed (stores and promotions; the primary: failed GPU stores).
-        usage: the fraction of the tier's capacity in use, or None when it has no bound or
-            does not say.
-    """
-
-    name: str
-    lookups: int = 0
-    hits: int = 0
-    misses: int = 0
-    blocks_stored: int = 0
-    blocks_loaded: int = 0
-    blocks_evicted: int = 0
-    failed_jobs: int = 0
-    usage: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class OffloadingStats:
-    """Counters of one manager (or one tier of it), cumulative since the manager was built.
-
-    Counters only grow (a `reset_cache` does not reset them), so a scraper can export them as
-    Prometheus counters and take rates; `num_blocks`/`used_blocks` are gauges. vLLM's
-    `get_stats` returns increments since the previous call instead; kvref leaves the
-    differencing to the scraper so that two readers do not steal each other's counts.
-
-    A manager composed of several storage tiers reports its primary tier's counters in the
-    top-level fields and one `TierStats` per tier in `tiers`, keyed by the tier's name (e.g.
-    "CPU", "fs"); a single-tier manager leaves `tiers` empty.
-
-    Attributes:
-        lookups: `lookup` calls answered.
-        hits: lookups answered True (ready to load).
-        pending: lookups answered None (present, not yet readable).
-        misses: lookups answered False.
-        blocks_stored: blocks whose store completed successfully.
-        blocks_loaded: blocks handed out by `prepare_load`.
-        blocks_evicted: blocks evicted to make room.
-        stores_refused: `prepare_store` calls answered None (no room).
-        num_blocks: capacity in blocks (0 when unbounded or unknown).
-        used_blocks: blocks held (pending, idle or being read).
-        tiers: per-tier counters, by tier name (a tiering manager: the primary, "CPU", first).
-    """
-
-    lookups: int = 0
-    hits: int = 0
-    pending: int = 0
-    misses: int = 0
-    blocks_stored: int = 0
-    blocks_loaded: int = 0
-    blocks_evicted: int = 0
-    stores_refused: int = 0
-    num_blocks: int = 0
-    used_blocks: int = 0
-    tiers: Mapping[str, TierStats] = field(default_factory=lambda: MappingProxyType({}))
-
-    @property
-    def usage(self) -> float:
-        """`used_blocks / num_blocks`, 0.0 when there is no capacity."""
-        return self.used_blocks / self.num_blocks if self.num_blocks > 0 else 0.0
-
-    @property
-    def hit_rate(self) -> float:
-        """`hits / lookups`, 0.0 before the first lookup."""
-        return self.hits / self.lookups if self.lookups else 0.0
 
 
 @dataclass(frozen=True)

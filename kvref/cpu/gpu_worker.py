@@ -26,28 +26,26 @@ Without CUDA, the GPU tensors are CPU tensors and the same handler runs the same
 copies are synchronous `copy_`s, the "events" are host timestamps (`time.perf_counter`), and
 every job has finished when `transfer_async` returns. Results, ordering and errors are the same.
 
-Pinned host memory: torch's `pin_memory=True` allocations go through its caching host
-allocator, which rounds each request up to a power of two (a 20 GiB pool costs 32 GiB). kvref
-instead allocates a plain tensor of the exact size and page-locks it with `cudaHostRegister`
-(through `torch.cuda.cudart()`) in bounded, page-aligned chunks, and unregisters them on
-`shutdown`. Copies are split where they would cross a chunk boundary, so every DMA stays within
-one registration. If registration fails, transfers still work, unpinned and slower (a warning
-says so).
+Pinned host memory: the CPU rows are page-locked in place with `cudaHostRegister`, in bounded,
+page-aligned chunks (`kvref.cpu.pinned_memory`), and unregistered on `shutdown`. Copies are split
+where they would cross a chunk boundary, so every DMA stays within one registration. If
+registration fails, transfers still work, unpinned and slower (a warning says so).
 
-This is the only kvref module that imports torch at module level.
+Where the parts live: this module holds the handlers and their streams and events; the byte views
+of the KV caches and CPU rows are in `kvref.cpu.kv_views`, the pinning in
+`kvref.cpu.pinned_memory`, the copy plan in `kvref.cpu.transfer_plan`. These three torch modules
+(not the plan) are the only kvref modules that import torch at module level.
 """
 
 from __future__ import annotations
 
-import bisect
 import contextlib
-import mmap
 import time
 import warnings
 from collections import deque
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Protocol, cast, runtime_checkable
+from typing import Protocol
 
 with warnings.catch_warnings():
     # CPU wheels of torch warn on import when numpy is absent; kvref never uses numpy.
@@ -58,6 +56,8 @@ from typing_extensions import override
 
 from kvref.base import BlockIDsLoadStoreSpec, GPULoadStoreSpec, LoadStoreSpec
 from kvref.cpu.common import CPU_MEDIUM, CPULoadStoreSpec
+from kvref.cpu.kv_views import CPUViewSource, as_block_rows, byte_span, cpu_views, span_end, validate_tensors
+from kvref.cpu.pinned_memory import DEFAULT_PIN_CHUNK_BYTES, HostMemoryPin, split_at_cuts
 from kvref.cpu.transfer_plan import ByteCopy, TensorGeometry, TransferPlan, plan_transfer
 from kvref.worker import (
     OffloadingHandler,
@@ -77,11 +77,6 @@ __all__ = [
 ]
 
 GPU_MEDIUM = GPULoadStoreSpec.medium()
-DEFAULT_PIN_CHUNK_BYTES = 1 << 30
-"""Largest single `cudaHostRegister` call (one call fails at >= 512 GiB, vLLM #51080)."""
-
-_CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712
-_PAGE_BYTES = mmap.PAGESIZE
 
 
 class _Event(Protocol):
@@ -149,94 +144,6 @@ class _Job:
     end: _Event
 
 
-class _CudaRuntime(Protocol):
-    """The two calls kvref makes through `torch.cuda.cudart()` (they return a cudaError)."""
-
-    def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int: ...
-
-    def cudaHostUnregister(self, ptr: int) -> int: ...
-
-
-class HostMemoryPin:
-    """Page-locks existing host memory with `cudaHostRegister`, in bounded page-aligned chunks.
-
-    Chunk boundaries sit on absolute multiples of the chunk size (itself a whole number of
-    pages), so two registrations never share a page (the driver pins whole pages and refuses
-    a second registration of one). A row may straddle a boundary: the handlers split copies
-    there, so every DMA stays inside one registration.
-
-    Registration creates a CUDA context on the current device, so call it with the KV caches'
-    device current. `close()` unregisters what this object registered (only that: memory that
-    someone else had already registered is left alone).
-
-    Args:
-        ptr: start address of the host range.
-        nbytes: its length.
-        chunk_bytes: the largest range registered by one call (rounded down to whole pages,
-            at least one page).
-    """
-
-    def __init__(self, ptr: int, nbytes: int, chunk_bytes: int = DEFAULT_PIN_CHUNK_BYTES) -> None:
-        if nbytes < 0 or chunk_bytes < 1:
-            raise ValueError(f"nbytes ({nbytes}) must be >= 0 and chunk_bytes ({chunk_bytes}) >= 1")
-        self.ptr = ptr
-        self.nbytes = nbytes
-        self._registered: list[int] = []
-        self.pinned = False
-        """True if the whole range is page-locked (by this object or already by its owner)."""
-        self.error: str | None = None
-        """Why pinning failed, when it did."""
-        step = max(_PAGE_BYTES, chunk_bytes - chunk_bytes % _PAGE_BYTES)
-        first = ptr - ptr % step + step
-        self.boundaries: list[int] = list(range(first, ptr + nbytes, step))
-        """Addresses where one registration ends and the next begins (no copy may cross)."""
-        self._pin()
-
-    def _pin(self) -> None:
-        if self.nbytes == 0:
-            self.pinned = True
-            return
-        cudart = cast(_CudaRuntime, torch.cuda.cudart())
-        edges = [self.ptr, *self.boundaries, self.ptr + self.nbytes]
-        for start, end in zip(edges, edges[1:]):
-            size = end - start
-            code = int(cudart.cudaHostRegister(start, size, 0))
-            if code == 0:
-                self._registered.append(start)
-                continue
-            if code == _CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED and start == self.ptr:
-                # The owner (e.g. a shared offload region) pinned it already: nothing to undo.
-                self.pinned = True
-                self.boundaries = []
-                return
-            self.close()
-            self.error = f"cudaHostRegister({start:#x}, {size}) failed with cudaError {code}"
-            return
-        self.pinned = True
-
-    def close(self) -> None:
-        """Unregister every chunk this object registered (idempotent)."""
-        if self._registered:
-            cudart = cast(_CudaRuntime, torch.cuda.cudart())
-            for start in self._registered:
-                cudart.cudaHostUnregister(start)
-        self._registered.clear()
-        self.pinned = False
-
-
-@runtime_checkable
-class CPUViewSource(Protocol):
-    """Anything that hands out CPU rows for KV tensors, one view per tensor, in order.
-
-    kvref's `SharedOffloadRegion` satisfies it: each call returns the next per-tensor int8
-    view `(num_blocks, page_bytes)` of its rows (stride `(row_bytes, 1)`).
-    """
-
-    def create_worker_view(self, page_bytes: int) -> torch.Tensor:
-        """Return the int8 CPU view `(num_blocks, page_bytes)` for the next tensor."""
-        ...
-
-
 class SingleDirectionOffloadingHandler(OffloadingHandler):
     """Moves blocks in one direction between GPU KV-cache tensors and CPU rows.
 
@@ -269,7 +176,7 @@ class SingleDirectionOffloadingHandler(OffloadingHandler):
         gpu_to_cpu: bool,
         host_boundaries: Sequence[int] = (),
     ) -> None:
-        _validate_tensors(gpu_tensors, cpu_tensors, block_size_factor)
+        validate_tensors(gpu_tensors, cpu_tensors, block_size_factor)
         self.gpu_to_cpu = gpu_to_cpu
         self.block_size_factor = block_size_factor
         self.transfer_type: TransferType = (
@@ -296,8 +203,8 @@ class SingleDirectionOffloadingHandler(OffloadingHandler):
             for gpu, src, dst in zip(gpu_tensors, src_tensors, dst_tensors, strict=True)
         )
         # 1-D byte views spanning each tensor's rows: plan offsets index them directly.
-        self._src_spans = [_byte_span(t) for t in src_tensors]
-        self._dst_spans = [_byte_span(t) for t in dst_tensors]
+        self._src_spans = [byte_span(t) for t in src_tensors]
+        self._dst_spans = [byte_span(t) for t in dst_tensors]
         # Per tensor, the chunk boundaries of pinned memory, as offsets into its CPU span.
         cpu_bases = [t.data_ptr() for t in cpu_tensors]
         sorted_boundaries = sorted(host_boundaries)
@@ -427,7 +334,7 @@ class SingleDirectionOffloadingHandler(OffloadingHandler):
             plan.copies, self._src_spans, self._dst_spans, self._host_cuts, strict=True
         ):
             if cuts:
-                tensor_copies = _split_at_cuts(tensor_copies, cuts, cpu_is_src=not self.gpu_to_cpu)
+                tensor_copies = split_at_cuts(tensor_copies, cuts, cpu_is_src=not self.gpu_to_cpu)
             for src_offset, dst_offset, nbytes in tensor_copies:
                 dst[dst_offset : dst_offset + nbytes].copy_(
                     src[src_offset : src_offset + nbytes], non_blocking=non_blocking
@@ -488,13 +395,13 @@ class CpuGpuOffloadingHandlers:
         if block_size_factor < 1:
             raise ValueError(f"block_size_factor must be a positive integer, got {block_size_factor}")
         self.block_size_factor = block_size_factor
-        self.gpu_tensors = [_as_block_rows(t, i) for i, t in enumerate(kv_caches)]
+        self.gpu_tensors = [as_block_rows(t, i) for i, t in enumerate(kv_caches)]
         self.device = self.gpu_tensors[0].device
         on_cuda = self.device.type == "cuda"
         if pin_memory and not on_cuda:
             raise ValueError(f"pin_memory=True needs CUDA KV caches; they are on {self.device}")
         cpu_page_bytes = [t.shape[1] * block_size_factor for t in self.gpu_tensors]
-        self.cpu_tensors, self._owned_rows = _cpu_views(cpu_rows, cpu_page_bytes, num_cpu_blocks)
+        self.cpu_tensors, self._owned_rows = cpu_views(cpu_rows, cpu_page_bytes, num_cpu_blocks)
         self.num_cpu_blocks = self.cpu_tensors[0].shape[0]
         if group_tensors is None:
             group_tensors = [list(range(len(self.gpu_tensors)))]
@@ -502,7 +409,7 @@ class CpuGpuOffloadingHandlers:
         self._pin: HostMemoryPin | None = None
         if pin_memory or (pin_memory is None and on_cuda):
             start = min(t.data_ptr() for t in self.cpu_tensors)
-            end = max(_span_end(t) for t in self.cpu_tensors)
+            end = max(span_end(t) for t in self.cpu_tensors)
             with torch.cuda.device(self.device):
                 self._pin = HostMemoryPin(start, end - start, pin_chunk_bytes)
             if not self._pin.pinned:
@@ -555,142 +462,3 @@ class CpuGpuOffloadingHandlers:
 
 def _spec_name(spec: LoadStoreSpec) -> str:
     return type(spec).__name__
-
-
-def _validate_tensors(
-    gpu_tensors: Sequence[torch.Tensor], cpu_tensors: Sequence[torch.Tensor], block_size_factor: int
-) -> None:
-    if not gpu_tensors or len(gpu_tensors) != len(cpu_tensors):
-        raise ValueError(
-            f"gpu_tensors ({len(gpu_tensors)}) and cpu_tensors ({len(cpu_tensors)}) must be "
-            "non-empty and co-indexed"
-        )
-    if block_size_factor < 1:
-        raise ValueError(f"block_size_factor must be a positive integer, got {block_size_factor}")
-    device = gpu_tensors[0].device
-    if device.type not in ("cuda", "cpu"):
-        raise ValueError(f"gpu_tensors must be on a CUDA device (or the CPU fallback), not {device}")
-    num_gpu_blocks, num_cpu_blocks = gpu_tensors[0].shape[0], cpu_tensors[0].shape[0]
-    for i, (gpu, cpu) in enumerate(zip(gpu_tensors, cpu_tensors, strict=True)):
-        for name, tensor in (("gpu_tensors", gpu), ("cpu_tensors", cpu)):
-            if tensor.dtype != torch.int8 or tensor.dim() != 2:
-                raise ValueError(
-                    f"{name}[{i}] must be a 2-D int8 tensor (num_blocks, page_bytes), got "
-                    f"{tensor.dtype} of shape {tuple(tensor.shape)}"
-                )
-            if tensor.stride(1) != 1 or tensor.stride(0) < tensor.shape[1]:
-                raise ValueError(
-                    f"{name}[{i}] rows must be contiguous and not overlap: strides "
-                    f"{tensor.stride()} for shape {tuple(tensor.shape)}"
-                )
-        if gpu.device != device:
-            raise ValueError(f"gpu_tensors[{i}] is on {gpu.device}, gpu_tensors[0] on {device}")
-        if cpu.device.type != "cpu":
-            raise ValueError(f"cpu_tensors[{i}] must be on the CPU, not {cpu.device}")
-        if gpu.shape[0] != num_gpu_blocks or cpu.shape[0] != num_cpu_blocks:
-            raise ValueError(
-                f"tensor {i} has {gpu.shape[0]} GPU and {cpu.shape[0]} CPU blocks; every tensor "
-                f"must have {num_gpu_blocks} and {num_cpu_blocks} (those of tensor 0)"
-            )
-        if cpu.shape[1] != gpu.shape[1] * block_size_factor:
-            raise ValueError(
-                f"cpu_tensors[{i}] pages are {cpu.shape[1]} bytes; with block_size_factor="
-                f"{block_size_factor} and {gpu.shape[1]}-byte GPU pages they must be "
-                f"{gpu.shape[1] * block_size_factor}"
-            )
-
-
-def _as_block_rows(tensor: torch.Tensor, index: int) -> torch.Tensor:
-    """View a KV-cache tensor as int8 `(num_blocks, page_bytes)` without copying."""
-    if tensor.dim() < 1 or tensor.shape[0] < 1:
-        raise ValueError(f"kv_caches[{index}] needs a leading num_blocks dimension >= 1")
-    try:
-        flat = tensor.view(tensor.shape[0], -1) if tensor.dim() > 1 else tensor.view(-1, 1)
-        return flat.view(torch.int8)
-    except RuntimeError as exc:
-        raise ValueError(
-            f"kv_caches[{index}] (shape {tuple(tensor.shape)}, strides {tensor.stride()}) cannot "
-            f"be viewed as (num_blocks, page_bytes) bytes: each block must be contiguous ({exc})"
-        ) from exc
-
-
-def _cpu_views(
-    cpu_rows: torch.Tensor | CPUViewSource | None,
-    cpu_page_bytes: list[int],
-    num_cpu_blocks: int | None,
-) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-    """Per-tensor CPU views, and the buffer the handlers own (None when the caller owns it)."""
-    if cpu_rows is None:
-        if num_cpu_blocks is None or num_cpu_blocks < 1:
-            raise ValueError(
-                f"num_cpu_blocks must be a positive integer when cpu_rows is None, got "
-                f"{num_cpu_blocks}"
-            )
-        # One exact-size allocation (no power-of-two rounding), each tensor's rows dense so
-        # consecutive CPU blocks merge into single copies.
-        buffer = torch.zeros(num_cpu_blocks * sum(cpu_page_bytes), dtype=torch.int8)
-        views: list[torch.Tensor] = []
-        offset = 0
-        for page in cpu_page_bytes:
-            size = num_cpu_blocks * page
-            views.append(buffer[offset : offset + size].view(num_cpu_blocks, page))
-            offset += size
-        return views, buffer
-    if isinstance(cpu_rows, torch.Tensor):
-        if cpu_rows.dtype != torch.int8 or cpu_rows.dim() != 2 or cpu_rows.device.type != "cpu":
-            raise ValueError(
-                "cpu_rows must be a 2-D int8 CPU tensor (num_cpu_blocks, row_bytes), got "
-                f"{cpu_rows.dtype} of shape {tuple(cpu_rows.shape)} on {cpu_rows.device}"
-            )
-        if cpu_rows.shape[1] < sum(cpu_page_bytes):
-            raise ValueError(
-                f"cpu_rows rows are {cpu_rows.shape[1]} bytes; the KV caches need "
-                f"{sum(cpu_page_bytes)} per CPU block ({cpu_page_bytes})"
-            )
-        views = []
-        offset = 0
-        for page in cpu_page_bytes:
-            views.append(cpu_rows[:, offset : offset + page])
-            offset += page
-        _check_num_blocks(views, num_cpu_blocks)
-        return views, None
-    views = [cpu_rows.create_worker_view(page) for page in cpu_page_bytes]
-    _check_num_blocks(views, num_cpu_blocks)
-    return views, None
-
-
-def _check_num_blocks(views: list[torch.Tensor], num_cpu_blocks: int | None) -> None:
-    if num_cpu_blocks is not None and views[0].shape[0] != num_cpu_blocks:
-        raise ValueError(
-            f"num_cpu_blocks={num_cpu_blocks} but cpu_rows has {views[0].shape[0]} blocks"
-        )
-
-
-def _byte_span(rows: torch.Tensor) -> torch.Tensor:
-    """A 1-D int8 view from the first byte of row 0 to the last byte of the last row."""
-    return rows.as_strided((_span_end(rows) - rows.data_ptr(),), (1,))
-
-
-def _span_end(rows: torch.Tensor) -> int:
-    num_blocks, width = rows.shape
-    return rows.data_ptr() + (num_blocks - 1) * rows.stride(0) + width
-
-
-def _split_at_cuts(copies: Sequence[ByteCopy], cuts: list[int], cpu_is_src: bool) -> list[ByteCopy]:
-    """Split copies whose host range crosses a pinned-registration boundary (offset in `cuts`)."""
-    result: list[ByteCopy] = []
-    for src_offset, dst_offset, nbytes in copies:
-        host = src_offset if cpu_is_src else dst_offset
-        i = bisect.bisect_right(cuts, host)
-        while i < len(cuts) and cuts[i] < host + nbytes:
-            head = cuts[i] - host
-            result.append((src_offset, dst_offset, head))
-            src_offset, dst_offset, host, nbytes = (
-                src_offset + head,
-                dst_offset + head,
-                host + head,
-                nbytes - head,
-            )
-            i += 1
-        result.append((src_offset, dst_offset, nbytes))
-    return result

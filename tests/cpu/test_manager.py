@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import copy
 
-from collections.abc import Iterable, Mapping, Set
+from collections.abc import Collection, Iterable, Mapping, Set
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -720,6 +720,40 @@ def test_a_copied_or_unpickled_manager_looks_up_its_own_blocks(policy: CachePoli
         assert twin.lookup(to_key(1), REQ) is False  # its own (now empty) blocks
         assert manager.lookup(to_key(1), REQ) is True  # the original keeps its own
         assert twin.get_stats().misses == 1
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+def test_a_copied_or_unpickled_manager_touches_its_own_blocks(policy: CachePolicyName) -> None:
+    import pickle
+
+    # Blocks 1 and 2 stored in that order: 1 is the least recent, the first to go.
+    manager = CPUOffloadingManager(2, policy)
+    for block in (1, 2):
+        assert manager.prepare_store(to_keys([block]), REQ) is not None
+        manager.complete_store(to_keys([block]), REQ)
+    for twin in (copy.deepcopy(manager), pickle.loads(pickle.dumps(manager))):
+        twin.touch(to_keys([1]), REQ)  # the twin's 1 becomes its most recent block
+        twin_output = twin.prepare_store(to_keys([3]), REQ)
+        assert twin_output is not None and twin_output.evicted_keys == to_keys([2])
+    # The original was not touched: 1 is still its least recent block.
+    output = manager.prepare_store(to_keys([3]), REQ)
+    assert output is not None and output.evicted_keys == to_keys([1])
+
+
+def test_a_subclass_that_overrides_touch_is_called() -> None:
+    touched: list[list[OffloadKey]] = []
+
+    class Recording(CPUOffloadingManager):
+        @override
+        def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+            touched.append(list(keys))
+            super().touch(keys, req_context)
+
+    manager = Recording(2, "lru")
+    manager.touch(to_keys([1]), REQ)
+    assert touched == [to_keys([1])]
+    with pytest.raises(TypeError, match="touch"):
+        manager.touch(to_key(1), REQ)  # pyright: ignore[reportArgumentType]  # super() checks a single key
 
 
 def test_a_finishing_request_passes_one_key_list_per_kv_cache_group(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,6 +16,8 @@ __all__ = ["ARCCachePolicy"]
 
 _Entries = Iterator[tuple[OffloadKey, BlockStatus]]
 _FIRST = operator.itemgetter(0)  # an eviction's key
+# touch tests longer key lists against every table in C before its per-key loop.
+_PROBED_IN_C = 16
 
 
 class ARCCachePolicy(CachePolicy):
@@ -133,29 +135,52 @@ class ARCCachePolicy(CachePolicy):
     def touch(self, keys: Collection[OffloadKey]) -> None:
         # Probed in the order keys are most often found (t2, t1, the ghosts): each probe of
         # another large table is a likely cache miss, the main cost per key.
-        t1, t2, b1, b2 = self.t1, self.t2, self.b1.copies, self.b2.copies
-        # A request's new blocks are neither held nor ghosts: then nothing moves, found in C.
-        # (The ghosts' dicts also hold discarded keys: a false alarm only costs the loop.)
+        t1, t2 = self.t1, self.t2
+        num_keys = len(keys)
+        if num_keys == 1:
+            # One key: no reversal, no method bound for a single call, and the ghost lists
+            # read only if the key is not held.
+            for key in keys:
+                if key in t2:
+                    t2.move_to_end(key)
+                elif key in t1:
+                    self._use_recent(key)
+                elif key in self.b1.copies or key in self.b2.copies:
+                    self._adapt_to_ghost_hit(key)
+            return
+        b1, b2 = self.b1.copies, self.b2.copies
+        # A long list of a request's new blocks (neither held nor ghosts) moves nothing, which
+        # a C-level test finds (the ghosts' dicts also hold discarded keys: a false alarm only
+        # costs the loop). A short list is probed by the loop itself: building the views costs
+        # more than its probes.
         if (
-            t2.keys().isdisjoint(keys)
+            num_keys > _PROBED_IN_C
+            and t2.keys().isdisjoint(keys)
             and t1.keys().isdisjoint(keys)
             and (not b1 or b1.keys().isdisjoint(keys))
             and (not b2 or b2.keys().isdisjoint(keys))
         ):
             return
-        # Bound once, outside the per-key loop (a call of the bound method is the cheaper one).
-        refresh_t2 = t2.move_to_end
-        # A list or tuple (what the manager passes) is reversed in place, not copied first.
-        for key in reversed(keys) if isinstance(keys, (list, tuple)) else reversed(list(keys)):
+        refresh_t2 = t2.move_to_end  # bound once, outside the per-key loop
+        # Last key first; a list (what the manager passes) is reversed in place, not copied.
+        for key in reversed(keys) if isinstance(keys, list) else reversed(list(keys)):
             if key in t2:
                 refresh_t2(key)
-            elif key in t1:
+            elif key in t1:  # _use_recent, inlined: a request's first reuses arrive here
                 if t1[key].ref_cnt >= 0:
                     t2[key] = t1.pop(key)
                 else:
                     t1.move_to_end(key)
             elif key in b1 or key in b2:
                 self._adapt_to_ghost_hit(key)
+
+    def _use_recent(self, key: OffloadKey) -> None:
+        """Step 3a: a touched t1 block is promoted to t2 if ready, else moved to t1's MRU end."""
+        t1 = self.t1
+        if t1[key].ref_cnt >= 0:
+            self.t2[key] = t1.pop(key)
+        else:
+            t1.move_to_end(key)
 
     @override
     def on_request_finished(
