@@ -223,8 +223,8 @@ def run_pipeline(
     def check(paths: Sequence[Path]) -> _Share:
         mark = cache.stored_count if cache is not None else 0
         checked = pipeline.check(indexed, paths, options)
-        # A forked checker's summaries die with it unless they are sent back.
-        forked = cache is not None and os.getpid() != parent
+        # A forked checker's summaries die with it unless they are sent back (to be saved).
+        forked = cache is not None and cache.persistent and os.getpid() != parent
         return _Share(checked, cache.export_stored(mark) if cache is not None and forked else b"")
 
     parts: list[Checked] = []
@@ -319,10 +319,13 @@ def analyze_at_scale(
             if cached is not None:
                 return cached
 
-    summaries: SummaryCache[ModuleSummary | FileError] | None = None
-    if cache_dir is not None:
-        summaries = SummaryCache(cache_dir, _summary_stamp(root, options.max_file_bytes, newer))
-        summaries.load()
+    # Without the on-disk cache the run still keeps its summaries in memory, so that the pool
+    # summarises the standard-library modules the classes derive from once, alongside the
+    # project, instead of each forked checker parsing them again while it checks.
+    summaries = SummaryCache[ModuleSummary | FileError](
+        cache_dir, _summary_stamp(root, options.max_file_bytes, newer)
+    )
+    summaries.load()
     # The bar counts the reported files (summarised up front); other project files are read
     # only when a lookup reaches them, so they are not part of the total (the bar clamps).
     total = len(files) if reported is None else len(reported)
@@ -346,19 +349,18 @@ def analyze_at_scale(
     finally:
         if bar is not None:
             bar.close()
-    if summaries is not None:
+    if summaries.persistent:
         summaries.forget_missing(files)
 
     def save() -> None:
         try:
-            if summaries is not None:
-                summaries.save()
+            summaries.save()
             if results is not None:
                 results.save(key, result)
         except OSError:
             pass  # a read-only checkout: the next run is simply uncached too
 
-    if settings.background_save and (summaries is not None or results is not None):
+    if settings.background_save and (summaries.persistent or results is not None):
         _save_in_background(save)
     else:
         save()
