@@ -204,7 +204,7 @@ def test_pack_with_foreign_classes_is_refused_not_executed(
     source = tmp_path / "a.py"
     file_stat = write_old(source, "x = 1\n")
     cache = SummaryCache[str](tmp_path / "cache", STAMP)
-    cache.directory.mkdir()
+    (tmp_path / "cache").mkdir()
     entry = (file_stat.st_size, file_stat.st_mtime_ns, b"d", pickle.dumps(Evil()))
     pack = marshal.dumps((STAMP, time.time_ns(), {str(source): entry}))
     cache.pack_path.write_bytes(b"KVRAUDC\x02" + pack)
@@ -218,7 +218,7 @@ def test_pack_with_foreign_classes_is_refused_not_executed(
 
 def test_a_pickled_pack_of_the_old_layout_is_discarded(tmp_path: Path) -> None:
     cache = SummaryCache[str](tmp_path / "cache", STAMP)
-    cache.directory.mkdir()
+    (tmp_path / "cache").mkdir()
     cache.pack_path.write_bytes(b"KVRAUDC\x01" + pickle.dumps((STAMP, 0, {})))
     cache.load()
     assert cache.discarded is not None and len(cache) == 0
