@@ -33,7 +33,7 @@ from kvref.audit.runner.results import ResultCache
 from kvref.audit.summarise.newer_syntax import cache_key as newer_syntax_key
 from kvref.audit.summarise.newer_syntax import use_interpreter
 from kvref.audit.summarise.records import ModuleSummary
-from kvref.audit.summarise.summary import summarize
+from kvref.audit.summarise.summary import summarize, summarize_without_parameters
 
 if TYPE_CHECKING:  # the pipeline is imported when it runs: a warm run never loads it
     from kvref.audit.pipeline import Checked, SearchRoots
@@ -128,7 +128,9 @@ class _Summaries:
         cache: SummaryCache[ModuleSummary | FileError] | None,
         on_progress: Callable[[int], None] | None,
         max_bytes: int,
+        summarizer: Callable[[str, bytes], ModuleSummary] = summarize,
     ) -> None:
+        self.summarizer = summarizer
         self.root = root
         self.max_bytes = max_bytes
         self.jobs = jobs
@@ -148,7 +150,7 @@ class _Summaries:
             root=self.root,
             jobs=self.jobs,
             cache=self.cache,
-            summarize=summarize,
+            summarize=self.summarizer,
             # A forked checker must not draw on its parent's progress bar.
             on_progress=self.on_progress if os.getpid() == self.owner else None,
             lazy=True,
@@ -204,10 +206,18 @@ def run_pipeline(
     and the reported modules checked in shares over forked copies of this process (at least
     `MIN_SHARE` modules each); the result is `kvref.audit.pipeline.analyze`'s."""
     from kvref.audit import pipeline
+    from kvref.audit.rules import rules_for
 
     roots = roots or pipeline.SearchRoots()
     project = pipeline.plan(project_files, root=root, report_files=report_files, options=options)
-    summaries = _Summaries(project.root, jobs, cache, on_progress, options.max_file_bytes)
+    # Summaries kept on disk are complete, whatever rules this run selected; those of one run
+    # hold only what its rules read (`Rule.reads_parameters`).
+    keeps = cache is None or cache.persistent
+    reads_parameters = any(rule.reads_parameters for rule in rules_for(options.rules))
+    summarizer = summarize if keeps or reads_parameters else summarize_without_parameters
+    summaries = _Summaries(
+        project.root, jobs, cache, on_progress, options.max_file_bytes, summarizer
+    )
     held = summaries.held
     ready: dict[Path, ModuleSummary | FileError] = {}
     for path, summary in summaries.many(project.eager).items():
