@@ -179,7 +179,8 @@ class AnalysisOptions:
             other files that derive from theirs (set for files named one by one, as
             pre-commit names the changed ones).
         rules: the codes of the rules to run (None: every rule). The command line passes
-            its selection, so a rule that is not selected does not run at all.
+            its selection; the runner runs every rule where its result is cached (so that
+            the cached result serves any selection).
     """
 
     object_dunders: bool = True

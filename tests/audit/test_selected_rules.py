@@ -10,7 +10,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import cast
+from typing import NoReturn, cast
 
 import pytest
 
@@ -127,3 +127,17 @@ def test_summaries_hold_what_the_run_needs(
     found = run(capsys, *argv)
     assert set(used) == {"lean" if lean else "full"}
     assert found == [f for f in every if selection is None or f.rsplit(":", 1)[1] in selection]
+
+
+def test_a_cached_result_serves_another_selection(
+    project: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    every = run(capsys, "--select", "ALL", "--no-cache")
+    assert run(capsys, "--select", "KVR001") == [f for f in every if f.endswith(":KVR001")]
+
+    def analysed(*args: object, **kwargs: object) -> NoReturn:
+        raise AssertionError("the stored result should have answered")
+
+    monkeypatch.setattr(kvref.audit.runner.scale, "run_pipeline", analysed)
+    # The warm run answers from the stored result of every rule.
+    assert run(capsys, "--select", "KVR101") == [f for f in every if f.endswith(":KVR101")]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, TextIO, cast
 
@@ -210,8 +210,8 @@ def run_pipeline(
 
     roots = roots or pipeline.SearchRoots()
     project = pipeline.plan(project_files, root=root, report_files=report_files, options=options)
-    # Summaries kept on disk are complete, whatever rules this run selected; those of one run
-    # hold only what its rules read (`Rule.reads_parameters`).
+    # Summaries kept on disk are complete; those of one run hold only what its rules read
+    # (`Rule.reads_parameters`).
     keeps = cache is None or cache.persistent
     reads_parameters = any(rule.reads_parameters for rule in rules_for(options.rules))
     summarizer = summarize if keeps or reads_parameters else summarize_without_parameters
@@ -292,6 +292,10 @@ def analyze_at_scale(
     """
     if settings.jobs is not None and settings.jobs < 1:
         raise ValueError(f"--jobs must be at least 1, got {settings.jobs}")
+    if settings.cache:
+        # What the cache keeps serves any later selection: every rule runs (the command line
+        # reports the selected ones).
+        options = replace(options, rules=None)
     root = Path(os.path.abspath(root))
     environment = discover_environment(settings.python, project_root=root)
     # Files in syntax newer than this Python are parsed by the project's interpreter first.
