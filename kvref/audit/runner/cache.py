@@ -257,8 +257,7 @@ class SummaryCache(Generic[T]):
         self.stamp = stamp
         self._entries: dict[str, _Entry] = {}
         self._stored: list[str] = []
-        # In memory, what this run summarised counts as written when the run began: a file
-        # changed since then no longer matches its entry's stat.
+        # In memory, entries count as written when the run began (see `_fresh`).
         self._written_at_ns = 0 if directory is not None else time.time_ns()
         self._dirty = False
         self._loaded = directory is None
