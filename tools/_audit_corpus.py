@@ -1,7 +1,8 @@
 """Published sdists as audit corpora, downloaded and unpacked in a cache outside the repository.
 
-A helper module (not a tool), shared by `tools/bench_audit.py` and `tools/compare_checkers.py`. An sdist is located through
-the package index's simple API (PEP 691 JSON), checked against the index's sha256, and unpacked
+A helper module (not a tool), shared by `tools/bench_audit.py`, `tools/compare_checkers.py`,
+`tools/_checker_runs.py` and `tools/profile_audit_stages.py`. An sdist is located through the
+package index's simple API (PEP 691 JSON), checked against the index's sha256, and unpacked
 once; `pip download` is not used because for an sdist it builds metadata, which for projects
 such as vLLM needs a compiler toolchain. Nothing here is ever written inside the repository.
 """

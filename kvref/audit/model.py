@@ -178,6 +178,9 @@ class AnalysisOptions:
         report_dependents: when only some files are reported, also report the classes of
             other files that derive from theirs (set for files named one by one, as
             pre-commit names the changed ones).
+        rules: the codes of the rules to run (None: every rule). The command line passes
+            its selection; the runner runs every rule where its result is cached (so that
+            the cached result serves any selection).
     """
 
     object_dunders: bool = True
@@ -192,6 +195,7 @@ class AnalysisOptions:
     first_party: frozenset[str] = frozenset()
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     report_dependents: bool = False
+    rules: frozenset[str] | None = None
 
 
 @dataclass(slots=True)

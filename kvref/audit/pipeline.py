@@ -25,7 +25,7 @@ from kvref.audit.resolve.hierarchy import ProjectIndex
 from kvref.audit.resolve.modules import module_names_for
 from kvref.audit.resolve.stdlib import candidate_files
 from kvref.audit.resolve.targets import ClassInfo, ClassKey, Unresolved
-from kvref.audit.rules import ALL_RULES
+from kvref.audit.rules import rules_for
 from kvref.audit.rules.context import ClassContext, ModuleContext
 from kvref.audit.source import read_source, summary_or_error
 from kvref.audit.summarise.records import ModuleSummary
@@ -187,7 +187,9 @@ def index_project(
 
 
 def check(indexed: Indexed, paths: Iterable[Path], options: AnalysisOptions) -> Checked:
-    """Stage 4: run every rule on the modules at `paths` (some of `indexed.checked`)."""
+    """Stage 4: run the rules of `options.rules` (every rule by default) on the modules at
+    `paths` (some of `indexed.checked`)."""
+    rules = rules_for(options.rules)
     unresolved: Counter[str] = Counter()
     findings: list[Finding] = []
     errors: list[FileError] = []
@@ -202,7 +204,7 @@ def check(indexed: Indexed, paths: Iterable[Path], options: AnalysisOptions) -> 
             continue
         context = _module_context(summary, indexed.primary[path], index, options, unresolved)
         affected = indexed.dependents.get(path)
-        for rule in ALL_RULES:
+        for rule in rules:
             if affected is None:
                 findings.extend(rule.check(context))
             else:  # an unchanged file: only what its derived classes' bases changed

@@ -107,7 +107,8 @@ class AuditRun:
         self, config: AuditConfig, discovery: Discovery, selected: frozenset[str]
     ) -> _Analysis:
         root = config.root
-        options = config.options
+        # Only the selected rules run (their findings are all that is reported).
+        options = replace(config.options, rules=selected)
         paths = self.request.paths
         if self.source is None and paths and not any((self.cwd / p).is_dir() for p in paths):
             # Files named one by one (pre-commit passes the changed ones): a subclass in

@@ -204,7 +204,7 @@ def test_pack_with_foreign_classes_is_refused_not_executed(
     source = tmp_path / "a.py"
     file_stat = write_old(source, "x = 1\n")
     cache = SummaryCache[str](tmp_path / "cache", STAMP)
-    cache.directory.mkdir()
+    (tmp_path / "cache").mkdir()
     entry = (file_stat.st_size, file_stat.st_mtime_ns, b"d", pickle.dumps(Evil()))
     pack = marshal.dumps((STAMP, time.time_ns(), {str(source): entry}))
     cache.pack_path.write_bytes(b"KVRAUDC\x02" + pack)
@@ -218,7 +218,7 @@ def test_pack_with_foreign_classes_is_refused_not_executed(
 
 def test_a_pickled_pack_of_the_old_layout_is_discarded(tmp_path: Path) -> None:
     cache = SummaryCache[str](tmp_path / "cache", STAMP)
-    cache.directory.mkdir()
+    (tmp_path / "cache").mkdir()
     cache.pack_path.write_bytes(b"KVRAUDC\x01" + pickle.dumps((STAMP, 0, {})))
     cache.load()
     assert cache.discarded is not None and len(cache) == 0
@@ -512,3 +512,22 @@ def test_a_warm_fix_writes_the_imports_its_annotation_needs(tmp_path: Path) -> N
     namespace: dict[str, object] = {}
     source = fixed.replace("from base import Base", "Base = object")
     exec(compile(source, "child.py", "exec", dont_inherit=True), namespace)  # annotations run
+
+
+def test_an_in_memory_cache_serves_one_run_and_writes_nothing(tmp_path: Path) -> None:
+    # `--no-cache`: what the pool summarised is found by the checkers, never saved.
+    module = tmp_path / "m.py"
+    module.write_text("x = 1\n")
+    before = time.time_ns() - 10 * RACY_WINDOW_NS
+    os.utime(module, ns=(before, before))
+    cache: SummaryCache[str] = SummaryCache(None, STAMP)
+    cache.load()
+    assert not cache.persistent and len(cache) == 0
+    stat = module.stat()
+    cache.store(module, stat, content_digest(module.read_bytes()), "summary")
+    assert cache.lookup(module, stat) == "summary"
+    cache.save()
+    assert sorted(tmp_path.iterdir()) == [module]
+    # A file changed since it was summarised no longer matches its entry.
+    module.write_text("x = 2\n")
+    assert cache.lookup(module, module.stat()) is None

@@ -150,6 +150,7 @@ def test_every_analysis_option_is_part_of_the_result_cache_key() -> None:
         "first_party": frozenset({"pkg"}),
         "max_file_bytes": 1024,
         "report_dependents": True,
+        "rules": frozenset({"KVR001"}),
     }
     assert {item.name for item in fields(default)} == set(changed)
     for name, value in changed.items():

@@ -6,6 +6,7 @@ keep the tools from rotting as the library changes under them.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -63,3 +64,6 @@ def test_profile_audit_stages_runs_on_a_directory() -> None:
     assert result.returncode == 0, result.stderr
     for stage in ("parse", "free", "extraction", "pickling"):
         assert stage in result.stdout
+    # The cold run's stages, each with its wall seconds.
+    for stage in ("start-up", "configure and discover", "summarise", "index", "check", "report"):
+        assert re.search(rf"^  {stage} +\d+\.\d{{3}} s", result.stdout, re.MULTILINE), stage

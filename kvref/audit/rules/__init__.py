@@ -12,7 +12,7 @@ from kvref.audit.rules.kvr101_narrowed_collection_parameter import NarrowedColle
 from kvref.audit.rules.kvr102_multi_pass_iterable import MultiPassIterable
 from kvref.audit.rules.kvr103_override_annotation_drift import OverrideAnnotationDrift
 
-__all__ = ["ALL_RULES", "Rule", "get_rule", "rule_catalogue"]
+__all__ = ["ALL_RULES", "Rule", "get_rule", "rule_catalogue", "rules_for"]
 
 ALL_RULES: tuple[Rule, ...] = (
     MissingOverride(),
@@ -35,6 +35,13 @@ def get_rule(code: str) -> Rule:
     except KeyError:
         allowed = ", ".join(_BY_CODE)
         raise ValueError(f"code: unknown rule {code!r}; expected one of {allowed}") from None
+
+
+def rules_for(codes: frozenset[str] | None) -> tuple[Rule, ...]:
+    """The rules with these codes, in code order (None: every rule)."""
+    if codes is None:
+        return ALL_RULES
+    return tuple(rule for rule in ALL_RULES if rule.code in codes)
 
 
 def rule_catalogue() -> tuple[RuleInfo, ...]:

@@ -37,6 +37,9 @@ class Rule(abc.ABC):
     unsafe_fix_reason: ClassVar[str] = ""
     """Why the rule's fixes are unsafe, one clause (its `Fix.unsafe_reason`); empty where they
     are safe, or where each fix says why (KVR001's depend on the project's declarations)."""
+    reads_parameters: ClassVar[bool] = False
+    """Whether the rule reads functions' parameters (their kinds, annotations and KVR102's
+    facts): a run none of whose rules does may summarise modules without them."""
 
     @property
     def fixable(self) -> bool:

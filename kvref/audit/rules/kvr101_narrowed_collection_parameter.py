@@ -51,6 +51,7 @@ class NarrowedCollectionParameter(Rule):
     """
 
     code = "KVR101"
+    reads_parameters = True
     name = "narrowed-collection-parameter"
     summary = "Reports an override parameter annotated with a narrower collection than the base's."
     message = (

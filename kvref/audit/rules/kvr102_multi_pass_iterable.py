@@ -48,6 +48,7 @@ class MultiPassIterable(Rule):
     """
 
     code = "KVR102"
+    reads_parameters = True
     name = "multi-pass-iterable"
     summary = "Reports a parameter annotated `Iterable[...]`/`Iterator[...]` that the body consumes twice."
     message = (

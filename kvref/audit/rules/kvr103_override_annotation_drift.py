@@ -49,6 +49,7 @@ class OverrideAnnotationDrift(Rule):
     """
 
     code = "KVR103"
+    reads_parameters = True
     name = "override-annotation-drift"
     summary = "Reports an override parameter whose collection annotation legally differs from the base's."
     message = (

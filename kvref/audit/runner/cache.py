@@ -246,25 +246,34 @@ class SummaryCache(Generic[T]):
     `save()` (a no-op when nothing changed).
 
     Args:
-        directory: the cache directory (created on save, with a `.gitignore` of `*`).
+        directory: the cache directory (created on save, with a `.gitignore` of `*`); None
+            keeps the summaries of one run in memory (`--no-cache`): nothing is read or
+            written, and a file's entry is trusted by its stat as of when the run began.
         stamp: the version stamp (see `version_stamp`); packs of other stamps are never read.
     """
 
-    def __init__(self, directory: Path, stamp: str) -> None:
+    def __init__(self, directory: Path | None, stamp: str) -> None:
         self.directory = directory
         self.stamp = stamp
         self._entries: dict[str, _Entry] = {}
         self._stored: list[str] = []
-        self._written_at_ns = 0
+        # In memory, entries count as written when the run began (see `_fresh`).
+        self._written_at_ns = 0 if directory is not None else time.time_ns()
         self._dirty = False
-        self._loaded = False
+        self._loaded = directory is None
         self.discarded: str | None = None
         """Why an existing pack (or one entry of it) was thrown away, for diagnostics."""
         self.hits = 0
         self.misses = 0
 
     @property
+    def persistent(self) -> bool:
+        """Whether the summaries are kept on disk (False: in memory, for one run)."""
+        return self.directory is not None
+
+    @property
     def pack_path(self) -> Path:
+        assert self.directory is not None, "an in-memory summary cache has no pack"
         digest = hashlib.blake2b(self.stamp.encode(), digest_size=6).hexdigest()
         return self.directory / f"summaries-{digest}.pack"
 
@@ -274,6 +283,8 @@ class SummaryCache(Generic[T]):
     def load(self) -> None:
         """Read the pack, if any; a pack that fails any check is dropped (never raises)."""
         self._loaded = True
+        if self.directory is None:
+            return
         try:
             data = self.pack_path.read_bytes()
         except FileNotFoundError:
@@ -476,7 +487,7 @@ class SummaryCache(Generic[T]):
             OSError: the directory cannot be created or written (callers may ignore it: the
                 next run simply recomputes).
         """
-        if not self._dirty:
+        if not self._dirty or self.directory is None:
             return
         ensure_directory(self.directory)
         rows: dict[str, tuple[int, int, bytes, bytes]] = {}

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, TextIO, cast
 
@@ -33,7 +33,7 @@ from kvref.audit.runner.results import ResultCache
 from kvref.audit.summarise.newer_syntax import cache_key as newer_syntax_key
 from kvref.audit.summarise.newer_syntax import use_interpreter
 from kvref.audit.summarise.records import ModuleSummary
-from kvref.audit.summarise.summary import summarize
+from kvref.audit.summarise.summary import summarize, summarize_without_parameters
 
 if TYPE_CHECKING:  # the pipeline is imported when it runs: a warm run never loads it
     from kvref.audit.pipeline import Checked, SearchRoots
@@ -128,7 +128,9 @@ class _Summaries:
         cache: SummaryCache[ModuleSummary | FileError] | None,
         on_progress: Callable[[int], None] | None,
         max_bytes: int,
+        summarizer: Callable[[str, bytes], ModuleSummary] = summarize,
     ) -> None:
+        self.summarizer = summarizer
         self.root = root
         self.max_bytes = max_bytes
         self.jobs = jobs
@@ -148,7 +150,7 @@ class _Summaries:
             root=self.root,
             jobs=self.jobs,
             cache=self.cache,
-            summarize=summarize,
+            summarize=self.summarizer,
             # A forked checker must not draw on its parent's progress bar.
             on_progress=self.on_progress if os.getpid() == self.owner else None,
             lazy=True,
@@ -204,10 +206,18 @@ def run_pipeline(
     and the reported modules checked in shares over forked copies of this process (at least
     `MIN_SHARE` modules each); the result is `kvref.audit.pipeline.analyze`'s."""
     from kvref.audit import pipeline
+    from kvref.audit.rules import rules_for
 
     roots = roots or pipeline.SearchRoots()
     project = pipeline.plan(project_files, root=root, report_files=report_files, options=options)
-    summaries = _Summaries(project.root, jobs, cache, on_progress, options.max_file_bytes)
+    # Summaries kept on disk are complete; those of one run hold only what its rules read
+    # (`Rule.reads_parameters`).
+    keeps = cache is None or cache.persistent
+    reads_parameters = any(rule.reads_parameters for rule in rules_for(options.rules))
+    summarizer = summarize if keeps or reads_parameters else summarize_without_parameters
+    summaries = _Summaries(
+        project.root, jobs, cache, on_progress, options.max_file_bytes, summarizer
+    )
     held = summaries.held
     ready: dict[Path, ModuleSummary | FileError] = {}
     for path, summary in summaries.many(project.eager).items():
@@ -223,8 +233,8 @@ def run_pipeline(
     def check(paths: Sequence[Path]) -> _Share:
         mark = cache.stored_count if cache is not None else 0
         checked = pipeline.check(indexed, paths, options)
-        # A forked checker's summaries die with it unless they are sent back.
-        forked = cache is not None and os.getpid() != parent
+        # A forked checker's summaries die with it unless they are sent back (to be saved).
+        forked = cache is not None and cache.persistent and os.getpid() != parent
         return _Share(checked, cache.export_stored(mark) if cache is not None and forked else b"")
 
     parts: list[Checked] = []
@@ -282,6 +292,10 @@ def analyze_at_scale(
     """
     if settings.jobs is not None and settings.jobs < 1:
         raise ValueError(f"--jobs must be at least 1, got {settings.jobs}")
+    if settings.cache:
+        # What the cache keeps serves any later selection: every rule runs (the command line
+        # reports the selected ones).
+        options = replace(options, rules=None)
     root = Path(os.path.abspath(root))
     environment = discover_environment(settings.python, project_root=root)
     # Files in syntax newer than this Python are parsed by the project's interpreter first.
@@ -319,10 +333,13 @@ def analyze_at_scale(
             if cached is not None:
                 return cached
 
-    summaries: SummaryCache[ModuleSummary | FileError] | None = None
-    if cache_dir is not None:
-        summaries = SummaryCache(cache_dir, _summary_stamp(root, options.max_file_bytes, newer))
-        summaries.load()
+    # Without the on-disk cache the run still keeps its summaries in memory, so that the pool
+    # summarises the standard-library modules the classes derive from once, alongside the
+    # project, instead of each forked checker parsing them again while it checks.
+    summaries = SummaryCache[ModuleSummary | FileError](
+        cache_dir, _summary_stamp(root, options.max_file_bytes, newer)
+    )
+    summaries.load()
     # The bar counts the reported files (summarised up front); other project files are read
     # only when a lookup reaches them, so they are not part of the total (the bar clamps).
     total = len(files) if reported is None else len(reported)
@@ -346,19 +363,18 @@ def analyze_at_scale(
     finally:
         if bar is not None:
             bar.close()
-    if summaries is not None:
+    if summaries.persistent:
         summaries.forget_missing(files)
 
     def save() -> None:
         try:
-            if summaries is not None:
-                summaries.save()
+            summaries.save()
             if results is not None:
                 results.save(key, result)
         except OSError:
             pass  # a read-only checkout: the next run is simply uncached too
 
-    if settings.background_save and (summaries is not None or results is not None):
+    if settings.background_save and (summaries.persistent or results is not None):
         _save_in_background(save)
     else:
         save()

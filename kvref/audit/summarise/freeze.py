@@ -62,8 +62,10 @@ class Freezer:
         ascii_only: bool,
         symbols: Mapping[str, tuple[Binding, ...]],
         stars: Sequence[tuple[str, int]],
+        with_parameters: bool = True,
     ) -> None:
         self.lines = lines
+        self.with_parameters = with_parameters  # False: functions are frozen without them
         self.ascii_only = ascii_only  # byte columns are character columns: no conversion
         self.symbols = symbols
         self.stars = stars
@@ -101,7 +103,7 @@ class Freezer:
         prefix = line_text[:col]
         name_match = DEF_NAME.match(line_text, col)
         name_col = name_match.end() if name_match else col
-        params = self._params(node.args)
+        params = self._params(node.args) if self.with_parameters else ()
         multi: tuple[MultiPass, ...] = ()
         for _, _, _, _, annotation, _ in params:
             if annotation is not None and annotation.head in _ITERATION_HEADS:

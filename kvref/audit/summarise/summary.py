@@ -32,7 +32,7 @@ from kvref.audit.summarise.imports import dotted_name, import_facts
 from kvref.audit.summarise.records import Binding, ImportFacts, ModuleSummary
 from kvref.audit.summarise.suppress import candidate_lines
 
-__all__ = ["summarize"]
+__all__ = ["summarize", "summarize_without_parameters"]
 
 _CLASS_WORD = re.compile(r"class\b")
 
@@ -54,6 +54,18 @@ def summarize(path: str, source: bytes) -> ModuleSummary:
     Raises:
         SummaryError: the source cannot be decoded or does not parse (with its position).
     """
+    return _summarize(path, source, with_parameters=True)
+
+
+def summarize_without_parameters(path: str, source: bytes) -> ModuleSummary:
+    """`summarize`, less what only the rules that read parameters use (`Rule.reads_parameters`):
+    every function's `parameters` and `multi_pass` are empty, and the module's `functions`
+    (kept for KVR102 alone) too. For a run whose summaries are not kept beyond it.
+    """
+    return _summarize(path, source, with_parameters=False)
+
+
+def _summarize(path: str, source: bytes, *, with_parameters: bool) -> ModuleSummary:
     text, _, _ = decode_source(source)
     try:
         try:
@@ -72,7 +84,9 @@ def summarize(path: str, source: bytes) -> ModuleSummary:
         raise SummaryError(f"cannot parse: {error}") from None
     newline = detect_newline(text)
     lines = split_lines(text)
-    walker = _ModuleWalker(lines, path.endswith(".pyi"), text.isascii(), _indented_class_lines(text))
+    walker = _ModuleWalker(
+        lines, path.endswith(".pyi"), text.isascii(), _indented_class_lines(text), with_parameters
+    )
     walker.walk_body(tree.body, "", None)
     return walker.finish(
         path,
@@ -86,9 +100,15 @@ class _ModuleWalker:
     """Collects bindings, classes and functions from the statements that run at import."""
 
     def __init__(
-        self, lines: list[str], is_stub: bool, ascii_only: bool, local_class_lines: list[int]
+        self,
+        lines: list[str],
+        is_stub: bool,
+        ascii_only: bool,
+        local_class_lines: list[int],
+        with_parameters: bool = True,
     ) -> None:
         self.lines = lines
+        self.with_parameters = with_parameters
         # Lines that may hold a class statement inside a function; a function body with none
         # of them in its range is not walked (most are not, and walking them all is costly).
         self.local_class_lines = local_class_lines
@@ -295,13 +315,14 @@ class _ModuleWalker:
         for builder in self.classes:
             if last_line[builder.qualname] != builder.node.lineno:
                 builder.qualname = f"{builder.qualname}@{builder.node.lineno}"
-        freezer = Freezer(self.lines, self.ascii_only, symbols, self.stars)
+        freezer = Freezer(self.lines, self.ascii_only, symbols, self.stars, self.with_parameters)
         classes = tuple(freezer.freeze_class(builder) for builder in self.classes)
         # Module functions matter only to KVR102: skip those with no Iterable/Iterator hint.
         functions = tuple(
             summary
             for node in self.functions
-            if _mentions_iteration(node.args)
+            if self.with_parameters
+            and _mentions_iteration(node.args)
             and (summary := freezer.freeze_function(node, node.name)).multi_pass
         )
         return ModuleSummary(
