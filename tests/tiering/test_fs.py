@@ -784,8 +784,8 @@ def test_a_damaged_file_replaced_meanwhile_is_not_deleted(harness: Harness, monk
     corrupt_payload(path)
     real_read = block_io.BlockIO._read_verified  # pyright: ignore[reportPrivateUsage]
 
-    def read_then_replace(io: block_io.BlockIO, fd: int, key: bytes, block_id: int, size: int) -> Any:
-        problem = real_read(io, fd, key, block_id, size)
+    def read_then_replace(io: block_io.BlockIO, fd: int, key: bytes, block_id: int) -> Any:
+        problem = real_read(io, fd, key, block_id)
         replacement = path.with_name("replacement")
         replacement.write_bytes(good)
         os.replace(replacement, path)

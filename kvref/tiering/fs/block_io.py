@@ -136,10 +136,11 @@ class BlockIO:
     # --- buffers ---
 
     def _buffer(self) -> memoryview:
-        """This thread's aligned buffer: the longest header and, unless zero-copy, a payload."""
+        """This thread's aligned buffer: the longest header, unless zero-copy a payload, and a
+        last page that a read fills only when a file is longer than it should be."""
         buffer: memoryview | None = getattr(self._local, "buffer", None)
         if buffer is None:
-            size = header_bytes(MAX_KEY_BYTES) + (0 if self.zero_copy else self._payload_bytes)
+            size = header_bytes(MAX_KEY_BYTES) + (0 if self.zero_copy else self._payload_bytes) + ALIGN
             buffer = memoryview(mmap.mmap(-1, size))  # anonymous mmap: page-aligned
             self._local.buffer = buffer
         return buffer
@@ -251,8 +252,7 @@ class BlockIO:
         except OSError:
             return ReadProblem.UNREADABLE
         try:
-            stat = os.fstat(fd)
-            problem = self._read_verified(fd, key, block_id, stat.st_size)
+            problem = self._read_verified(fd, key, block_id)
             if problem is ReadProblem.DAMAGED:
                 self._delete_if_same(fd, path)
             else:
@@ -265,7 +265,7 @@ class BlockIO:
             os.close(fd)
         return problem
 
-    def _read_verified(self, fd: int, key: bytes, block_id: int, size: int) -> ReadProblem | None:
+    def _read_verified(self, fd: int, key: bytes, block_id: int) -> ReadProblem | None:
         row = self._primary.row(block_id)
         buffer = self._buffer()
         head = header_bytes(len(key))
@@ -278,7 +278,8 @@ class BlockIO:
             parts = [buffer[: head + self._payload_bytes]]
             payload = buffer[head : head + self.block_bytes]
         expected = sum(len(part) for part in parts)
-        if size != expected or _read_all(fd, parts) != expected:
+        # One page more than the file should hold: a longer file fills some of it (no fstat).
+        if _read_all(fd, [*parts, buffer[-ALIGN:]]) != expected:
             return ReadProblem.DAMAGED
         hasher = check_header(buffer[:head], key, self.block_bytes)
         if hasher is None or not payload_checksum_ok(buffer[:head], hasher, payload):
