@@ -40,6 +40,7 @@ class Record:
     """What the server sent besides responses."""
 
     published: list[Published] = field(default_factory=lambda: [])
+    registrations: list[types.Registration] = field(default_factory=lambda: [])
 
 
 class KvrefClient(LanguageClient):
@@ -86,10 +87,14 @@ def _factory() -> KvrefClient:
         client.diagnostics[params.uri] = params.diagnostics
         client.record.published.append(Published(params.uri, params.version, params.diagnostics))
 
+    def register(params: types.RegistrationParams) -> None:
+        client.record.registrations.extend(params.registrations)
+
     features: dict[str, Any] = dict(DEFAULT_CLIENT_FEATURES)
     features.pop(types.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS)
     register_lsp_features(client, features)
     client.feature(types.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS)(published)
+    client.feature(types.CLIENT_REGISTER_CAPABILITY)(register)
     return client
 
 
@@ -135,5 +140,11 @@ async def started(
         )
         yield client
         await client.shutdown_session()
+    except BaseException:
+        # The test failed: stop the server rather than wait for an exit it was never asked for.
+        server: asyncio.subprocess.Process | None = getattr(client, "_server", None)
+        if server is not None and server.returncode is None:
+            server.kill()
+        raise
     finally:
         await client.stop()
