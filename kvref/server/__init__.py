@@ -21,7 +21,12 @@ MISSING_EXTRA = "kvref server needs pygls and lsprotocol: pip install 'kvref[ser
 
 
 def server_extra_missing() -> bool:
-    """Whether the `server` extra (pygls 2, lsprotocol) is not installed."""
-    import importlib.util
+    """Whether the `server` extra (pygls 2, lsprotocol) cannot be imported."""
+    import importlib
 
-    return importlib.util.find_spec("pygls") is None or importlib.util.find_spec("lsprotocol") is None
+    for name in ("pygls.lsp.server", "lsprotocol.types"):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            return True
+    return False

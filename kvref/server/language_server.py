@@ -187,7 +187,7 @@ class KvrefLanguageServer(LanguageServer):
         for uri, outcome in outcomes.items():
             document = self.documents.get(uri)
             _, version, text = snapshot[uri]
-            if document is None or document.version != version:
+            if document is None or document.version != version or document.text != text:
                 continue  # closed, or changed since: a later check publishes it
             diagnostics = updated_diagnostics(document, text, outcome, self.encoding, self.links)
             if uri in requested or diagnostics != document.published:

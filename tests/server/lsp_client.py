@@ -47,6 +47,7 @@ class KvrefClient(LanguageClient):
     """pytest-lsp's client, recording every publication."""
 
     record: Record
+    initialized_with: types.InitializeResult | None = None
 
     def latest(self, uri: str) -> Published | None:
         """The last publication for `uri`."""
@@ -130,7 +131,7 @@ async def started(
     client = await config.start()
     assert isinstance(client, KvrefClient)
     try:
-        await client.initialize_session(
+        client.initialized_with = await client.initialize_session(
             types.InitializeParams(
                 capabilities=capabilities or client_capabilities("visual-studio-code"),
                 root_uri=root.as_uri(),
