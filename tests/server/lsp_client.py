@@ -53,6 +53,16 @@ class KvrefClient(LanguageClient):
         """The last publication for `uri`."""
         return next((p for p in reversed(self.record.published) if p.uri == uri), None)
 
+    def published_version(self, uri: str) -> int | None:
+        """The document version of the last publication for `uri` (None: none yet)."""
+        latest = self.latest(uri)
+        return None if latest is None else latest.version
+
+    def published_diagnostics(self, uri: str) -> Sequence[types.Diagnostic]:
+        """The last diagnostics published for `uri` (none yet: empty)."""
+        latest = self.latest(uri)
+        return () if latest is None else latest.diagnostics
+
     def codes(self, uri: str) -> list[tuple[int, str]]:
         """(0-based line, code) of the last diagnostics published for `uri`."""
         latest = self.latest(uri)

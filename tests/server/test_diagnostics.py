@@ -53,14 +53,14 @@ async def test_change_is_checked_after_the_debounce_and_save_at_once(tmp_path: P
         fixed = SUB.replace("    def load", "    @override\n    def load")
         client.replace_all(uri, fixed, version=2)
         await asyncio.sleep(0.1)
-        assert client.latest(uri) is not None and client.latest(uri).version == 1  # still waiting
-        await wait_until(lambda: client.latest(uri).version == 2, "diagnostics after the debounce")  # type: ignore[union-attr]
+        assert client.latest(uri) is not None and client.published_version(uri) == 1  # still waiting
+        await wait_until(lambda: client.published_version(uri) == 2, "diagnostics after the debounce")
         assert client.codes(uri) == []
         before = len(client.record.published)
         client.text_document_did_save(types.DidSaveTextDocumentParams(text_document=types.TextDocumentIdentifier(uri=uri)))
         await wait_until(lambda: len(client.record.published) > before, "diagnostics after didSave")
         client.text_document_did_close(types.DidCloseTextDocumentParams(text_document=types.TextDocumentIdentifier(uri=uri)))
-        await wait_until(lambda: len(client.record.published) > before + 1 and not client.latest(uri).diagnostics, "cleared on didClose")  # type: ignore[union-attr]
+        await wait_until(lambda: len(client.record.published) > before + 1 and not client.published_diagnostics(uri), "cleared on didClose")
 
 
 async def test_on_save_mode_checks_only_on_open_and_save(tmp_path: Path) -> None:
@@ -70,9 +70,9 @@ async def test_on_save_mode_checks_only_on_open_and_save(tmp_path: Path) -> None
         await wait_until(lambda: client.codes(uri) == [(6, "KVR001")], "diagnostics on open")
         client.replace_all(uri, SUB.replace("    def load", "    @override\n    def load"), version=2)
         await asyncio.sleep(0.5)
-        assert client.latest(uri).version == 1  # type: ignore[union-attr]
+        assert client.published_version(uri) == 1
         client.text_document_did_save(types.DidSaveTextDocumentParams(text_document=types.TextDocumentIdentifier(uri=uri)))
-        await wait_until(lambda: client.latest(uri).version == 2, "diagnostics on save")  # type: ignore[union-attr]
+        await wait_until(lambda: client.published_version(uri) == 2, "diagnostics on save")
         assert client.codes(uri) == []
 
 
@@ -112,7 +112,7 @@ async def test_positions_count_utf16_units_unless_utf8_is_offered(
     async with started(root, capabilities=capabilities) as client:
         uri = client.open(root / "m.py")
         await wait_until(lambda: client.latest(uri) is not None, "diagnostics")
-        got = {str(d.code): (d.range.start.character, d.range.end.character) for d in client.latest(uri).diagnostics}  # type: ignore[union-attr]
+        got = {str(d.code): (d.range.start.character, d.range.end.character) for d in client.published_diagnostics(uri)}
         assert got == starts
 
 
@@ -122,11 +122,11 @@ async def test_text_that_does_not_parse_keeps_the_last_findings_inside_the_docum
         uri = client.open(root / "pkg" / "sub.py")
         await wait_until(lambda: client.codes(uri) == [(6, "KVR001")], "diagnostics")
         client.replace_all(uri, "class (", version=2)  # mid-typing, one short line
-        await wait_until(lambda: client.latest(uri).version == 2, "diagnostics for the broken text")  # type: ignore[union-attr]
-        [kept] = client.latest(uri).diagnostics  # type: ignore[union-attr]
+        await wait_until(lambda: client.published_version(uri) == 2, "diagnostics for the broken text")
+        [kept] = client.published_diagnostics(uri)
         assert kept.code == "KVR001"
         assert kept.range.start.line == 0 and kept.range.end.line == 0
         assert kept.range.end.character <= len("class (")
         client.replace_all(uri, SUB.replace("    def load", "    @override\n    def load"), version=3)
-        await wait_until(lambda: client.latest(uri).version == 3, "diagnostics once it parses")  # type: ignore[union-attr]
+        await wait_until(lambda: client.published_version(uri) == 3, "diagnostics once it parses")
         assert client.codes(uri) == []

@@ -18,7 +18,7 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcRequestCancelled
 
 from kvref.audit.source import split_lines
-from tests.server.lsp_client import KvrefClient, started, wait_until
+from tests.server.lsp_client import started, wait_until
 from tests.server.projects import BASE, SUB, write_project
 
 NAMES = ("pkg/base.py", "pkg/sub.py", "pkg/unsaved.py")

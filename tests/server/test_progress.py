@@ -31,7 +31,7 @@ async def test_indexing_reports_progress_with_a_rising_percentage(tmp_path: Path
         begin, *middle, end = reports
         assert isinstance(begin, types.WorkDoneProgressBegin) and begin.percentage == 0
         assert isinstance(end, types.WorkDoneProgressEnd)
-        percentages = [report.percentage for report in middle if isinstance(report, types.WorkDoneProgressReport)]
+        percentages = [report.percentage or 0 for report in middle if isinstance(report, types.WorkDoneProgressReport)]
         assert len(percentages) >= 3 and percentages == sorted(percentages) and percentages[-1] == 100
         assert (root / ".kvref_cache").is_dir()  # the index is kvref audit's summary cache
 

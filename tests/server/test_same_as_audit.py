@@ -56,7 +56,6 @@ def server_rows(client: KvrefClient, uri: str) -> set[Row]:
 async def test_examples_engine_gives_the_findings_of_kvref_audit_stdin(tmp_path: Path) -> None:
     engine = CHECKOUT / "examples" / "engine"
     names = sorted(path.name for path in engine.glob("*.py"))
-    edited = {"manager.py": lambda text: text.replace("    def prepare_load", "    @override\n    def prepare_load")}
     async with started(CHECKOUT, cache_dir=tmp_path / "cache", settings={"debounce": 0}) as client:
         uris = {name: client.open(engine / name) for name in names}
         await wait_until(lambda: all(client.latest(uri) for uri in uris.values()), "every file published", 120)
@@ -68,9 +67,9 @@ async def test_examples_engine_gives_the_findings_of_kvref_audit_stdin(tmp_path:
             total += len(expected.get(f"examples/engine/{name}", ()))
         assert total >= 10  # the example's deliberate findings
         # An unsaved edit: the same as the command line on the edited text.
-        text = edited["manager.py"]((engine / "manager.py").read_text(encoding="utf-8"))
+        text = (engine / "manager.py").read_text(encoding="utf-8").replace("    def prepare_load", "    @override\n    def prepare_load")
         client.replace_all(uris["manager.py"], text, version=2)
-        await wait_until(lambda: client.latest(uris["manager.py"]).version == 2, "the edit checked")  # type: ignore[union-attr]
+        await wait_until(lambda: client.published_version(uris["manager.py"]) == 2, "the edit checked")
         expected = audit_rows(audit_json(CHECKOUT, "-", "--stdin-filename", "examples/engine/manager.py", text=text))
         assert server_rows(client, uris["manager.py"]) == expected["examples/engine/manager.py"]
 
