@@ -49,6 +49,7 @@ SummarizeMany = Callable[[Sequence[Path]], Mapping[Path, ModuleSummary | FileErr
 Load = Callable[[Path], ModuleSummary | None]
 _DEFAULT_OPTIONS = AnalysisOptions()
 _REFUSED = ("(inconsistent MRO)", "(circular bases)")
+_NAMED: dict[tuple[object, ...], dict[Path, tuple[str, ...]]] = {}  # the last files named
 
 
 @dataclass(frozen=True, slots=True)
@@ -418,7 +419,13 @@ def _build_index(
         extra.add(source)
     extra.discard(root_text)
     search = [*sorted(extra, key=lambda path: (-path.count(os.sep), path)), root_text]
-    names = {path: module_names_for(str(path), search, is_package) for path in paths}
+    # The same files under the same roots are named alike: a process that indexes again and
+    # again (`kvref server` on each edit, `--fix` rounds) names them once.
+    key = (tuple(paths), tuple(search), frozenset(package_dirs))
+    if key not in _NAMED:
+        _NAMED.clear()
+        _NAMED[key] = {path: module_names_for(str(path), search, is_package) for path in paths}
+    names = _NAMED[key]
     unreadable_tops = frozenset(
         name.partition(".")[0] for path in unreadable for name in module_names_for(str(path), search, is_package)
     )
