@@ -88,7 +88,7 @@ async def test_vllm_kv_offload_gives_the_findings_of_kvref_audit(tmp_path: Path)
     assert sum(len(rows) for rows in expected.values()) >= 30  # vLLM 0.33 misses @override often
     files = sorted((root / "kv_offload").rglob("*.py"))
     assert len(files) >= 40
-    async with started(root, settings={"python": str(VLLM_PYTHON), "debounce": 0}) as client:
+    async with started(root, args=("--python", str(VLLM_PYTHON)), settings={"debounce": 0}) as client:
         uris = {path: client.open(path) for path in files}
         await wait_until(lambda: all(client.latest(uri) for uri in uris.values()), "every file published", 180)
         for path, uri in uris.items():
