@@ -27,6 +27,7 @@ def create_server(settings: ServerSettings, cwd: Path) -> KvrefLanguageServer:
 
     @server.feature(types.INITIALIZE)
     def initialize(params: types.InitializeParams) -> None:
+        server.loop = asyncio.get_running_loop()  # a bad setting is shown from here on
         server.configure(params.initialization_options)
 
     @server.feature(types.INITIALIZED)

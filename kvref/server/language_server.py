@@ -306,7 +306,13 @@ class KvrefLanguageServer(LanguageServer):
         for session in projects:
             left = session.unindexed
             while left:
-                now = await self.on_analysis_thread(session.index_step)
+                try:
+                    now = await self.on_analysis_thread(session.index_step)
+                except RuntimeError:
+                    return  # shut down while indexing: the analysis thread is gone
+                except (KVRefError, OSError) as error:
+                    self._problem(f"indexing stopped: {error}")
+                    break
                 done += left - now
                 left = now
                 percentage = done * 100 // total

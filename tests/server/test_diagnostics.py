@@ -130,3 +130,11 @@ async def test_text_that_does_not_parse_keeps_the_last_findings_inside_the_docum
         client.replace_all(uri, SUB.replace("    def load", "    @override\n    def load"), version=3)
         await wait_until(lambda: client.published_version(uri) == 3, "diagnostics once it parses")
         assert client.codes(uri) == []
+
+
+async def test_a_bad_initialization_option_is_shown_and_the_defaults_apply(tmp_path: Path) -> None:
+    root = _project(tmp_path)
+    async with started(root, settings={"run": "sometimes"}) as client:
+        uri = client.open(root / "pkg" / "sub.py")
+        await wait_until(lambda: client.codes(uri) == [(6, "KVR001")], "diagnostics with the defaults")
+        assert any("run must be 'onType' or 'onSave'" in message.message for message in client.messages)
