@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # The stamp depends on pyproject.toml, so editing dependencies refreshes the venv.
 STAMP := $(VENV)/.kvref-installed
 
-.PHONY: run test typecheck audit pytest pytest-vllm vllm-env bench clean redis-server
+.PHONY: run test typecheck audit pytest pytest-vllm vllm-env bench clean redis-server neovim
 
 # Set-up takes a minute or two on a fresh machine: each step says what it does, and pip shows
 # what it collects and installs (no -q), so a slow step is never silent.
@@ -21,8 +21,8 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	@echo "==> installing torch 2.13.0 (the CPU build on this machine's disk; an unpinned torch pulls a multi-GB CUDA build)"
 	$(PIP) install --progress-bar off torch==2.13.0
-	@echo "==> installing kvref in editable mode with its torch, dev and redis extras"
-	$(PIP) install --progress-bar off -e '.[torch,dev,redis]'
+	@echo "==> installing kvref in editable mode with its torch, dev, redis and server extras"
+	$(PIP) install --progress-bar off -e '.[torch,dev,redis,server]'
 	touch $(STAMP)
 	@echo "==> $(VENV) is ready"
 
@@ -32,6 +32,10 @@ vllm-env:
 # The Redis tier's tests start their own servers; Debian's package provides redis-server.
 redis-server:
 	@command -v redis-server >/dev/null || (echo "==> installing Debian's redis-server (tests start their own servers)" && apt-get update && apt-get install -y redis-server)
+
+# `kvref server`'s test with a real editor drives Neovim's built-in LSP client headless.
+neovim:
+	@command -v nvim >/dev/null || (echo "==> installing Debian's neovim (the server's test with a real editor client)" && apt-get update && apt-get install -y neovim)
 
 run: $(STAMP)
 	$(BIN)/kvref demo
@@ -50,7 +54,8 @@ audit: $(STAMP) vllm-env
 	@echo "==> kvref audit kvref"
 	$(BIN)/kvref audit kvref --python $(VLLM_VENV)
 
-pytest: $(STAMP) redis-server
+# vllm-env: the server's tests compare it with `kvref audit` on vLLM's kv_offload.
+pytest: $(STAMP) redis-server neovim vllm-env
 	@echo "==> pytest"
 	$(BIN)/python -m pytest -q --ignore=tests/vllm
 

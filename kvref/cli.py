@@ -309,6 +309,38 @@ def explain(
     raise typer.Exit(explain_rule(_catalogue_or_exit(), code, sys.stdout, sys.stderr))
 
 
+# --- kvref server: the audit over the Language Server Protocol (kvref.server) ---
+
+
+@app.command()
+def server(
+    python: Annotated[
+        Path | None,
+        typer.Option(help="The interpreter (or virtual environment) whose packages resolve bases, as for `kvref audit`."),
+    ] = None,
+    config: Annotated[
+        Path | None, typer.Option("--config", help="A TOML file instead of the nearest pyproject.toml.")
+    ] = None,
+    no_cache: Annotated[
+        bool, typer.Option("--no-cache", help="Neither read nor write the summary cache `kvref audit` uses.")
+    ] = False,
+    stdio: Annotated[
+        bool, typer.Option("--stdio", help="Accepted for editors that pass it: stdin/stdout is the only transport.")
+    ] = False,
+) -> None:
+    """Start the language server on stdin/stdout: the audit's diagnostics and fixes in an editor."""
+    del stdio  # stdio is what the server speaks either way
+    from kvref.server import MISSING_EXTRA, server_extra_missing
+
+    if server_extra_missing():
+        sys.stderr.write(f"kvref: error: {MISSING_EXTRA}\n")
+        raise typer.Exit(EXIT_ERROR)
+    from kvref.server.main import serve
+    from kvref.server.settings import ServerSettings
+
+    serve(ServerSettings(python=python, configuration=config, cache=not no_cache))
+
+
 # --- demo (transfer area) ---
 
 @app.command("demo")

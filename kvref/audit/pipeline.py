@@ -1,13 +1,12 @@
 """The analysis as stages over data: plan the project, summarise, index, check, collect.
 
 `analyze` runs them in one process, in that order. Each stage is a function a runner may call
-itself (`kvref.audit.runner.scale` does, with its cache, process pool and forked checkers
-around them); none of them knows about caches or processes.
+itself (`kvref.audit.runner.scale` does, with its cache, pool and forked checkers around them).
 
 Findings are returned only for the reported files (the files pre-commit passed, say), with
 project-relative `/` paths, sorted by (path, line, col, code). Files that cannot be read,
-decoded or parsed become `FileError`s and the rest is still audited. Selection and suppression
-of codes happen later, in the command line.
+decoded or parsed become `FileError`s and the rest is still audited; selection and suppression
+of codes happen later (`kvref.audit.filtering`).
 """
 
 from __future__ import annotations
@@ -49,6 +48,7 @@ SummarizeMany = Callable[[Sequence[Path]], Mapping[Path, ModuleSummary | FileErr
 Load = Callable[[Path], ModuleSummary | None]
 _DEFAULT_OPTIONS = AnalysisOptions()
 _REFUSED = ("(inconsistent MRO)", "(circular bases)")
+_NAMED: dict[tuple[object, ...], dict[Path, tuple[str, ...]]] = {}  # the last files named
 
 
 @dataclass(frozen=True, slots=True)
@@ -420,7 +420,13 @@ def _build_index(
         extra.add(source)
     extra.discard(root_text)
     search = [*sorted(extra, key=lambda path: (-path.count(os.sep), path)), root_text]
-    names = {path: module_names_for(str(path), search, is_package) for path in paths}
+    # The same files under the same roots are named alike: a process that indexes again and
+    # again (`kvref server` on each edit, `--fix` rounds) names them once.
+    key = (tuple(paths), tuple(search), frozenset(package_dirs))
+    if key not in _NAMED:
+        _NAMED.clear()
+        _NAMED[key] = {path: module_names_for(str(path), search, is_package) for path in paths}
+    names = _NAMED[key]
     unreadable_tops = frozenset(
         name.partition(".")[0] for path in unreadable for name in module_names_for(str(path), search, is_package)
     )

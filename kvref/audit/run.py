@@ -10,14 +10,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
-from kvref.audit.discover.config import (
-    AuditConfig,
-    SelectionLayer,
-    codes_matching,
-    configure,
-)
+from kvref.audit.discover.config import AuditConfig, SelectionLayer, configure
 from kvref.audit.discover.environment import find_interpreter, start_discovery
-from kvref.audit.discover.files import Discovery, discover, matches_glob
+from kvref.audit.discover.files import Discovery, discover
+from kvref.audit.filtering import shown_findings
 from kvref.audit.fixes.plan import FixPlan, plan_fixes, unified_diff, write_fixes
 from kvref.audit.model import AnalysisResult, FileError, Finding
 from kvref.audit.report import OutputFormat, Report, Summary, render
@@ -37,7 +33,6 @@ from kvref.audit.request import (
     UsageError,
 )
 from kvref.audit.runner.progress import progress_enabled
-from kvref.audit.summarise.suppress import SuppressionFilter
 
 __all__ = ["AuditRun"]
 
@@ -147,17 +142,6 @@ class AuditRun:
                 options=options,
             )
         reported = self._reported(config, discovery)
-        ignored_codes: dict[str, set[str]] = {}
-
-        def per_file_ignored(path: str) -> set[str]:
-            if path not in ignored_codes:
-                codes: set[str] = set()
-                for glob, selectors in config.per_file_ignores:
-                    if matches_glob(glob, path):
-                        for selector in selectors:
-                            codes |= codes_matching(selector, self.backend.rules, enabling=False)
-                ignored_codes[path] = codes
-            return ignored_codes[path]
 
         def read(path: str) -> bytes | None:
             if self.source is not None and path == self.source[0]:
@@ -169,21 +153,15 @@ class AuditRun:
 
         if reported is not None:
             reported.update(result.dependent_paths)
-        candidates = [
-            finding
-            for finding in result.findings
-            if finding.code in selected
-            and (reported is None or finding.path in reported)
-            and finding.code not in per_file_ignored(finding.path)
-        ]
-        suppression = SuppressionFilter(read, result.suppression_lines)
-        findings = sorted(suppression.keep(candidates), key=lambda f: (f.path, f.line, f.col, f.code))
+        shown = shown_findings(
+            result, config=config, selected=selected, rules=self.backend.rules, read=read, reported=reported
+        )
         errors = [e for e in result.errors if reported is None or e.path in reported]
         return _Analysis(
-            findings=findings,
+            findings=shown.findings,
             errors=errors,
             result=result,
-            suppressed=suppression.suppressed,
+            suppressed=shown.suppressed,
             unresolved=dict(result.unresolved_bases),
         )
 

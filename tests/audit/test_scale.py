@@ -188,7 +188,7 @@ def test_summaries_made_in_a_forked_checker_are_saved_with_the_parents_cache(
     assert (code, found) == (1, ["demo/child.py:5:KVR001", "demo/zz.py:5:KVR001"])
     cache = SummaryCache[object](
         project / ".kvref_cache",
-        kvref.audit.runner.scale._summary_stamp(project, DEFAULT_MAX_FILE_BYTES),  # pyright: ignore[reportPrivateUsage]
+        kvref.audit.runner.scale.summary_stamp(project, DEFAULT_MAX_FILE_BYTES),
     )
     cache.load()
     encoder = Path(json.__file__).parent / "encoder.py"

@@ -44,6 +44,7 @@ __all__ = [
     "ScaleSettings",
     "analyze_at_scale",
     "run_pipeline",
+    "summary_stamp",
     "wait_for_saves",
 ]
 
@@ -81,8 +82,8 @@ def _engine_sources() -> list[Path]:
     return sorted(path for path in _AUDIT_DIR.rglob("*.py") if "__pycache__" not in path.parts)
 
 
-def _summary_stamp(root: Path, max_file_bytes: int, newer: str | None = None) -> str:
-    """The summary cache's version: its schema, the project root, the file-size limit (a file
+def summary_stamp(root: Path, max_file_bytes: int, newer: str | None = None) -> str:
+    """The summary cache's version (`kvref server` shares the cache): its schema, the project root, the file-size limit (a file
     over it is cached as skipped) and the interpreters that parse syntax newer than this
     Python (a file's summary or error depends on all of them)."""
     if newer is None:
@@ -337,7 +338,7 @@ def analyze_at_scale(
     # summarises the standard-library modules the classes derive from once, alongside the
     # project, instead of each forked checker parsing them again while it checks.
     summaries = SummaryCache[ModuleSummary | FileError](
-        cache_dir, _summary_stamp(root, options.max_file_bytes, newer)
+        cache_dir, summary_stamp(root, options.max_file_bytes, newer)
     )
     summaries.load()
     # The bar counts the reported files (summarised up front); other project files are read

@@ -1,0 +1,227 @@
+"""Benchmark `kvref server` on vLLM 0.33 (about 3,000 files) against `kvref audit` in the same run.
+
+    python tools/bench_server.py [--corpus vllm==0.33.0] [--edits 50]
+
+In one run, each in a fresh process, with the corpus's package as the workspace:
+
+- `kvref audit PACKAGE` with an empty cache: the cold CLI time, and its peak memory (the
+  largest single process, `ru_maxrss`, and the sampled process tree);
+- the server with an empty cache: seconds from `didOpen` of a `kv_offload` file to its first
+  diagnostics (target: within the cold CLI time);
+- the server with the cache that CLI run left: the same (target: within 1 s);
+- in that warm server, once indexing is done, 50 edits of the file (each adds or removes one
+  `@override`, so the findings change): seconds from `didChange` to the diagnostics of that
+  version, with the `debounce` setting at 0 so the wait the server adds on purpose is excluded
+  (the default debounce is 100 ms); p50 and p95 (target: p95 within 100 ms);
+- each server's peak memory (`VmHWM`, once the workspace is indexed: the cold one parsed every
+  file itself, on one core, in the background) against the CLI's peak process (target: at most
+  1.5x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from lsprotocol import types
+from pygls.lsp.client import LanguageClient
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _audit_corpus import fetch_corpus, package_dir, package_project  # noqa: E402
+
+__all__ = ["main"]
+
+CHECKOUT = Path(__file__).resolve().parents[1]
+EDITED = "v1/kv_offload/cpu/manager.py"
+
+
+def _rss_kib(pid: int, field: str) -> int:
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _tree_kib(root: int) -> int:
+    """VmRSS summed over `root` and its descendants."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            parent = _rss_kib(int(entry), "PPid")
+            children.setdefault(parent, []).append(int(entry))
+    total, pending = 0, [root]
+    while pending:
+        pid = pending.pop()
+        total += _rss_kib(pid, "VmRSS")
+        pending.extend(children.get(pid, ()))
+    return total
+
+
+def cold_cli(project: Path, package: str, cache: Path) -> tuple[float, int, int]:
+    """`kvref audit` with an empty cache: (seconds, peak single-process KiB, peak tree KiB)."""
+    argv = [sys.executable, "-m", "kvref", "audit", package, "--output-format", "json", "--exit-zero", "--cache-dir", str(cache)]
+    started = time.perf_counter()
+    process = subprocess.Popen(argv, cwd=project, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_env(cache))
+    peak = [0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], _tree_kib(process.pid))
+            done.wait(0.1)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    _, status, usage = os.wait4(process.pid, 0)
+    seconds = time.perf_counter() - started
+    done.set()
+    sampler.join()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"kvref audit failed: {process.stderr.read().decode() if process.stderr else ''}")
+    return seconds, usage.ru_maxrss, peak[0]
+
+
+def _env(cache: Path) -> dict[str, str]:
+    return {**os.environ, "KVREF_CACHE_DIR": str(cache), "PYTHONPATH": str(CHECKOUT), "XDG_CACHE_HOME": str(cache / "xdg")}
+
+
+class _Client(LanguageClient):
+    def __init__(self) -> None:
+        super().__init__("kvref-bench", "1")
+        self.arrived: dict[tuple[str, int | None], float] = {}
+        self.indexed = asyncio.Event()
+
+
+async def serve(project: Path, opened: Path, cache: Path, edits: int) -> dict[str, Any]:
+    """One server session: first diagnostics after didOpen, then (once the workspace is
+    indexed) `edits` timed edits; the peak memory is read at the end."""
+    client = _Client()
+
+    def published(params: types.PublishDiagnosticsParams) -> None:
+        client.arrived.setdefault((params.uri, params.version), time.perf_counter())
+
+    def create(params: types.WorkDoneProgressCreateParams) -> None:
+        del params
+
+    def progress(params: types.ProgressParams) -> None:
+        value: object = params.value
+        if isinstance(value, dict) and value.get("kind") == "end":  # pyright: ignore[reportUnknownMemberType]
+            client.indexed.set()
+
+    for method, handler in (
+        (types.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS, published),
+        (types.WINDOW_WORK_DONE_PROGRESS_CREATE, create),
+        (types.PROGRESS, progress),
+    ):
+        client.feature(method)(handler)
+
+    await client.start_io(sys.executable, "-m", "kvref", "server", env=_env(cache), cwd=str(project))  # pyright: ignore[reportUnknownMemberType]
+    server: asyncio.subprocess.Process = getattr(client, "_server")
+    capabilities = types.ClientCapabilities(window=types.WindowClientCapabilities(work_done_progress=True))
+    await client.initialize_async(
+        types.InitializeParams(
+            capabilities=capabilities,
+            root_uri=project.as_uri(),
+            workspace_folders=[types.WorkspaceFolder(uri=project.as_uri(), name=project.name)],
+            initialization_options={"debounce": 0},
+        )
+    )
+    client.initialized(types.InitializedParams())
+    uri = opened.as_uri()
+    text = opened.read_text(encoding="utf-8")
+    sent = time.perf_counter()
+    client.text_document_did_open(
+        types.DidOpenTextDocumentParams(text_document=types.TextDocumentItem(uri=uri, language_id="python", version=1, text=text))
+    )
+    while (uri, 1) not in client.arrived:
+        await asyncio.sleep(0.001)
+    first = client.arrived[uri, 1] - sent
+    latencies: list[float] = []
+    started = time.perf_counter()
+    await asyncio.wait_for(client.indexed.wait(), 900)
+    indexing = time.perf_counter() - started
+    if edits:
+        lines = text.split("\n")
+        target = next(i for i, line in enumerate(lines) if line.strip().startswith("def ") and "@override" not in lines[i - 1])
+        indent = lines[target][: len(lines[target]) - len(lines[target].lstrip())]
+        for version in range(2, edits + 2):
+            add = version % 2 == 0  # add the decorator, then take it away again
+            start = types.Position(line=target, character=0)
+            change = types.TextDocumentContentChangePartial(
+                range=types.Range(start=start, end=start if add else types.Position(line=target + 1, character=0)),
+                text=f"{indent}@override\n" if add else "",
+            )
+            sent = time.perf_counter()
+            client.text_document_did_change(
+                types.DidChangeTextDocumentParams(
+                    text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version), content_changes=[change]
+                )
+            )
+            while (uri, version) not in client.arrived:
+                await asyncio.sleep(0.001)
+            latencies.append(client.arrived[uri, version] - sent)
+    peak = _rss_kib(server.pid, "VmHWM")
+    await client.shutdown_async(None)
+    client.exit(None)
+    await server.wait()
+    await client.stop()
+    return {"first": first, "latencies": latencies, "peak_kib": peak, "indexing": indexing}
+
+
+def _percentile(values: Sequence[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Time kvref server against kvref audit on one corpus.")
+    parser.add_argument("--corpus", default="vllm==0.33.0")
+    parser.add_argument("--edits", type=int, default=50)
+    args = parser.parse_args(argv)
+    corpus = fetch_corpus(args.corpus)
+    package = package_dir(corpus)
+    project = package_project(corpus, package)
+    opened = project / package.name / EDITED
+    files = sum(1 for _ in package.rglob("*.py"))
+    print(f"{corpus.key}: {files} files; opened and edited: {opened.relative_to(project)}; load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    warm_cache = Path(tempfile.mkdtemp(prefix="kvref-bench-server-warm-"))
+    cold_cache = Path(tempfile.mkdtemp(prefix="kvref-bench-server-cold-"))
+    try:
+        cli_seconds, cli_peak, cli_tree = cold_cli(project, package.name, warm_cache)
+        cold = asyncio.run(serve(project, opened, cold_cache, 0))
+        warm = asyncio.run(serve(project, opened, warm_cache, args.edits))
+    finally:
+        shutil.rmtree(warm_cache, ignore_errors=True)
+        shutil.rmtree(cold_cache, ignore_errors=True)
+    latencies = warm["latencies"]
+    p50, p95 = statistics.median(latencies), _percentile(latencies, 0.95)
+    print(f"  kvref audit, cold (empty cache):          {cli_seconds:7.2f} s   peak {cli_peak / 1024:6.0f} MiB (process tree {cli_tree / 1024:.0f} MiB)")
+    print(f"  server, first diagnostics, cold cache:    {cold['first']:7.3f} s   {cold['first'] / cli_seconds:.3f}x the cold CLI   {'OK' if cold['first'] <= cli_seconds else 'MISSED'}")
+    print(f"  server, first diagnostics, warm cache:    {warm['first']:7.3f} s   (target 1 s)   {'OK' if warm['first'] <= 1 else 'MISSED'}")
+    print(f"  server, didChange -> diagnostics ({len(latencies)} edits, debounce 0): p50 {p50 * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms (target 100 ms)   {'OK' if p95 <= 0.1 else 'MISSED'}")
+    for label, run in (("cold", cold), ("warm", warm)):
+        ratio = run["peak_kib"] / cli_peak
+        print(
+            f"  server peak memory ({label}; indexed {run['indexing']:4.1f} s after those diagnostics): {run['peak_kib'] / 1024:4.0f} MiB = "
+            f"{ratio:.2f}x the CLI's peak process (target 1.5x)   {'OK' if ratio <= 1.5 else 'MISSED'}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
