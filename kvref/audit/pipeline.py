@@ -420,8 +420,7 @@ def _build_index(
         extra.add(source)
     extra.discard(root_text)
     search = [*sorted(extra, key=lambda path: (-path.count(os.sep), path)), root_text]
-    # The same files under the same roots are named alike: a process that indexes again and
-    # again (`kvref server` on each edit, `--fix` rounds) names them once.
+    # Same files, same roots, same names: `kvref server` (each edit) and `--fix` name them once.
     key = (tuple(paths), tuple(search), frozenset(package_dirs))
     if key not in _NAMED:
         _NAMED.clear()
