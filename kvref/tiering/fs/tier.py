@@ -150,6 +150,8 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         self._writing: dict[OffloadKey, BlockWrite] = {}
         self._reading: Counter[str] = Counter()  # file names being loaded (read by I/O threads)
         self._unreadable: set[str] = set()  # files that failed with an I/O error: misses here
+        # File names this engine marked used lately, and when: `touch` marks each at most once
+        # a second (a long prefix touched every step would be a metadata write per block).
         self._marked: OrderedDict[str, float] = OrderedDict()
         # Blocks this tier announced as stored and not yet as removed (events only).
         self._announced: dict[str, OffloadKey] | None = {} if events else None
