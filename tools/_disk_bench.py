@@ -112,7 +112,28 @@ class DirectFileBaseline:
         self.paths = [directory / f"o_direct-{streams}x-{index}.bin" for index in range(streams)]
         self._data = os.urandom(request)
 
-    def _run(self, work: Callable[[int], None]) -> float:
+    def _run(self, flags: int, stream: Callable[[int, int, mmap.mmap], None]) -> float:
+        """Open each stream's file with `flags | O_DIRECT` and run `stream(index, fd, buffer)` on
+        a thread of its own with a page-aligned buffer of one request; return the seconds taken.
+
+        Raises:
+            BaseException: the first failure of any stream, once all have ended.
+        """
+        failures: list[BaseException] = []
+
+        def work(index: int) -> None:
+            buffer = mmap.mmap(-1, self.request)  # anonymous: page-aligned, as O_DIRECT needs
+            try:
+                fd = os.open(self.paths[index], flags | _O_DIRECT, 0o644)
+                try:
+                    stream(index, fd, buffer)
+                finally:
+                    os.close(fd)
+            except BaseException as exc:
+                failures.append(exc)
+            finally:
+                buffer.close()
+
         started = time.perf_counter()
         if self.streams == 1:
             work(0)
@@ -122,55 +143,34 @@ class DirectFileBaseline:
                 thread.start()
             for thread in threads:
                 thread.join()
-        return time.perf_counter() - started
+        elapsed = time.perf_counter() - started
+        if failures:
+            raise failures[0]
+        return elapsed
 
     def write(self) -> float:
         """Write the files afresh; return the seconds taken."""
         self.remove()
-        failures: list[BaseException] = []
 
-        def work(index: int) -> None:
-            buffer = mmap.mmap(-1, self.request)  # anonymous: page-aligned, as O_DIRECT needs
+        def stream(index: int, fd: int, buffer: mmap.mmap) -> None:
             buffer.write(self._data)
-            fd = os.open(self.paths[index], os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_DIRECT, 0o644)
-            try:
-                for offset in range(0, self.stream_bytes, self.request):
-                    if os.pwrite(fd, buffer, offset) != self.request:
-                        raise OSError(f"short O_DIRECT write to {self.paths[index]}")
-            except BaseException as exc:
-                failures.append(exc)
-            finally:
-                os.close(fd)
-                buffer.close()
+            for offset in range(0, self.stream_bytes, self.request):
+                if os.pwrite(fd, buffer, offset) != self.request:
+                    raise OSError(f"short O_DIRECT write to {self.paths[index]}")
 
-        elapsed = self._run(work)
-        if failures:
-            raise failures[0]
-        return elapsed
+        return self._run(os.O_WRONLY | os.O_CREAT | os.O_EXCL, stream)
 
     def read(self) -> float:
         """Read the files back; return the seconds taken."""
-        failures: list[BaseException] = []
 
-        def work(index: int) -> None:
-            buffer = mmap.mmap(-1, self.request)
-            fd = os.open(self.paths[index], os.O_RDONLY | _O_DIRECT)
-            try:
-                for offset in range(0, self.stream_bytes, self.request):
-                    if os.preadv(fd, [buffer], offset) != self.request:
-                        raise OSError(f"short O_DIRECT read of {self.paths[index]}")
-                if buffer[: len(self._data)] != self._data:
-                    raise OSError(f"{self.paths[index]} read back other bytes")
-            except BaseException as exc:
-                failures.append(exc)
-            finally:
-                os.close(fd)
-                buffer.close()
+        def stream(index: int, fd: int, buffer: mmap.mmap) -> None:
+            for offset in range(0, self.stream_bytes, self.request):
+                if os.preadv(fd, [buffer], offset) != self.request:
+                    raise OSError(f"short O_DIRECT read of {self.paths[index]}")
+            if buffer[: len(self._data)] != self._data:
+                raise OSError(f"{self.paths[index]} read back other bytes")
 
-        elapsed = self._run(work)
-        if failures:
-            raise failures[0]
-        return elapsed
+        return self._run(os.O_RDONLY, stream)
 
     def remove(self) -> None:
         for path in self.paths:
