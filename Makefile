@@ -2,10 +2,12 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# The stamp depends on pyproject.toml, so editing dependencies refreshes the venv.
+# The stamp depends on pyproject.toml, so editing dependencies refreshes the venv, and on the fs
+# tier's C extension, which the editable install builds in place (tests/vllm import it too).
 STAMP := $(VENV)/.kvref-installed
+NATIVE_SOURCES := kvref/tiering/fs/_batch_io.c kvref/tiering/fs/vendor/xxhash.h
 
-.PHONY: run test typecheck audit pytest pytest-vllm vllm-env bench clean redis-server neovim
+.PHONY: run test typecheck audit pytest pytest-vllm vllm-env bench clean redis-server neovim strace
 
 # Set-up takes a minute or two on a fresh machine: each step says what it does, and pip shows
 # what it collects and installs (no -q), so a slow step is never silent.
@@ -16,12 +18,12 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check
 VLLM_VENV := .venv-vllm
 VLLM_PYTHON := $(VLLM_VENV)/bin/python
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(NATIVE_SOURCES)
 	@echo "==> creating $(VENV) with $(PYTHON)"
 	$(PYTHON) -m venv $(VENV)
 	@echo "==> installing torch 2.13.0 (the CPU build on this machine's disk; an unpinned torch pulls a multi-GB CUDA build)"
 	$(PIP) install --progress-bar off torch==2.13.0
-	@echo "==> installing kvref in editable mode with its torch, dev, redis and server extras"
+	@echo "==> installing kvref in editable mode with its torch, dev, redis and server extras (and building its C extension)"
 	$(PIP) install --progress-bar off -e '.[torch,dev,redis,server]'
 	touch $(STAMP)
 	@echo "==> $(VENV) is ready"
@@ -36,6 +38,10 @@ redis-server:
 # `kvref server`'s test with a real editor drives Neovim's built-in LSP client headless.
 neovim:
 	@command -v nvim >/dev/null || (echo "==> installing Debian's neovim (the server's test with a real editor client)" && apt-get update && apt-get install -y neovim)
+
+# The fs tier's test of fsync order traces the C extension's system calls with strace.
+strace:
+	@command -v strace >/dev/null || (echo "==> installing Debian's strace (the fs tier's fsync-order test)" && apt-get update && apt-get install -y strace)
 
 run: $(STAMP)
 	$(BIN)/kvref demo
@@ -55,7 +61,7 @@ audit: $(STAMP) vllm-env
 	$(BIN)/kvref audit kvref --python $(VLLM_VENV)
 
 # vllm-env: the server's tests compare it with `kvref audit` on vLLM's kv_offload.
-pytest: $(STAMP) redis-server neovim vllm-env
+pytest: $(STAMP) redis-server neovim strace vllm-env
 	@echo "==> pytest"
 	$(BIN)/python -m pytest -q --ignore=tests/vllm
 
@@ -75,4 +81,4 @@ bench: $(STAMP)
 	$(BIN)/python tools/bench_transfer.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis build kvref/tiering/fs/_batch_io.*.so

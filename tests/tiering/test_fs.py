@@ -108,6 +108,25 @@ class Harness:
         self.rows.release()
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    # Every test runs on both paths of the block-file I/O (the C extension and Python), but
+    # those marked python_io: they inject faults or gates through `os`, which only the Python
+    # path calls (test_fs_batch_io holds the two paths to each other).
+    if "io_path" in metafunc.fixturenames:
+        python_only = metafunc.definition.get_closest_marker("python_io") is not None
+        metafunc.parametrize("io_path", ["python"] if python_only else ["native", "python"], indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def io_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    path: str = getattr(request, "param", "python")
+    if path == "python":
+        monkeypatch.setattr(block_io, "NATIVE_BATCH_IO", None)
+    elif block_io.NATIVE_BATCH_IO is None:
+        pytest.skip("the C extension kvref.tiering.fs._batch_io was not built (test_fs_batch_io says why)")
+    return path
+
+
 @pytest.fixture
 def harness(tmp_path: Path) -> Iterator[Harness]:
     h = Harness(tmp_path / "fs")
@@ -164,6 +183,7 @@ def test_a_page_aligned_primary_moves_blocks_without_copies(tmp_path: Path, bloc
         h.close()
 
 
+@pytest.mark.python_io
 def test_pending_write_answers_none_and_lookup_never_waits(
     harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -217,15 +237,15 @@ def test_a_store_of_a_block_being_written_ends_with_that_write(
     # Reported stored means a lookup finds the block: a second job naming a block the first is
     # still writing is not done before that write is (found by kvref.testing.vllm's programs).
     gate = threading.Event()
-    real_write = block_io.BlockIO.write_block
+    real_write = block_io.BlockIO.write_blocks
 
-    def gated_write(io: block_io.BlockIO, path: str, key: bytes, block_id: int, make_room: Any) -> block_io.WriteOutcome:
+    def gated_write(io: block_io.BlockIO, paths: Any, keys: Any, block_ids: Any, make_room: Any) -> Any:
         assert gate.wait(5)
         if first_write_fails:
-            raise OSError(errno.EIO, "simulated")
-        return real_write(io, path, key, block_id, make_room)
+            return [OSError(errno.EIO, "simulated")] * len(paths)
+        return real_write(io, paths, keys, block_ids, make_room)
 
-    monkeypatch.setattr(block_io.BlockIO, "write_block", gated_write)
+    monkeypatch.setattr(block_io.BlockIO, "write_blocks", gated_write)
     k = to_key(1)
     harness.fill([k, k], [0, 1])
     harness.tier.submit_store(harness.job([k], [0], promotion=False))
@@ -239,7 +259,9 @@ def test_a_store_of_a_block_being_written_ends_with_that_write(
     assert harness.tier.lookup(k, CTX) is (not first_write_fails)
 
 
+@pytest.mark.python_io
 def test_fsync_makes_each_file_and_its_name_durable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The Python path's calls (test_fs_batch_io traces the C extension's with strace).
     synced: list[bool] = []
     real_fsync = os.fsync
 
@@ -327,6 +349,7 @@ def test_capacity_counts_the_files_of_every_writer(tmp_path: Path) -> None:
     h.close()
 
 
+@pytest.mark.python_io
 def test_capacity_never_evicts_blocks_being_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     h = Harness(tmp_path / "fs", capacity_bytes=RECORD)
     k1, k2 = to_keys([1, 2])
@@ -605,6 +628,7 @@ def test_invalid_root_dir(tmp_path: Path, root_dir: Any) -> None:
 # --- O_DIRECT and its fallback ---
 
 
+@pytest.mark.python_io
 def test_without_o_direct_io_is_buffered_with_one_warning(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -629,6 +653,7 @@ def test_without_o_direct_io_is_buffered_with_one_warning(
     h.close()
 
 
+@pytest.mark.python_io
 def test_page_cache_option_keeps_pages_and_skips_the_probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "posix_fadvise", lambda *args: pytest.fail("dropped pages"))  # pyright: ignore[reportUnknownLambdaType, reportUnknownArgumentType]
     h = Harness(tmp_path / "fs", page_cache=True)
@@ -697,6 +722,7 @@ def test_reads_are_not_starved_by_writes() -> None:
     assert len(done) == 11
 
 
+@pytest.mark.python_io
 def test_shutdown_fails_queued_jobs_and_later_submits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     h = Harness(tmp_path / "fs", n_read_threads=1, n_write_threads=1)
     gate = threading.Event()
@@ -775,8 +801,11 @@ def test_damaged_file_fails_the_load_and_becomes_a_miss(harness: Harness, damage
     assert harness.load([k2], [6]) and harness.row(6) == content(k2)
 
 
+@pytest.mark.python_io
 def test_a_damaged_file_replaced_meanwhile_is_not_deleted(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
     # Another engine stored a good copy after this one opened the damaged file: keep the copy.
+    # (The C extension's read cannot be interrupted between its steps; it compares the same
+    # inode numbers, and test_fs_batch_io holds the two paths to each other.)
     k1 = to_key(1)
     assert harness.store([k1])
     path = file_of(harness, k1)
@@ -814,6 +843,7 @@ def test_files_deleted_by_hand_fail_loads_and_are_stored_again(harness: Harness,
     assert harness.load([k1], [4]) and harness.row(4) == content(k1)
 
 
+@pytest.mark.python_io
 def test_a_filesystem_that_refuses_to_replace_a_name_means_another_writer_stored_it(
     harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -830,6 +860,7 @@ def test_a_filesystem_that_refuses_to_replace_a_name_means_another_writer_stored
     assert harness.files(".tmp") == [] and harness.load([k1], [3]) and harness.row(3) == content(k1)
 
 
+@pytest.mark.python_io
 def test_crash_between_write_and_rename(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
     def crash(src: str, dst: str) -> None:
         raise OSError(errno.EIO, "simulated crash before rename")
@@ -843,6 +874,7 @@ def test_crash_between_write_and_rename(harness: Harness, monkeypatch: pytest.Mo
     assert harness.store([k1])
 
 
+@pytest.mark.python_io
 def test_disk_full_fails_the_store(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
     def full(fd: int, buffers: list[memoryview], offset: int) -> int:
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -857,6 +889,7 @@ def test_disk_full_fails_the_store(harness: Harness, monkeypatch: pytest.MonkeyP
     assert harness.store(keys)
 
 
+@pytest.mark.python_io
 def test_partial_writes_and_reads_are_completed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Buffered I/O: O_DIRECT would refuse a piece that is not whole pages.
     h = Harness(tmp_path / "fs", page_cache=True)
@@ -871,6 +904,7 @@ def test_partial_writes_and_reads_are_completed(tmp_path: Path, monkeypatch: pyt
     h.close()
 
 
+@pytest.mark.python_io
 def test_permission_denied_on_write_and_read(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
     real_open = os.open
     root = str(harness.root)
@@ -937,6 +971,7 @@ def test_a_flipped_bit_anywhere_never_serves_wrong_bytes(
 # --- a full disk ---
 
 
+@pytest.mark.python_io
 def test_restart_on_a_full_disk_starts_and_serves_what_it_holds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

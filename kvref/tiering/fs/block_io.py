@@ -1,10 +1,16 @@
-"""The file work of `FileSystemSecondaryTier`'s I/O threads: writing one block file, reading one
-back into its primary row and verifying it, and marking a file used.
+"""The file work of `FileSystemSecondaryTier`'s I/O threads: writing a task's block files,
+reading them back into their primary rows and verifying them, and marking files used.
 
-`BlockIO` touches no scheduler state, so any I/O thread may call it. With O_DIRECT the payload
-moves between the device and the primary row without a copy when the row is page-aligned and
-a whole number of pages (a page-aligned primary, e.g. vLLM's or kvref's shared mmap region,
-with block sizes of 4 KiB multiples); otherwise through an aligned per-thread bounce buffer.
+`BlockIO` touches no scheduler state, so any I/O thread may call it. It works a task's blocks
+at a time: through `kvref.tiering.fs._batch_io`, a C extension that does a whole task's system
+calls and checksums in one call without the GIL, where it was built (Linux with a C compiler at
+install time; `NATIVE_BATCH_IO`), else in Python, block by block, with the same files and
+outcomes. The Python path is the reference: read it to learn what a block file's I/O does.
+
+With O_DIRECT the payload moves between the device and the primary row without a copy when the
+row is page-aligned and a whole number of pages (a page-aligned primary, e.g. vLLM's or kvref's
+shared mmap region, with block sizes of 4 KiB multiples); otherwise through an aligned
+per-thread bounce buffer.
 Without O_DIRECT (the filesystem refuses it), the pages a write or read brought into the page
 cache are dropped once they are clean, unless the tier keeps the page cache on purpose.
 """
@@ -18,11 +24,13 @@ import errno
 import mmap
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from types import ModuleType
 
 from kvref.tiering.base import PrimaryBlocks
 from kvref.tiering.fs.format import (
     ALIGN,
+    FORMAT_VERSION,
     MAX_KEY_BYTES,
     align_up,
     check_header,
@@ -32,7 +40,13 @@ from kvref.tiering.fs.format import (
 )
 from kvref.tiering.fs.root import TMP_SUFFIX, unlink_quietly
 
-__all__ = ["ReadProblem", "WriteOutcome", "BlockIO", "buffer_address"]
+__all__ = [
+    "NATIVE_BATCH_IO",
+    "ReadProblem",
+    "WriteOutcome",
+    "BlockIO",
+    "buffer_address",
+]
 
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 # sync_file_range(2) flags: start writeback of the range and wait for it, without the journal
@@ -69,6 +83,24 @@ def _load_sync_file_range() -> Callable[[int], None]:
 _write_back = _load_sync_file_range()
 
 
+def _load_native() -> ModuleType | None:
+    try:
+        from kvref.tiering.fs import _batch_io
+    except ImportError:  # not built: no compiler at install time, or not Linux
+        return None
+    if _batch_io.FORMAT_VERSION != FORMAT_VERSION or _batch_io.ALIGN != ALIGN:
+        return None  # a stale build of another format: never write or read with it
+    return _batch_io
+
+
+NATIVE_BATCH_IO = _load_native()
+"""The C extension doing a task's block files without the GIL, or None where it was not built
+(then the Python path does the same work, slower: about 3x the CPU per GiB at 256 KiB)."""
+
+# Codes of the Python path's per-block steps, as the C extension returns them.
+_WRITE_DONE, _WRITE_EXISTED = 0, 1
+
+
 def buffer_address(view: memoryview) -> int | None:
     """The address of a writable buffer's first byte, or None if it cannot be had."""
     try:
@@ -96,6 +128,15 @@ class ReadProblem(enum.Enum):
     UNREADABLE = "unreadable"  # an I/O error: the file is left alone
 
 
+# read_blocks' codes (0: loaded), as the C extension returns them.
+_READ_PROBLEMS = (
+    None,
+    ReadProblem.MISSING,
+    ReadProblem.DAMAGED,
+    ReadProblem.UNREADABLE,
+)
+
+
 class BlockIO:
     """Reads and writes the block files of one tier (any thread; no scheduler state).
 
@@ -105,6 +146,7 @@ class BlockIO:
         keep_page_cache: buffered I/O only: leave the pages a read or write brought in cached.
         fsync: `fsync` each block file before renaming it into place.
         token: this writer's part of temporary file names (`writer_token`).
+        native: do the file work in `NATIVE_BATCH_IO` (when built) rather than in Python.
     """
 
     def __init__(
@@ -115,6 +157,7 @@ class BlockIO:
         keep_page_cache: bool,
         fsync: bool,
         token: str,
+        native: bool = True,
     ) -> None:
         self._primary = primary
         self.block_bytes = primary.block_bytes
@@ -131,7 +174,20 @@ class BlockIO:
             base is not None and base % ALIGN == 0 and self.block_bytes % ALIGN == 0
         )
         self._padding = bytes(self._payload_bytes - self.block_bytes)
+        self._native = NATIVE_BATCH_IO if native else None
+        self._sync = 0
+        if self._native is not None:
+            self._sync = (
+                (self._native.SYNC_FSYNC if fsync else 0)
+                | (self._native.SYNC_WRITE_BACK if self._drop_pages and not fsync else 0)
+                | (self._native.SYNC_DROP_PAGES if self._drop_pages else 0)
+            )
         self._local = threading.local()
+
+    @property
+    def native(self) -> bool:
+        """Whether the file work runs in the C extension."""
+        return self._native is not None
 
     # --- buffers ---
 
@@ -140,34 +196,101 @@ class BlockIO:
         last page that a read fills only when a file is longer than it should be."""
         buffer: memoryview | None = getattr(self._local, "buffer", None)
         if buffer is None:
-            size = header_bytes(MAX_KEY_BYTES) + (0 if self.zero_copy else self._payload_bytes) + ALIGN
+            size = (
+                header_bytes(MAX_KEY_BYTES) + (0 if self.zero_copy else self._payload_bytes) + ALIGN
+            )
             buffer = memoryview(mmap.mmap(-1, size))  # anonymous mmap: page-aligned
             self._local.buffer = buffer
         return buffer
 
     # --- writes ---
 
-    def write_block(
-        self, path: str, key: bytes, block_id: int, make_room: Callable[[], bool]
-    ) -> WriteOutcome:
-        """Store primary row `block_id` as `key`'s block file `path` (unless one is there), via a
-        temporary file of this writer renamed into place.
+    def write_blocks(
+        self,
+        paths: Sequence[str],
+        keys: Sequence[bytes],
+        block_ids: Sequence[int],
+        make_room: Callable[[int], bool],
+    ) -> list[WriteOutcome | OSError]:
+        """Store primary rows as block files (unless one is there): each into a temporary file
+        of this writer, then each renamed into place.
 
         Args:
-            path: the block file's path.
-            key: the block's key.
-            block_id: the primary row to store.
-            make_room: called once the temporary file is written whole, before it is renamed
-                into place (every other engine's listing counts it from then on, so of two
-                writers racing for the last room the later one to list sees the other's file);
-                False: no room, and the file is deleted.
+            paths: the block files' paths.
+            keys: the blocks' keys.
+            block_ids: the primary rows to store.
+            make_room: called with a block's index once its temporary file is written whole,
+                before it is renamed into place (every other engine's listing counts it from
+                then on, so of two writers racing for the last room the later one to list sees
+                the other's file); False: no room, and the file is deleted.
 
-        Raises:
-            OSError: the write failed (disk full, I/O error, ...); no temporary file is left.
+        Returns:
+            Each block's outcome, or the OSError that failed it (disk full, I/O error, ...);
+            no temporary file is left behind.
         """
+        tmp_paths = [path + self._tmp_suffix for path in paths]
+        if self._native is not None:
+            rows = [self._primary.row(block_id) for block_id in block_ids]
+            codes: list[int] = self._native.write_blocks(
+                paths, tmp_paths, keys, rows, self._buffer(), self.block_bytes,
+                self.direct, self.zero_copy, self._sync,
+            )  # fmt: skip
+        else:
+            codes = [
+                self._write_temporary(path, tmp_path, key, block_id)
+                for path, tmp_path, key, block_id in zip(paths, tmp_paths, keys, block_ids)
+            ]
+        outcomes: list[WriteOutcome | OSError] = []
+        publish: list[int] = []
+        for index, code in enumerate(codes):
+            if code == _WRITE_EXISTED:
+                outcomes.append(WriteOutcome.EXISTED)
+                continue
+            if code < 0:
+                outcomes.append(OSError(-code, os.strerror(-code), paths[index]))
+                continue
+            try:
+                room = make_room(index)
+            except BaseException:
+                for later in range(index, len(codes)):
+                    if codes[later] == _WRITE_DONE:
+                        unlink_quietly(tmp_paths[later])
+                for earlier in publish:
+                    unlink_quietly(tmp_paths[earlier])
+                raise
+            if room:
+                publish.append(index)
+                outcomes.append(WriteOutcome.WRITTEN)
+            else:
+                unlink_quietly(tmp_paths[index])
+                outcomes.append(WriteOutcome.NO_ROOM)
+        sources = [tmp_paths[index] for index in publish]
+        targets = [paths[index] for index in publish]
+        if self._native is not None:
+            renamed: list[int] = self._native.rename_files(sources, targets)
+        else:
+            renamed = [_rename(source, target) for source, target in zip(sources, targets)]
+        for index, code in zip(publish, renamed):
+            if code == _WRITE_EXISTED:
+                outcomes[index] = WriteOutcome.EXISTED
+            elif code < 0:
+                outcomes[index] = OSError(-code, os.strerror(-code), paths[index])
+        self.mark_used(
+            [path for path, outcome in zip(paths, outcomes) if outcome is WriteOutcome.EXISTED]
+        )
+        if self._fsync:
+            # The renames themselves survive a power cut.
+            for directory in {
+                os.path.dirname(targets[i]) for i, code in enumerate(renamed) if code == 0
+            }:
+                _fsync_directory(directory)
+        return outcomes
+
+    def _write_temporary(self, path: str, tmp_path: str, key: bytes, block_id: int) -> int:
+        """The Python path's step before the rename: 0 written, 1 a file is already at `path`
+        (nothing written), else -errno (nothing left)."""
         if os.path.exists(path):
-            self.mark_used([path])
-            return WriteOutcome.EXISTED
+            return _WRITE_EXISTED
         row = self._primary.row(block_id)
         buffer = self._buffer()
         head = header_bytes(len(key))
@@ -181,8 +304,10 @@ class BlockIO:
             payload[: self.block_bytes] = row
             payload[self.block_bytes :] = self._padding
             parts = [buffer[: head + self._payload_bytes]]
-        tmp_path = path + self._tmp_suffix
-        fd = self._create(tmp_path)
+        try:
+            fd = self._create(tmp_path)
+        except OSError as exc:
+            return -(exc.errno or errno.EIO)
         try:
             try:
                 _write_all(fd, parts)
@@ -194,23 +319,13 @@ class BlockIO:
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(fd)
-            if not make_room():
-                unlink_quietly(tmp_path)
-                return WriteOutcome.NO_ROOM
-            try:
-                os.replace(tmp_path, path)
-            except FileExistsError:
-                # Some shared filesystems refuse to replace a name (EEXIST) where POSIX replaces
-                # it: another writer published this block first, with the same bytes.
-                unlink_quietly(tmp_path)
-                self.mark_used([path])
-                return WriteOutcome.EXISTED
+        except OSError as exc:
+            unlink_quietly(tmp_path)
+            return -(exc.errno or errno.EIO)
         except BaseException:
             unlink_quietly(tmp_path)
             raise
-        if self._fsync:
-            _fsync_directory(os.path.dirname(path))  # the rename itself survives a power cut
-        return WriteOutcome.WRITTEN
+        return _WRITE_DONE
 
     def _create(self, tmp_path: str) -> int:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | self._open_flags
@@ -228,23 +343,37 @@ class BlockIO:
 
     # --- reads ---
 
-    def read_block(self, path: str, key: bytes, block_id: int, used: list[str]) -> ReadProblem | None:
-        """Read `key`'s block file into primary row `block_id` and verify it.
+    def read_blocks(
+        self, paths: Sequence[str], keys: Sequence[bytes], block_ids: Sequence[int]
+    ) -> list[ReadProblem | None]:
+        """Read block files into primary rows and verify them.
 
-        A file that fails verification has still been read into the row (unless read through
-        the bounce buffer): the caller must fail the load. A damaged file is deleted, unless a
-        writer has replaced it since it was opened.
+        A file that fails verification has still been read into its row (unless read through
+        the bounce buffer): the caller must fail that block's load. A damaged file is deleted,
+        unless a writer has replaced it since it was opened.
 
         Args:
-            path: the block file's path.
-            key: the block's key.
-            block_id: the primary row to fill.
-            used: `path` is appended when the load succeeded: a use, which the caller marks
-                (`mark_used`) once the job's outcome is posted, off the load's latency.
+            paths: the block files' paths.
+            keys: the blocks' keys.
+            block_ids: the primary rows to fill.
 
         Returns:
-            None when the row now holds the block, else why not.
+            Per block, None when its row now holds it, else why not.
         """
+        if self._native is not None:
+            rows = [self._primary.row(block_id) for block_id in block_ids]
+            codes: list[int] = self._native.read_blocks(
+                paths, keys, rows, self._buffer(), self.block_bytes,
+                self.direct, self.zero_copy, self._drop_pages,
+            )  # fmt: skip
+            return [_READ_PROBLEMS[code] for code in codes]
+        return [
+            self._read_block(path, key, block_id)
+            for path, key, block_id in zip(paths, keys, block_ids)
+        ]
+
+    def _read_block(self, path: str, key: bytes, block_id: int) -> ReadProblem | None:
+        """The Python path: one block file into its row."""
         try:
             fd = os.open(path, os.O_RDONLY | self._open_flags)
         except FileNotFoundError:
@@ -255,10 +384,8 @@ class BlockIO:
             problem = self._read_verified(fd, key, block_id)
             if problem is ReadProblem.DAMAGED:
                 self._delete_if_same(fd, path)
-            else:
-                if self._drop_pages:
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                used.append(path)  # a load is a use, in every engine's eyes
+            elif self._drop_pages:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         except OSError:
             problem = ReadProblem.UNREADABLE
         finally:
@@ -298,15 +425,35 @@ class BlockIO:
 
     # --- recency ---
 
-    @staticmethod
-    def mark_used(paths: list[str]) -> None:
+    def mark_used(self, paths: Sequence[str]) -> None:
         """Set the files' modification time to now: eviction in every engine sharing the root
         takes the least recently used file first (atime is often off: mtime is what counts)."""
+        if not paths:
+            return
+        if self._native is not None:
+            self._native.touch_files(paths)
+            return
         for path in paths:
             try:
                 os.utime(path)
             except OSError:
                 pass  # gone or read-only: nothing to mark
+
+
+def _rename(source: str, target: str) -> int:
+    """The Python path's publishing step: 0 renamed, 1 the target exists and the filesystem
+    refused to replace it, else -errno; `source` is deleted unless renamed."""
+    try:
+        os.replace(source, target)
+    except OSError as exc:
+        # Some shared filesystems refuse to replace a name (EEXIST) where POSIX replaces it:
+        # another writer published this block first, with the same bytes.
+        unlink_quietly(source)
+        return _WRITE_EXISTED if exc.errno == errno.EEXIST else -(exc.errno or errno.EIO)
+    except BaseException:
+        unlink_quietly(source)
+        raise
+    return _WRITE_DONE
 
 
 def _fsync_directory(directory: str) -> None:

@@ -62,71 +62,108 @@ class JobTasks:
         self._last_warning = 0.0
 
     def write(
-        self, state: FsJob, blocks: list[tuple[OffloadKey, int]], protected: frozenset[str]
+        self,
+        state: FsJob,
+        blocks: list[tuple[OffloadKey, int]],
+        protected: frozenset[str],
     ) -> IOTask:
         """A task storing `blocks` ((key, primary block id)) of a store job; `protected` names
         the files of the job's blocks, which its room-making never evicts."""
 
         def run() -> None:
             start = time.monotonic()
-            outcomes: list[Outcome] = []
-            for key, block_id in blocks:
-                outcomes.append((key, self._write_block(key, block_id, protected)))
-            self._post(state, outcomes, start)
+            self._post(state, self._write_blocks(blocks, protected), start)
 
         def cancel() -> None:
             self._post(state, [(key, "cancelled") for key, _ in blocks])
 
         return IOTask(run, cancel)
 
-    def _write_block(
-        self, key: OffloadKey, block_id: int, protected: frozenset[str]
-    ) -> WriteOutcome | str:
-        """Store one block: make room, write, and return how it went (never raises)."""
-        name = block_name(key)
-        index = fanout_dir(name)
-        path = os.path.join(self._dirs[index], name)
-        size = file_bytes(len(key), self._io.block_bytes)
-        reserved = False
-        outcome: WriteOutcome | None = None
+    def _write_blocks(
+        self, blocks: list[tuple[OffloadKey, int]], protected: frozenset[str]
+    ) -> list[Outcome]:
+        """Store a task's blocks, making room for each, and say how each went (never raises).
 
-        def make_room() -> bool:
-            nonlocal reserved
-            reserved = self._capacity.reserve(index, size, protected, self._in_use)
-            return reserved
+        A root without a capacity takes all of them in one `BlockIO.write_blocks` call. A
+        bounded root takes them one at a time: room is made for a block once its file is
+        written whole, and a writer holding several written files while it lists its domain
+        would leave every other writer racing for that room as much less of it.
+        """
+        step = len(blocks) if self._capacity.budget is None else 1
+        outcomes: list[Outcome] = []
+        for first in range(0, len(blocks), step):
+            outcomes.extend(self._write_group(blocks[first : first + step], protected))
+        return outcomes
 
+    def _write_group(
+        self, blocks: list[tuple[OffloadKey, int]], protected: frozenset[str]
+    ) -> list[Outcome]:
+        names = [block_name(key) for key, _ in blocks]
+        indexes = [fanout_dir(name) for name in names]
+        paths = [os.path.join(self._dirs[index], name) for index, name in zip(indexes, names)]
+        sizes = [file_bytes(len(key), self._io.block_bytes) for key, _ in blocks]
+        reserved: list[int] = []  # blocks whose room is reserved
+
+        def make_room(block: int) -> bool:
+            if not self._capacity.reserve(indexes[block], sizes[block], protected, self._in_use):
+                return False
+            reserved.append(block)
+            return True
+
+        outcomes: list[WriteOutcome | OSError] = []
         try:
-            outcome = self._io.write_block(path, key, block_id, make_room)
-            if outcome is WriteOutcome.NO_ROOM:
-                return "no room: every block of its eviction domain is in use"
-            return outcome
-        except Exception as exc:  # OSError, or a bug: a failed store, never an exception
-            self.warn("write", path, exc)
-            return str(exc) or type(exc).__name__
+            outcomes = self._io.write_blocks(
+                paths,
+                [key for key, _ in blocks],
+                [block_id for _, block_id in blocks],
+                make_room,
+            )
+        except Exception as exc:  # a bug: failed stores, never an exception
+            self.warn("write", paths[0], exc)
+            outcomes = [OSError(str(exc) or type(exc).__name__)] * len(blocks)
         finally:
-            if reserved:
-                written = name if outcome is WriteOutcome.WRITTEN else None
-                self._capacity.release(index, size, written)
+            for block in reserved:
+                landed = block < len(outcomes) and outcomes[block] is WriteOutcome.WRITTEN
+                self._capacity.release(
+                    indexes[block], sizes[block], names[block] if landed else None
+                )
+        results: list[Outcome] = []
+        for (key, _), path, outcome in zip(blocks, paths, outcomes):
+            if isinstance(outcome, OSError):
+                self.warn("write", path, outcome)
+                results.append((key, str(outcome) or type(outcome).__name__))
+            elif outcome is WriteOutcome.NO_ROOM:
+                results.append((key, "no room: every block of its eviction domain is in use"))
+            else:
+                results.append((key, outcome))
+        return results
 
     def read(self, state: FsJob, blocks: list[tuple[OffloadKey, str, int]]) -> IOTask:
         """A task loading `blocks` ((key, file name, primary block id)) of a load job."""
 
         def run() -> None:
             start = time.monotonic()
-            outcomes: list[Outcome] = []
-            used: list[str] = []
-            for key, name, block_id in blocks:
-                path = os.path.join(self._dirs[fanout_dir(name)], name)
-                try:
-                    problem = self._io.read_block(path, key, block_id, used)
-                except Exception as exc:  # a bug: a failed load, never an exception
-                    self.warn("read", path, exc)
-                    problem = ReadProblem.UNREADABLE
+            paths = [os.path.join(self._dirs[fanout_dir(name)], name) for _, name, _ in blocks]
+            try:
+                problems = self._io.read_blocks(
+                    paths,
+                    [key for key, _, _ in blocks],
+                    [block_id for _, _, block_id in blocks],
+                )
+            except Exception as exc:  # a bug: failed loads, never an exception
+                self.warn("read", paths[0], exc)
+                problems = [ReadProblem.UNREADABLE] * len(blocks)
+            for (key, _, _), path, problem in zip(blocks, paths, problems):
                 if problem is not None and problem is not ReadProblem.MISSING:
                     self.warn("read", path, OSError(f"block {key.hex()}: {problem.value}"))
-                outcomes.append((key, problem))
-            self._post(state, outcomes, start)
-            self._io.mark_used(used)  # after the outcome: a metadata write off the load's latency
+            self._post(
+                state,
+                [(key, problem) for (key, _, _), problem in zip(blocks, problems)],
+                start,
+            )
+            # A load is a use, in every engine's eyes: marked after the outcome is posted, a
+            # metadata write off the load's latency.
+            self._io.mark_used([path for path, problem in zip(paths, problems) if problem is None])
 
         def cancel() -> None:
             self._post(state, [(key, ReadProblem.UNREADABLE) for key, _, _ in blocks])

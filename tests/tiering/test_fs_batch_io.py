@@ -1,0 +1,285 @@
+"""The fs tier's two paths of block-file I/O held to each other: the C extension
+(`kvref.tiering.fs._batch_io`, one call per task without the GIL) and Python (`BlockIO` without
+it, the reference). They must write the same bytes, read each other's files, and agree on every
+outcome: missing, damaged (and then deleted), existing, no room, failed."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import textwrap
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvref.tiering.base import PrimaryBlocks
+from kvref.tiering.fs import block_io
+from kvref.tiering.fs.block_io import BlockIO, ReadProblem, WriteOutcome
+from kvref.tiering.fs.format import MAX_KEY_BYTES, file_bytes
+from kvref.tiering.fs.root import block_name, open_root, probe_o_direct
+
+NATIVE = block_io.NATIVE_BATCH_IO
+needs_native = pytest.mark.skipif(NATIVE is None, reason="kvref.tiering.fs._batch_io was not built")
+
+
+def test_the_extension_is_built_wherever_a_compiler_is() -> None:
+    # The tier still works without it (the Python path), only slower: CI must build it.
+    compiler = sysconfig.get_config_var("CC") or "cc"
+    if sys.platform.startswith("linux") and shutil.which(compiler.split()[0]):
+        assert NATIVE is not None, "a C compiler is here, but kvref.tiering.fs._batch_io was not built"
+
+
+class Rows:
+    """A primary of `count` rows: page-aligned (mmap), or one byte off (so O_DIRECT bounces)."""
+
+    def __init__(self, count: int, block_bytes: int, *, aligned: bool) -> None:
+        offset = 0 if aligned else 1
+        self.memory = mmap.mmap(-1, count * block_bytes + offset)
+        flat = memoryview(self.memory)[offset : offset + count * block_bytes]
+        self.primary = PrimaryBlocks(flat.cast("B", (count, block_bytes)))
+
+    def fill(self, block_id: int, seed: int) -> bytes:
+        data = (seed.to_bytes(4, "little") * (len(self.primary.row(block_id)) // 4 + 1))[: len(self.primary.row(block_id))]
+        self.primary.row(block_id)[:] = data
+        return data
+
+
+def make_io(rows: Rows, *, direct: bool, native: bool, drop_pages: bool = False) -> BlockIO:
+    return BlockIO(rows.primary, direct=direct, keep_page_cache=not drop_pages, fsync=False, token="t-1-ab", native=native)
+
+
+def paths_of(root: Path, keys: list[bytes]) -> list[str]:
+    paths: list[str] = []
+    for key in keys:
+        name = block_name(key)
+        paths.append(str(root / name[:2] / name))
+    return paths
+
+
+def always_room(_: int) -> bool:
+    return True
+
+
+@needs_native
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    block_bytes=st.sampled_from([4096, 8192, 12288, 1000, 5000]),
+    key_lengths=st.lists(st.sampled_from([1, 16, 32, 100, 4000, MAX_KEY_BYTES]), min_size=1, max_size=4),
+    aligned=st.booleans(),
+    buffered=st.booleans(),
+    writer_native=st.booleans(),
+)
+def test_both_paths_write_the_same_files_and_read_each_others(
+    tmp_path_factory: pytest.TempPathFactory,
+    block_bytes: int,
+    key_lengths: list[int],
+    aligned: bool,
+    buffered: bool,
+    writer_native: bool,
+) -> None:
+    roots = [tmp_path_factory.mktemp("native"), tmp_path_factory.mktemp("python")]
+    for root in roots:
+        open_root(root, block_bytes)
+    direct = not buffered and probe_o_direct(roots[0])
+    keys = [bytes([i + 1]) * length for i, length in enumerate(key_lengths)]
+    rows = Rows(2 * len(keys), block_bytes, aligned=aligned)
+    contents = [rows.fill(i, seed=1000 + i) for i in range(len(keys))]
+    ids = list(range(len(keys)))
+    for root, native in zip(roots, (True, False)):
+        outcomes = make_io(rows, direct=direct, native=native).write_blocks(paths_of(root, keys), keys, ids, always_room)
+        assert outcomes == [WriteOutcome.WRITTEN] * len(keys)
+    for native_path, python_path, key in zip(paths_of(roots[0], keys), paths_of(roots[1], keys), keys):
+        data = Path(native_path).read_bytes()
+        assert data == Path(python_path).read_bytes()  # byte for byte: header, checksums, padding
+        assert len(data) == file_bytes(len(key), block_bytes)
+    assert sorted(p.name for p in roots[0].rglob("*.tmp")) == []
+    # Each path reads the files the other wrote, into other rows.
+    reader_root = roots[1] if writer_native else roots[0]
+    targets = [len(keys) + i for i in ids]
+    problems = make_io(rows, direct=direct, native=not writer_native).read_blocks(paths_of(reader_root, keys), keys, targets)
+    assert problems == [None] * len(keys)
+    assert [bytes(rows.primary.row(t)) for t in targets] == contents
+    # A second store of the same blocks writes nothing: they exist.
+    again = make_io(rows, direct=direct, native=writer_native).write_blocks(paths_of(reader_root, keys), keys, ids, always_room)
+    assert again == [WriteOutcome.EXISTED] * len(keys)
+
+
+DAMAGE = st.one_of(
+    st.tuples(st.just("flip"), st.integers(0, 10**9)),
+    st.tuples(st.just("truncate"), st.integers(0, 10**9)),
+    st.tuples(st.just("extend"), st.integers(1, 5000)),
+    st.tuples(st.just("delete"), st.just(0)),
+    st.tuples(st.just("other key"), st.just(0)),
+)
+
+
+@needs_native
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(damage=DAMAGE, block_bytes=st.sampled_from([4096, 5000]), buffered=st.booleans())
+def test_both_paths_agree_on_damaged_and_missing_files(
+    tmp_path_factory: pytest.TempPathFactory, damage: tuple[str, int], block_bytes: int, buffered: bool
+) -> None:
+    root = tmp_path_factory.mktemp("damage")
+    open_root(root, block_bytes)
+    direct = not buffered and probe_o_direct(root)
+    rows = Rows(2, block_bytes, aligned=True)
+    rows.fill(0, seed=7)
+    key, other = b"k" * 32, b"o" * 32
+    path = paths_of(root, [key])[0]
+    outcomes: list[ReadProblem | None] = []
+    for native in (True, False):
+        io = make_io(rows, direct=direct, native=native, drop_pages=buffered)
+        if not os.path.exists(path):
+            assert io.write_blocks([path], [key], [0], always_room) == [WriteOutcome.WRITTEN]
+        kind, where = damage
+        file = Path(path)
+        data = bytearray(file.read_bytes())
+        if kind == "flip":
+            data[where % len(data)] ^= 0x40
+        elif kind == "truncate":
+            data = data[: where % len(data)]
+        elif kind == "extend":
+            data += b"\0" * where
+        elif kind == "other key":
+            io.write_blocks([path + ".other"], [other], [0], always_room)
+            data = bytearray(Path(path + ".other").read_bytes())
+            os.unlink(path + ".other")
+        if kind == "delete":
+            file.unlink()
+        else:
+            file.write_bytes(bytes(data))
+        outcomes.append(io.read_blocks([path], [key], [1])[0])
+        if outcomes[-1] is ReadProblem.DAMAGED:
+            assert not file.exists()  # deleted: every engine misses it from now on
+    assert outcomes[0] == outcomes[1]
+    # Only a flip in the padding past the payload (never read as data) goes unnoticed.
+    assert outcomes[0] in (ReadProblem.DAMAGED, ReadProblem.MISSING) or damage[0] == "flip"
+
+
+@needs_native
+@pytest.mark.parametrize("native", [True, False])
+def test_no_room_and_failures_leave_no_temporary_file(tmp_path: Path, native: bool) -> None:
+    root = tmp_path / "root"
+    open_root(root, 4096)
+    rows = Rows(3, 4096, aligned=True)
+    keys = [b"a" * 32, b"b" * 32, b"c" * 32]
+    paths = paths_of(root, keys)
+    (root / "a file").write_bytes(b"")
+    paths[2] = str(root / "a file" / "y.kvb")  # its directory is a file: creation fails
+    outcomes = make_io(rows, direct=False, native=native).write_blocks(paths, keys, [0, 1, 2], lambda i: i != 1)
+    assert outcomes[:2] == [WriteOutcome.WRITTEN, WriteOutcome.NO_ROOM]
+    assert isinstance(outcomes[2], OSError) and outcomes[2].filename == paths[2]
+    assert [p.name for p in root.rglob("*.tmp")] == []
+    assert os.path.exists(paths[0]) and not os.path.exists(paths[1])
+
+
+@needs_native
+@pytest.mark.parametrize("native", [True, False])
+def test_a_deleted_fan_out_directory_or_root_is_made_again(tmp_path: Path, native: bool) -> None:
+    root = tmp_path / "root"
+    open_root(root, 4096)
+    rows = Rows(2, 4096, aligned=True)
+    keys = [b"a" * 32, b"b" * 32]
+    shutil.rmtree(root)
+    assert make_io(rows, direct=False, native=native).write_blocks(paths_of(root, keys), keys, [0, 1], always_room) == [
+        WriteOutcome.WRITTEN
+    ] * 2
+
+
+@needs_native
+@pytest.mark.parametrize("native", [True, False])
+def test_a_stale_temporary_file_of_the_same_writer_is_replaced(tmp_path: Path, native: bool) -> None:
+    root = tmp_path / "root"
+    open_root(root, 4096)
+    rows = Rows(1, 4096, aligned=True)
+    path = paths_of(root, [b"a" * 32])[0]
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    Path(path + ".t-1-ab.tmp").write_bytes(b"left by a crash")
+    assert make_io(rows, direct=False, native=native).write_blocks([path], [b"a" * 32], [0], always_room) == [
+        WriteOutcome.WRITTEN
+    ]
+    assert not os.path.exists(path + ".t-1-ab.tmp")
+
+
+@needs_native
+def test_touch_sets_mtime_and_skips_missing_files(tmp_path: Path) -> None:
+    rows = Rows(1, 4096, aligned=True)
+    file = tmp_path / "f"
+    file.write_bytes(b"x")
+    os.utime(file, (1, 1))
+    make_io(rows, direct=False, native=True).mark_used([str(file), str(tmp_path / "gone")])
+    assert file.stat().st_mtime > 1e9
+
+
+@needs_native
+def test_wrong_arguments_raise_and_touch_nothing(tmp_path: Path) -> None:
+    assert NATIVE is not None
+    scratch = memoryview(mmap.mmap(-1, 8 * 4096))
+    row = memoryview(bytearray(4096))
+    with pytest.raises(TypeError):
+        NATIVE.read_blocks([str(tmp_path / "a")], ["not bytes"], [row], scratch, 4096, False, True, False)
+    with pytest.raises(ValueError, match="differ in length"):
+        NATIVE.read_blocks([str(tmp_path / "a")], [], [row], scratch, 4096, False, True, False)
+    with pytest.raises(ValueError, match="block_bytes contiguous"):
+        NATIVE.read_blocks([str(tmp_path / "a")], [b"k"], [memoryview(bytearray(10))], scratch, 4096, False, True, False)
+    with pytest.raises(ValueError, match="scratch"):
+        NATIVE.read_blocks([str(tmp_path / "a")], [b"k"], [row], memoryview(bytearray(10)), 4096, False, True, False)
+    with pytest.raises(ValueError, match="longer than a block file holds"):
+        NATIVE.read_blocks([str(tmp_path / "a")], [b"k" * (MAX_KEY_BYTES + 1)], [row], scratch, 4096, False, True, False)
+    with pytest.raises(TypeError):
+        NATIVE.write_blocks([str(tmp_path / "a")], [str(tmp_path / "a.tmp")], [b"k"], [row], scratch, 4096, False, True, "0")
+    with pytest.raises(TypeError):
+        NATIVE.touch_files([str(tmp_path / "a"), 3])
+    assert list(tmp_path.iterdir()) == []  # refused before any file work
+
+
+@needs_native
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed (make test installs it)")
+def test_fsync_makes_each_file_then_its_name_durable(tmp_path: Path) -> None:
+    # The C extension's system calls, traced: each block file is fsynced before its rename,
+    # and its directory after it.
+    script = textwrap.dedent(
+        f"""
+        import mmap
+        from kvref.tiering.base import PrimaryBlocks
+        from kvref.tiering.fs.block_io import BlockIO
+        from kvref.tiering.fs.root import block_name, open_root
+        from pathlib import Path
+        root = Path({str(tmp_path / "root")!r})
+        open_root(root, 4096)
+        memory = mmap.mmap(-1, 2 * 4096)
+        io = BlockIO(PrimaryBlocks(memoryview(memory).cast("B", (2, 4096))), direct=False,
+                     keep_page_cache=True, fsync=True, token="t-1-ab")
+        keys = [b"a" * 32, b"b" * 32]
+        paths = [str(root / block_name(k)[:2] / block_name(k)) for k in keys]
+        print("OUTCOMES", io.write_blocks(paths, keys, [0, 1], lambda i: True))
+        """
+    )
+    trace = tmp_path / "trace"
+    result = subprocess.run(
+        ["strace", "-f", "-qq", "-o", str(trace), "-e", "trace=openat,fsync,rename,renameat,renameat2", sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert "WRITTEN" in result.stdout
+    calls = [line.split(None, 1)[1] for line in trace.read_text().splitlines() if ".kvb" in line or "fsync(" in line]
+    events: list[str] = []
+    for call in calls:
+        if call.startswith("openat(") and ".tmp" in call and "O_CREAT" in call and "= -1" not in call:
+            events.append("create")
+        elif call.startswith("fsync("):
+            events.append("fsync")
+        elif call.startswith("rename"):
+            events.append("rename")
+    # create, fsync(file), rename per block (one call for the task), then a directory fsync each.
+    assert events[:4] == ["create", "fsync", "create", "fsync"], calls
+    assert events[4:6] == ["rename", "rename"], calls
+    assert events[6:] in (["fsync"], ["fsync", "fsync"]), calls
