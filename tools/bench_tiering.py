@@ -5,7 +5,7 @@ cost on the scheduler thread.
     .venv/bin/python tools/bench_tiering.py --dir /work --skip-scheduler --skip-residency
 
 Part 1, throughput on the device: for each block size, `FileSystemSecondaryTier` (its defaults:
-O_DIRECT where the root takes it, 8 + 8 threads) stores `--total` bytes from a page-aligned
+O_DIRECT where the root takes it, 16 + 16 threads) stores `--total` bytes from a page-aligned
 shared-memory primary into a fresh root, then loads them back cold: before every load phase the
 page cache is dropped (`_disk_bench.drop_page_cache`: `/proc/sys/vm/drop_caches` as root, else
 `posix_fadvise(DONTNEED)` on every file, after a sync; the run prints which). Loads are checked

@@ -16,7 +16,7 @@ fresh root, then a cold load, the page cache dropped first (`_disk_bench.drop_pa
 run prints the method). Contenders:
 
 * vLLM's own `fs` tier with its defaults (16 read + 16 write threads, O_DIRECT);
-* kvref's `FileSystemTier` with its defaults (8 + 8 threads with O_DIRECT);
+* kvref's `FileSystemTier` with its defaults (16 + 16 threads with O_DIRECT);
 * the device's own O_DIRECT bandwidth: plain large files written then read in 1 MiB aligned
   requests by one thread (as `dd`), and by `--streams` threads, one file each.
 

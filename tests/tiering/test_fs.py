@@ -664,7 +664,7 @@ def test_page_cache_option_keeps_pages_and_skips_the_probe(tmp_path: Path, monke
 
 @pytest.mark.parametrize(
     ("direct", "cores", "readers", "writers"),
-    [(True, 2, 8, 8), (False, 1, 1, 1), (False, 2, 2, 1), (False, 6, 4, 3), (False, 64, 4, 4)],
+    [(True, 2, 16, 16), (False, 1, 1, 1), (False, 2, 2, 1), (False, 6, 4, 3), (False, 64, 4, 4)],
 )
 def test_io_thread_defaults(
     tmp_path: Path,
