@@ -18,6 +18,7 @@ import marshal
 import multiprocessing
 import os
 import sys
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
@@ -371,13 +372,20 @@ def summarize_many(
         return results
     if not sizes:
         sizes = {path: _size(path) for path, _ in work}
-    chunks = _chunks(work, sizes, jobs * _CHUNKS_PER_JOB)
+    chunks = deque(_chunks(work, sizes, jobs * _CHUNKS_PER_JOB))
     leading = follow if cache is not None else None
-    with ProcessPoolExecutor(max_workers=min(jobs, len(chunks)), mp_context=_pool_context()) as pool:
-        pending: set[Future[bytes]] = {
-            pool.submit(_summarize_chunk_packed, chunk, root, summarizer, max_bytes, leading)
-            for chunk in chunks
-        }
+    workers = min(jobs, len(chunks))
+    with ProcessPoolExecutor(max_workers=workers, mp_context=_pool_context()) as pool:
+
+        def submit(chunk: Sequence[tuple[Path, bytes | None]]) -> Future[bytes]:
+            return pool.submit(_summarize_chunk_packed, chunk, root, summarizer, max_bytes, leading)
+
+        # Chunks are dealt a few at a time (two per worker in flight, so none waits for its
+        # next one), so that the files a finished chunk leads to go in ahead of the remaining
+        # chunks instead of after all of them, where their chain would run on one core.
+        pending: set[Future[bytes]] = set()
+        while chunks and len(pending) < 2 * workers:
+            pending.add(submit(chunks.popleft()))
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for future in done:
@@ -393,11 +401,8 @@ def summarize_many(
                 ]
                 if new:
                     followed.update((lead, Path(lead)) for lead in new)
-                    chunk = [(Path(lead), None) for lead in new]
-                    pending.add(
-                        pool.submit(
-                            _summarize_chunk_packed, chunk, root, summarizer, max_bytes, leading
-                        )
-                    )
+                    pending.add(submit([(Path(lead), None) for lead in new]))
+            while chunks and len(pending) < 2 * workers:
+                pending.add(submit(chunks.popleft()))
     return results
 

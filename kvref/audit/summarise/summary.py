@@ -23,7 +23,7 @@ import ast
 import bisect
 import re
 from collections.abc import Iterator, Sequence
-from typing import Final
+from typing import Final, cast
 
 from kvref.audit.source import SummaryError, decode_source, detect_newline, split_lines
 from kvref.audit.summarise.assignments import target_names
@@ -36,6 +36,19 @@ __all__ = ["summarize", "summarize_without_parameters"]
 
 _CLASS_WORD = re.compile(r"class\b")
 
+
+_SIMPLE, _FUNCTION, _CLASS, _BLOCK = range(4)
+# The statements `walk_body` looks into; any other is a simple statement (it may bind names).
+_STATEMENT_KINDS: Final[dict[type[ast.stmt], int]] = {
+    ast.FunctionDef: _FUNCTION,
+    ast.AsyncFunctionDef: _FUNCTION,
+    ast.ClassDef: _CLASS,
+    ast.If: _BLOCK,
+    ast.Try: _BLOCK,
+    ast.TryStar: _BLOCK,
+    ast.With: _BLOCK,
+    ast.AsyncWith: _BLOCK,
+}
 
 _OTHER: Final = Binding("other")
 _OTHER_TYPE_ONLY: Final = Binding("other", type_only=True)
@@ -128,20 +141,29 @@ class _ModuleWalker:
     ) -> None:
         """Walk statements; mode is "" (runs), "type" (TYPE_CHECKING) or "fallback"."""
         for statement in body:
-            if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef):
+            # Dispatched on the exact node type (the parser makes no subclasses): one lookup
+            # per statement instead of a chain of `isinstance` calls.
+            kind = _STATEMENT_KINDS.get(type(statement), _SIMPLE)
+            if kind == _SIMPLE:
                 if owner is not None:
-                    owner.methods.append((statement, mode))
-                    qualname = f"{owner.qualname}.{statement.name}"
+                    owner.attributes.extend(_assigned_names(statement, slots=True))
                 else:
-                    self.functions.append(statement)
-                    self._bind(statement.name, _OTHER, mode)
-                    qualname = statement.name
-                    if statement.name == "__getattr__":
-                        self._lazy_attributes(statement)
-                if self._may_define_classes(statement):
-                    self._walk_local_classes(statement.body, f"{qualname}.<locals>")
-            elif isinstance(statement, ast.ClassDef):
-                self._walk_class(statement, mode, owner)
+                    self._module_statement(statement, mode)
+            elif kind == _FUNCTION:
+                function = cast("ast.FunctionDef | ast.AsyncFunctionDef", statement)
+                if owner is not None:
+                    owner.methods.append((function, mode))
+                    qualname = f"{owner.qualname}.{function.name}"
+                else:
+                    self.functions.append(function)
+                    self._bind(function.name, _OTHER, mode)
+                    qualname = function.name
+                    if function.name == "__getattr__":
+                        self._lazy_attributes(function)
+                if self._may_define_classes(function):
+                    self._walk_local_classes(function.body, f"{qualname}.<locals>")
+            elif kind == _CLASS:
+                self._walk_class(cast(ast.ClassDef, statement), mode, owner)
             elif isinstance(statement, ast.If):
                 body_mode, else_mode = mode, mode
                 checking = _type_checking_test(statement.test)
@@ -159,10 +181,6 @@ class _ModuleWalker:
                 self.walk_body(statement.finalbody, mode, owner)
             elif isinstance(statement, ast.With | ast.AsyncWith):
                 self.walk_body(statement.body, mode, owner)
-            elif owner is not None:
-                owner.attributes.extend(_assigned_names(statement, slots=True))
-            else:
-                self._module_statement(statement, mode)
 
     def _lazy_attributes(self, function: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         """PEP 562: the names a module's `__getattr__` imports on first access become fallback
