@@ -66,6 +66,12 @@ def always_room(_: int) -> bool:
     return True
 
 
+def fresh_root(tmp_path: Path) -> Path:
+    root = tmp_path / "root"
+    open_root(root, 4096)
+    return root
+
+
 @needs_native
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
@@ -165,8 +171,7 @@ def test_both_paths_agree_on_damaged_and_missing_files(
 @needs_native
 @pytest.mark.parametrize("native", [True, False])
 def test_no_room_and_failures_leave_no_temporary_file(tmp_path: Path, native: bool) -> None:
-    root = tmp_path / "root"
-    open_root(root, 4096)
+    root = fresh_root(tmp_path)
     rows = Rows(3, 4096, aligned=True)
     keys = [b"a" * 32, b"b" * 32, b"c" * 32]
     paths = paths_of(root, keys)
@@ -182,8 +187,7 @@ def test_no_room_and_failures_leave_no_temporary_file(tmp_path: Path, native: bo
 @needs_native
 @pytest.mark.parametrize("native", [True, False])
 def test_a_deleted_fan_out_directory_or_root_is_made_again(tmp_path: Path, native: bool) -> None:
-    root = tmp_path / "root"
-    open_root(root, 4096)
+    root = fresh_root(tmp_path)
     rows = Rows(2, 4096, aligned=True)
     keys = [b"a" * 32, b"b" * 32]
     shutil.rmtree(root)
@@ -195,8 +199,7 @@ def test_a_deleted_fan_out_directory_or_root_is_made_again(tmp_path: Path, nativ
 @needs_native
 @pytest.mark.parametrize("native", [True, False])
 def test_a_stale_temporary_file_of_the_same_writer_is_replaced(tmp_path: Path, native: bool) -> None:
-    root = tmp_path / "root"
-    open_root(root, 4096)
+    root = fresh_root(tmp_path)
     rows = Rows(1, 4096, aligned=True)
     path = paths_of(root, [b"a" * 32])[0]
     os.makedirs(os.path.dirname(path), exist_ok=True)

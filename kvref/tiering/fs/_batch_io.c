@@ -91,6 +91,19 @@ typedef struct {
     long result;
 } block_t;
 
+/* Moves the vector past `done` bytes: drops the entries done, shortens a partly done one. */
+static void advance(struct iovec **iov, int *count, size_t done) {
+    while (*count > 0 && done >= (*iov)->iov_len) {
+        done -= (*iov)->iov_len;
+        (*iov)++;
+        (*count)--;
+    }
+    if (*count > 0 && done > 0) {
+        (*iov)->iov_base = (char *)(*iov)->iov_base + done;
+        (*iov)->iov_len -= done;
+    }
+}
+
 /* Reads until the vector is full or the file ends: the bytes read, or -errno. */
 static ssize_t read_all(int fd, struct iovec *iov, int count) {
     ssize_t total = 0;
@@ -102,15 +115,7 @@ static ssize_t read_all(int fd, struct iovec *iov, int count) {
         }
         if (got == 0) break;
         total += got;
-        while (count > 0 && (size_t)got >= iov->iov_len) {
-            got -= (ssize_t)iov->iov_len;
-            iov++;
-            count--;
-        }
-        if (count > 0 && got > 0) {
-            iov->iov_base = (char *)iov->iov_base + got;
-            iov->iov_len -= (size_t)got;
-        }
+        advance(&iov, &count, (size_t)got);
     }
     return total;
 }
@@ -126,15 +131,7 @@ static int write_all(int fd, struct iovec *iov, int count) {
         }
         if (done == 0) return EIO; /* no progress */
         offset += done;
-        while (count > 0 && (size_t)done >= iov->iov_len) {
-            done -= (ssize_t)iov->iov_len;
-            iov++;
-            count--;
-        }
-        if (count > 0 && done > 0) {
-            iov->iov_base = (char *)iov->iov_base + done;
-            iov->iov_len -= (size_t)done;
-        }
+        advance(&iov, &count, (size_t)done);
     }
     return 0;
 }
