@@ -12,6 +12,7 @@ import subprocess
 import sys
 import sysconfig
 import textwrap
+import types
 from pathlib import Path
 
 import pytest
@@ -286,3 +287,21 @@ def test_fsync_makes_each_file_then_its_name_durable(tmp_path: Path) -> None:
     assert events[:4] == ["create", "fsync", "create", "fsync"], calls
     assert events[4:6] == ["rename", "rename"], calls
     assert events[6:] in (["fsync"], ["fsync", "fsync"]), calls
+
+
+@needs_native
+def test_a_build_of_other_code_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A stale .so (another format, or result codes the Python side reads differently) must
+    # never write or read blocks: the tier falls back to the Python path instead.
+    assert NATIVE is not None
+    assert block_io._load_native() is NATIVE  # pyright: ignore[reportPrivateUsage]
+    for name, value in (("FORMAT_VERSION", 3), ("READ_DAMAGED", 7), ("WRITE_EXISTED", None)):
+        stale = types.ModuleType(NATIVE.__name__)
+        stale.__dict__.update({k: v for k, v in vars(NATIVE).items() if not k.startswith("__")})
+        if value is None:
+            del stale.__dict__[name]
+        else:
+            setattr(stale, name, value)
+        monkeypatch.setitem(sys.modules, NATIVE.__name__, stale)
+        monkeypatch.setattr(sys.modules["kvref.tiering.fs"], "_batch_io", stale)
+        assert block_io._load_native() is None, name  # pyright: ignore[reportPrivateUsage]

@@ -124,6 +124,13 @@ def open_all(engines: Sequence[EngineProcess], root: Path, **options: Any) -> No
     assert len(set(pids)) == len(engines)
 
 
+def open_three(root: Path, engines: Sequence[EngineProcess], capacity_files: int | None) -> Sequence[EngineProcess]:
+    """The first three engines, open on `root` with room for `capacity_files` files (None: no bound)."""
+    three = engines[:3]
+    open_all(three, root, capacity_bytes=None if capacity_files is None else capacity_files * FILE_BYTES)
+    return three
+
+
 def run_all(engines: Sequence[EngineProcess], method: str, args: Sequence[Any]) -> list[Any]:
     """Call `method` in each engine with its own argument, all at once."""
     for engine, arg in zip(engines, args):
@@ -694,9 +701,7 @@ def test_a_damaged_block_file_fails_its_load_and_is_gone_for_every_engine(
     tmp_path: Path, engines: list[EngineProcess], capacity_files: int | None
 ) -> None:
     root = tmp_path / "root"
-    options: dict[str, Any] = {"capacity_bytes": None if capacity_files is None else capacity_files * FILE_BYTES}
-    a, b, c = engines[:3]
-    open_all([a, b, c], root, **options)
+    a, b, c = open_three(root, engines, capacity_files)
     damaged = [number for number, _what in DAMAGES.values()]
     extras = {"grown": 21, "another block's file": 22}
     numbers = [*damaged, *extras.values(), 1, 2, 30]
@@ -731,9 +736,7 @@ def test_files_and_directories_deleted_by_hand(
     tmp_path: Path, engines: list[EngineProcess], capacity_files: int | None
 ) -> None:
     root = tmp_path / "root"
-    options: dict[str, Any] = {"capacity_bytes": None if capacity_files is None else capacity_files * FILE_BYTES}
-    a, b, c = engines[:3]
-    open_all([a, b, c], root, **options)
+    a, b, c = open_three(root, engines, capacity_files)
     numbers = list(range(48))
     assert a.call("store", numbers)
     paths = {n: Path(a.call("block_path", n)) for n in numbers}

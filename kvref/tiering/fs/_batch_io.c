@@ -570,6 +570,12 @@ static PyMethodDef methods[] = {
 static int exec_module(PyObject *module) {
     if (PyModule_AddIntConstant(module, "FORMAT_VERSION", FORMAT_VERSION) < 0) return -1;
     if (PyModule_AddIntConstant(module, "ALIGN", ALIGN) < 0) return -1;
+    if (PyModule_AddIntConstant(module, "READ_OK", READ_OK) < 0) return -1;
+    if (PyModule_AddIntConstant(module, "READ_MISSING", READ_MISSING) < 0) return -1;
+    if (PyModule_AddIntConstant(module, "READ_DAMAGED", READ_DAMAGED) < 0) return -1;
+    if (PyModule_AddIntConstant(module, "READ_UNREADABLE", READ_UNREADABLE) < 0) return -1;
+    if (PyModule_AddIntConstant(module, "WRITE_DONE", WRITE_DONE) < 0) return -1;
+    if (PyModule_AddIntConstant(module, "WRITE_EXISTED", WRITE_EXISTED) < 0) return -1;
     if (PyModule_AddIntConstant(module, "SYNC_FSYNC", SYNC_FSYNC) < 0) return -1;
     if (PyModule_AddIntConstant(module, "SYNC_WRITE_BACK", SYNC_WRITE_BACK) < 0) return -1;
     if (PyModule_AddIntConstant(module, "SYNC_DROP_PAGES", SYNC_DROP_PAGES) < 0) return -1;

@@ -7,6 +7,12 @@ from typing_extensions import Buffer
 
 FORMAT_VERSION: int
 ALIGN: int
+READ_OK: int
+READ_MISSING: int
+READ_DAMAGED: int
+READ_UNREADABLE: int
+WRITE_DONE: int
+WRITE_EXISTED: int
 SYNC_FSYNC: int
 SYNC_WRITE_BACK: int
 SYNC_DROP_PAGES: int

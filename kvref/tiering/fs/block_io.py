@@ -83,22 +83,35 @@ def _load_sync_file_range() -> Callable[[int], None]:
 _write_back = _load_sync_file_range()
 
 
+# Codes of the Python path's per-block steps, as the C extension returns them.
+_WRITE_DONE, _WRITE_EXISTED = 0, 1
+
+
 def _load_native() -> ModuleType | None:
     try:
         from kvref.tiering.fs import _batch_io
     except ImportError:  # not built: no compiler at install time, or not Linux
         return None
-    if _batch_io.FORMAT_VERSION != FORMAT_VERSION or _batch_io.ALIGN != ALIGN:
-        return None  # a stale build of another format: never write or read with it
+    # What both paths must agree on; a build of other code lacks some or differs (a stale .so).
+    expected = {
+        "FORMAT_VERSION": FORMAT_VERSION,
+        "ALIGN": ALIGN,
+        "WRITE_DONE": _WRITE_DONE,
+        "WRITE_EXISTED": _WRITE_EXISTED,
+        # read_blocks' codes index _READ_PROBLEMS.
+        "READ_OK": 0,
+        "READ_MISSING": 1,
+        "READ_DAMAGED": 2,
+        "READ_UNREADABLE": 3,
+    }
+    if any(getattr(_batch_io, name, None) != value for name, value in expected.items()):
+        return None  # never write or read with it
     return _batch_io
 
 
 NATIVE_BATCH_IO = _load_native()
 """The C extension doing a task's block files without the GIL, or None where it was not built
 (then the Python path does the same work, slower: about 3x the CPU per GiB at 256 KiB)."""
-
-# Codes of the Python path's per-block steps, as the C extension returns them.
-_WRITE_DONE, _WRITE_EXISTED = 0, 1
 
 
 def buffer_address(view: memoryview) -> int | None:
