@@ -18,7 +18,6 @@ cache are dropped once they are clean, unless the tier keeps the page cache on p
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import enum
 import errno
 import mmap
@@ -38,6 +37,7 @@ from kvref.tiering.fs.format import (
     pack_header,
     payload_checksum_ok,
 )
+from kvref.tiering.fs.posix_io import fsync_directory, read_all, write_all, write_back
 from kvref.tiering.fs.root import TMP_SUFFIX, unlink_quietly
 
 __all__ = [
@@ -49,39 +49,6 @@ __all__ = [
 ]
 
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
-# sync_file_range(2) flags: start writeback of the range and wait for it, without the journal
-# commit fdatasync also waits for; the clean pages can then be dropped.
-_SYNC_FILE_RANGE_WAIT_BEFORE = 1
-_SYNC_FILE_RANGE_WRITE = 2
-_SYNC_FILE_RANGE_WAIT_AFTER = 4
-
-
-def _load_sync_file_range() -> Callable[[int], None]:
-    libc_name = ctypes.util.find_library("c")
-    function = None
-    if libc_name is not None:
-        try:
-            function = getattr(ctypes.CDLL(libc_name, use_errno=True), "sync_file_range", None)
-        except OSError:
-            function = None
-    if function is None:
-        return os.fdatasync
-    function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    flags = _SYNC_FILE_RANGE_WAIT_BEFORE | _SYNC_FILE_RANGE_WRITE | _SYNC_FILE_RANGE_WAIT_AFTER
-
-    def write_back(fd: int) -> None:
-        if function(fd, 0, 0, flags) != 0:
-            err = ctypes.get_errno()
-            if err in (errno.ENOSYS, errno.EINVAL, errno.ESPIPE):
-                os.fdatasync(fd)  # a filesystem without it (some FUSE, NFS): the slow way
-                return
-            raise OSError(err, os.strerror(err))
-
-    return write_back
-
-
-_write_back = _load_sync_file_range()
-
 
 # Codes of the Python path's per-block steps, as the C extension returns them.
 _WRITE_DONE, _WRITE_EXISTED = 0, 1
@@ -296,7 +263,7 @@ class BlockIO:
             for directory in {
                 os.path.dirname(targets[i]) for i, code in enumerate(renamed) if code == 0
             }:
-                _fsync_directory(directory)
+                fsync_directory(directory)
         return outcomes
 
     def _write_temporary(self, path: str, tmp_path: str, key: bytes, block_id: int) -> int:
@@ -323,11 +290,11 @@ class BlockIO:
             return -(exc.errno or errno.EIO)
         try:
             try:
-                _write_all(fd, parts)
+                write_all(fd, parts)
                 if self._fsync:
                     os.fsync(fd)
                 elif self._drop_pages:
-                    _write_back(fd)
+                    write_back(fd)
                 if self._drop_pages:
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
@@ -419,7 +386,7 @@ class BlockIO:
             payload = buffer[head : head + self.block_bytes]
         expected = sum(len(part) for part in parts)
         # One page more than the file should hold: a longer file fills some of it (no fstat).
-        if _read_all(fd, [*parts, buffer[-ALIGN:]]) != expected:
+        if read_all(fd, [*parts, buffer[-ALIGN:]]) != expected:
             return ReadProblem.DAMAGED
         hasher = check_header(buffer[:head], key, self.block_bytes)
         if hasher is None or not payload_checksum_ok(buffer[:head], hasher, payload):
@@ -467,42 +434,3 @@ def _rename(source: str, target: str) -> int:
         unlink_quietly(source)
         raise
     return _WRITE_DONE
-
-
-def _fsync_directory(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_all(fd: int, parts: list[memoryview]) -> None:
-    offset = 0
-    pending = parts
-    while pending:
-        written = os.pwritev(fd, pending, offset)
-        if written <= 0:
-            raise OSError(errno.EIO, "write made no progress")
-        offset += written
-        while pending and written >= len(pending[0]):
-            written -= len(pending[0])
-            pending = pending[1:]
-        if pending and written:
-            pending = [pending[0][written:], *pending[1:]]
-
-
-def _read_all(fd: int, parts: list[memoryview]) -> int:
-    offset = 0
-    pending = parts
-    while pending:
-        count = os.preadv(fd, pending, offset)
-        if count == 0:
-            return offset
-        offset += count
-        while pending and count >= len(pending[0]):
-            count -= len(pending[0])
-            pending = pending[1:]
-        if pending and count:
-            pending = [pending[0][count:], *pending[1:]]
-    return offset
