@@ -2,9 +2,13 @@
 cache before every load phase, the device's own O_DIRECT bandwidth, the page-cache residency of a
 tier's files, and figures over interleaved rounds with ratios paired per round.
 
-Cold: `drop_page_cache` syncs, then, as root, writes `3` to `/proc/sys/vm/drop_caches` (data,
-dentries and inodes of the whole host); otherwise it calls `posix_fadvise(DONTNEED)` on every
-file under the roots it is given (their data pages only). Both print as `COLD_METHODS` says.
+Cold: `drop_page_cache` syncs, then, as root, writes `1` to `/proc/sys/vm/drop_caches` (the
+page cache of the whole host: file data); otherwise it calls `posix_fadvise(DONTNEED)` on every
+file under the roots it is given (their data pages too). Either way the file system's metadata
+caches (dentries, inodes) stay, as they do for a running engine whose tier files were used
+lately. `drop_caches_all` writes `3` instead, dropping dentries and inodes as well: the case of an
+engine restarted on a root no process has touched since boot, where every block file's inode is
+one more small read that a single large file does not pay. All print as `COLD_METHODS` says.
 
 The device: `DirectFileBaseline` writes and reads plain large files with O_DIRECT in aligned
 requests (1 MiB by default), one file and one thread per stream: one stream is `dd`'s pattern,
@@ -25,6 +29,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 __all__ = [
+    "COLD_CHOICES",
     "COLD_METHODS",
     "drop_page_cache",
     "files_under",
@@ -40,10 +45,19 @@ _DROP_CACHES = "/proc/sys/vm/drop_caches"
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 
 COLD_METHODS = {
-    "drop_caches": "os.sync(), then 3 written to /proc/sys/vm/drop_caches (as root)",
+    "drop_caches": "os.sync(), then 1 written to /proc/sys/vm/drop_caches (as root): the page cache",
+    "drop_caches_all": (
+        "os.sync(), then 3 written to /proc/sys/vm/drop_caches (as root): the page cache, dentries "
+        "and inodes"
+    ),
     "fadvise": "os.sync(), then posix_fadvise(DONTNEED) on every file of the tier roots",
 }
 """How `drop_page_cache` made a phase cold, by the name it returns."""
+
+COLD_CHOICES = ("auto", *COLD_METHODS)
+"""The `--cold` choices of the disk benchmarks: "auto" is drop_caches as root, else fadvise."""
+
+_DROP_CACHES_VALUE = {"drop_caches": "1", "drop_caches_all": "3"}
 
 
 def files_under(roots: Iterable[Path]) -> list[str]:
@@ -63,21 +77,30 @@ def drop_page_cache(roots: Sequence[Path], method: str = "auto") -> str:
 
     Args:
         roots: directories (or files) whose cached pages must go.
-        method: "auto" (drop_caches when root, else fadvise), "drop_caches" or "fadvise".
+        method: one of `COLD_CHOICES`: "auto" (drop_caches when root, else fadvise),
+            "drop_caches", "drop_caches_all" (dentries and inodes too) or "fadvise".
 
     Returns:
         The method used, a key of `COLD_METHODS`.
+
+    Raises:
+        ValueError: an unknown method.
+        PermissionError: a drop_caches method when not root.
     """
+    if method not in COLD_CHOICES:
+        raise ValueError(f"method must be one of {', '.join(COLD_CHOICES)}, got {method!r}")
     os.sync()
-    if method in ("auto", "drop_caches") and os.geteuid() == 0:
+    forced = method in _DROP_CACHES_VALUE
+    if (forced or method == "auto") and os.geteuid() == 0:
+        name = method if forced else "drop_caches"
         try:
             with open(_DROP_CACHES, "w") as control:
-                control.write("3")
-            return "drop_caches"
+                control.write(_DROP_CACHES_VALUE[name])
+            return name
         except OSError:
-            if method == "drop_caches":
+            if forced:
                 raise
-    elif method == "drop_caches":
+    elif forced:
         raise PermissionError(f"writing {_DROP_CACHES} needs root")
     for path in files_under(roots):
         try:

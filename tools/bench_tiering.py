@@ -7,8 +7,9 @@ cost on the scheduler thread.
 Part 1, throughput on the device: for each block size, `FileSystemSecondaryTier` (its defaults:
 O_DIRECT where the root takes it, 16 + 16 threads) stores `--total` bytes from a page-aligned
 shared-memory primary into a fresh root, then loads them back cold: before every load phase the
-page cache is dropped (`_disk_bench.drop_page_cache`: `/proc/sys/vm/drop_caches` as root, else
-`posix_fadvise(DONTNEED)` on every file, after a sync; the run prints which). Loads are checked
+page cache is dropped (`_disk_bench.drop_page_cache`: `1` to `/proc/sys/vm/drop_caches` as root,
+else `posix_fadvise(DONTNEED)` on every file, after a sync; the run prints which;
+`--cold drop_caches_all` drops dentries and inodes too, as after a reboot). Loads are checked
 against the stored bytes. Baseline, measured in the same rounds: the device's own O_DIRECT
 bandwidth, plain large files written then read in 1 MiB aligned requests by one thread (as `dd`)
 and by `--streams` threads, one file each. `--fallback` adds the tier with O_DIRECT refused
@@ -60,6 +61,7 @@ from kvref.tiering.manager import CPUPrimaryTierOffloadingManager, TieringOffloa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _disk_bench import (  # noqa: E402
+    COLD_CHOICES,
     COLD_METHODS,
     DirectFileBaseline,
     Rounds,
@@ -354,7 +356,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--streams", type=int, default=8, help="the many-stream O_DIRECT baseline's streams (default 8)")
     parser.add_argument("--fallback", action="store_true", help="also measure the tier with O_DIRECT refused (buffered)")
-    parser.add_argument("--cold", choices=("auto", "drop_caches", "fadvise"), default="auto", help="how loads are made cold (default: drop_caches as root, else fadvise)")
+    parser.add_argument("--cold", choices=COLD_CHOICES, default="auto", help="how loads are made cold: drop_caches (the page cache), drop_caches_all (dentries and inodes too), fadvise (default: drop_caches as root, else fadvise)")
     parser.add_argument("--job-blocks", type=int, default=16, help="blocks per submitted job")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds per block size (default 5)")
     parser.add_argument("--residency-total", type=parse_size, default=parse_size("256M"), help="bytes stored for the page-cache part (default 256M)")

@@ -13,7 +13,8 @@ GB/s = 1e9 B/s.
 Disk tiers, per block size in `--fs-blocks` (`--fs-total` bytes per phase), in `--repeats`
 interleaved rounds (each round runs every contender once, in a rotated order): a store into a
 fresh root, then a cold load, the page cache dropped first (`_disk_bench.drop_page_cache`; the
-run prints the method). Contenders:
+run prints the method; `--cold drop_caches_all` drops dentries and inodes too, as after a
+reboot, where each block file costs an inode read that one large file does not). Contenders:
 
 * vLLM's own `fs` tier with its defaults (16 read + 16 write threads, O_DIRECT);
 * kvref's `FileSystemTier` with its defaults (16 + 16 threads with O_DIRECT);
@@ -63,7 +64,7 @@ from kvref.tiering.fs.root import probe_o_direct
 from kvref.tiering.redis.local import LocalRedisServer, redis_server_path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _disk_bench import COLD_METHODS, DirectFileBaseline, Rounds, drop_page_cache, load_average, process_cpu_s, rotated  # noqa: E402
+from _disk_bench import COLD_CHOICES, COLD_METHODS, DirectFileBaseline, Rounds, drop_page_cache, load_average, process_cpu_s, rotated  # noqa: E402
 from _tier_bench import RedisPyPipeline, human, key_of, parse_size  # noqa: E402
 from _vllm_spec import mock_offloading_spec  # noqa: E402
 
@@ -410,7 +411,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--engines", type=int, default=4, help="engines loading at once from one root (default 4; 0 skips)")
     parser.add_argument("--engines-block", type=parse_size, default=parse_size("1M"), help="their block size (default 1M)")
     parser.add_argument("--engine-repeats", type=int, default=3, help="rounds of the engines part (default 3)")
-    parser.add_argument("--cold", choices=("auto", "drop_caches", "fadvise"), default="auto", help="how loads are made cold (default: drop_caches as root, else fadvise)")
+    parser.add_argument("--cold", choices=COLD_CHOICES, default="auto", help="how loads are made cold: drop_caches (the page cache), drop_caches_all (dentries and inodes too), fadvise (default: drop_caches as root, else fadvise)")
     parser.add_argument("--url", help="a Redis server (default: start a throw-away redis-server)")
     parser.add_argument("--redis-total", type=parse_size, default=parse_size("256M"), help="Redis: bytes per phase (default 256M)")
     parser.add_argument("--redis-block", type=parse_size, default=parse_size("1M"), help="Redis: block bytes (default 1M)")

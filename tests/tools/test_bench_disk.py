@@ -4,9 +4,13 @@ tested; the residency bound has its own test in tests/tiering/test_fs_page_cache
 
 from __future__ import annotations
 
+import importlib
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
 TINY = (
@@ -37,3 +41,19 @@ def test_bench_tiering_runs_tiny(tmp_path: Path) -> None:
     ):
         assert line in done.stdout, line
     assert not list(tmp_path.iterdir()), "the benchmark left files behind"
+
+
+
+def test_drop_page_cache_methods(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "path", [str(TOOLS), *sys.path])
+    disk_bench = importlib.import_module("_disk_bench")
+    methods: dict[str, str] = disk_bench.COLD_METHODS
+    assert set(disk_bench.COLD_CHOICES) == {"auto", *methods}
+    # Only drop_caches_all drops the metadata caches; the default drops file data, as fadvise.
+    assert "dentries and inodes" in methods["drop_caches_all"]
+    assert "dentries" not in methods["drop_caches"]
+    (tmp_path / "block").write_bytes(b"x" * 8192)
+    assert disk_bench.drop_page_cache([tmp_path], "fadvise") == "fadvise"
+    assert disk_bench.drop_page_cache([tmp_path]) == ("drop_caches" if os.geteuid() == 0 else "fadvise")
+    with pytest.raises(ValueError, match="drop_caches_all"):
+        disk_bench.drop_page_cache([tmp_path], "drop_cache")
