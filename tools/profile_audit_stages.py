@@ -22,6 +22,14 @@ garbage collector off (as `kvref audit` runs), the CPU seconds of:
 
 The cold-run cost per file beyond the floor is extraction + pickling; `BENCHMARKS.md` explains
 what that means for the cold-run target.
+
+With `--parse-pool N`, last, N alternating pairs of: the floor as `tools/bench_audit.py` times
+it (one process reading and `ast.parse`-ing every file, collector on, the loop alone) and a
+parse-only pool (a child process, timed from its start as a cold run is, that forks one worker
+per usable CPU; the workers read and parse the files dealt to them, largest first, with the
+collector off as kvref's workers run, and return nothing). That pool is the least wall time any
+audit that parses every file with CPython's parser can take on this machine's cores; the median
+of its ratios to the floor is the lowest cold ratio such an audit could report.
 """
 
 from __future__ import annotations
@@ -189,6 +197,58 @@ def profile_run(project: Path, target: str, extra: Sequence[str]) -> dict[str, f
     return result
 
 
+_FLOOR_CODE = """
+import ast, sys, time
+paths = sys.stdin.read().split("\\0")
+started = time.perf_counter()
+for path in paths:
+    with open(path, "rb") as stream:
+        ast.parse(stream.read(), path)
+print(time.perf_counter() - started)
+"""
+# The same loop as tools/bench_audit.py's floor.
+
+_PARSE_POOL_CODE = """
+import ast, gc, os, sys
+from concurrent.futures import ProcessPoolExecutor
+import multiprocessing
+
+def parse(paths):
+    for path in paths:
+        with open(path, "rb") as stream:
+            ast.parse(stream.read(), path)
+    return len(paths)
+
+gc.disable()
+paths = sys.stdin.read().split("\\0")
+workers = len(os.sched_getaffinity(0))
+shares = [[] for _ in range(workers)]
+loads = [0] * workers
+for path in sorted(paths, key=os.path.getsize, reverse=True):
+    least = loads.index(min(loads))
+    shares[least].append(path)
+    loads[least] += os.path.getsize(path)
+with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+    assert sum(pool.map(parse, shares)) == len(paths)
+"""
+
+
+def parse_pool_pairs(files: Sequence[Path], pairs: int) -> list[tuple[float, float]]:
+    """`pairs` alternating (floor seconds, parse-only pool seconds); see the module docstring."""
+    payload = "\0".join(str(path) for path in files).encode()
+    measured: list[tuple[float, float]] = []
+    for _ in range(pairs):
+        floor = subprocess.run(
+            [sys.executable, "-c", _FLOOR_CODE], input=payload, capture_output=True, check=True
+        )
+        started = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "-c", _PARSE_POOL_CODE], input=payload, capture_output=True, check=True
+        )
+        measured.append((float(floor.stdout.decode().strip()), time.perf_counter() - started))
+    return measured
+
+
 def _print_run(target: str, figures: dict[str, float]) -> None:
     total = figures["total"]
     print(f"one cold run of `kvref audit {target}`: {total:.2f} s wall")
@@ -210,6 +270,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     source.add_argument("--path", type=Path, help="a directory to profile instead of a corpus")
     parser.add_argument("--step", type=int, default=1, help="profile every N-th file")
     parser.add_argument("--no-run", action="store_true", help="skip the cold run's stages")
+    parser.add_argument(
+        "--parse-pool",
+        type=int,
+        default=0,
+        metavar="N",
+        help="then N pairs of the floor and a parse-only pool (default 0: none)",
+    )
     parser.add_argument(
         "--kvref-arg",
         action="append",
@@ -236,6 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: {error}", file=sys.stderr)
             return 2
         _print_run(target, figures)
+    every_file = files
     files = files[:: args.step]
     totals = profile_stages(files)
     floor = totals["parse"] + totals["free"]
@@ -245,6 +313,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     extra = totals["extraction"] + totals["pickling"]
     print(f"  beyond the floor (extraction + pickling): {extra / floor if floor else 0:.2f}x of "
           "parse + free")
+    if args.parse_pool > 0:
+        pairs = parse_pool_pairs(every_file, args.parse_pool)
+        ratios = sorted(pool / floor for floor, pool in pairs)
+        shown = ", ".join(f"{pool:.2f}/{floor:.2f}" for floor, pool in pairs)
+        print(f"parse-only pool of {len(os.sched_getaffinity(0))} workers / floor, each pair: {shown}")
+        print(f"  median {ratios[len(ratios) // 2]:.3f}x, best/best "
+              f"{min(p for _, p in pairs) / min(f for f, _ in pairs):.3f}x")
     return 0
 
 
