@@ -67,6 +67,7 @@ from _disk_bench import (  # noqa: E402
     Rounds,
     drop_page_cache,
     files_under,
+    huge_pages_line,
     load_average,
     resident_bytes,
     rotated,
@@ -372,6 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     work_dir = Path(tempfile.mkdtemp(prefix="kvref-bench-", dir=args.dir))
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, files under {work_dir}, {load_average()}")
+    print(huge_pages_line())
     verdicts: list[str] = []
     try:
         if not args.skip_throughput:

@@ -64,7 +64,7 @@ from kvref.tiering.fs.root import probe_o_direct
 from kvref.tiering.redis.local import LocalRedisServer, redis_server_path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _disk_bench import COLD_CHOICES, COLD_METHODS, DirectFileBaseline, Rounds, drop_page_cache, load_average, process_cpu_s, rotated  # noqa: E402
+from _disk_bench import COLD_CHOICES, COLD_METHODS, DirectFileBaseline, Rounds, drop_page_cache, huge_pages_line, load_average, process_cpu_s, rotated  # noqa: E402
 from _tier_bench import RedisPyPipeline, human, key_of, parse_size  # noqa: E402
 from _vllm_spec import mock_offloading_spec  # noqa: E402
 
@@ -424,6 +424,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     work = Path(tempfile.mkdtemp(prefix="kvref-bench-vllm-", dir=args.dir))
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, files under {work}, {load_average()}")
+    print(huge_pages_line())
     try:
         if not args.skip_fs:
             if not probe_o_direct(work):

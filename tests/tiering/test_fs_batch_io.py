@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from kvref.tiering.base import PrimaryBlocks
 from kvref.tiering.fs import block_io
-from kvref.tiering.fs.block_io import BlockIO, ReadProblem, WriteOutcome
+from kvref.tiering.fs.block_io import BlockIO, ReadProblem, Transfer, WriteOutcome
 from kvref.tiering.fs.format import MAX_KEY_BYTES, file_bytes
 from kvref.tiering.fs.root import block_name, open_root, probe_o_direct
 
@@ -51,8 +51,11 @@ class Rows:
         return data
 
 
-def make_io(rows: Rows, *, direct: bool, native: bool, drop_pages: bool = False) -> BlockIO:
-    return BlockIO(rows.primary, direct=direct, keep_page_cache=not drop_pages, fsync=False, token="t-1-ab", native=native)
+def make_io(rows: Rows, *, direct: bool, native: bool, drop_pages: bool = False, staged: bool | None = None) -> BlockIO:
+    return BlockIO(
+        rows.primary, direct=direct, keep_page_cache=not drop_pages, fsync=False, token="t-1-ab", native=native,
+        huge_page_staging=staged,
+    )  # fmt: skip
 
 
 def paths_of(root: Path, keys: list[bytes]) -> list[str]:
@@ -81,6 +84,7 @@ def fresh_root(tmp_path: Path) -> Path:
     aligned=st.booleans(),
     buffered=st.booleans(),
     writer_native=st.booleans(),
+    staged=st.booleans(),
 )
 def test_both_paths_write_the_same_files_and_read_each_others(
     tmp_path_factory: pytest.TempPathFactory,
@@ -89,6 +93,7 @@ def test_both_paths_write_the_same_files_and_read_each_others(
     aligned: bool,
     buffered: bool,
     writer_native: bool,
+    staged: bool,
 ) -> None:
     roots = [tmp_path_factory.mktemp("native"), tmp_path_factory.mktemp("python")]
     for root in roots:
@@ -98,8 +103,14 @@ def test_both_paths_write_the_same_files_and_read_each_others(
     rows = Rows(2 * len(keys), block_bytes, aligned=aligned)
     contents = [rows.fill(i, seed=1000 + i) for i in range(len(keys))]
     ids = list(range(len(keys)))
+    # Every transfer writes the same bytes: staged on huge pages, zero-copy, or bounced.
     for root, native in zip(roots, (True, False)):
-        outcomes = make_io(rows, direct=direct, native=native).write_blocks(paths_of(root, keys), keys, ids, always_room)
+        io = make_io(rows, direct=direct, native=native, staged=staged)
+        if direct:
+            whole_pages = aligned and block_bytes % 4096 == 0
+            expected = Transfer.BOUNCE if not whole_pages else Transfer.HUGE_PAGES if staged else Transfer.ZERO_COPY
+            assert io.transfer is expected
+        outcomes = io.write_blocks(paths_of(root, keys), keys, ids, always_room)
         assert outcomes == [WriteOutcome.WRITTEN] * len(keys)
     for native_path, python_path, key in zip(paths_of(roots[0], keys), paths_of(roots[1], keys), keys):
         data = Path(native_path).read_bytes()
@@ -109,7 +120,8 @@ def test_both_paths_write_the_same_files_and_read_each_others(
     # Each path reads the files the other wrote, into other rows.
     reader_root = roots[1] if writer_native else roots[0]
     targets = [len(keys) + i for i in ids]
-    problems = make_io(rows, direct=direct, native=not writer_native).read_blocks(paths_of(reader_root, keys), keys, targets)
+    reader = make_io(rows, direct=direct, native=not writer_native, staged=not staged)
+    problems = reader.read_blocks(paths_of(reader_root, keys), keys, targets)
     assert problems == [None] * len(keys)
     assert [bytes(rows.primary.row(t)) for t in targets] == contents
     # A second store of the same blocks writes nothing: they exist.
@@ -128,9 +140,9 @@ DAMAGE = st.one_of(
 
 @needs_native
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(damage=DAMAGE, block_bytes=st.sampled_from([4096, 5000]), buffered=st.booleans())
+@given(damage=DAMAGE, block_bytes=st.sampled_from([4096, 5000]), buffered=st.booleans(), staged=st.booleans())
 def test_both_paths_agree_on_damaged_and_missing_files(
-    tmp_path_factory: pytest.TempPathFactory, damage: tuple[str, int], block_bytes: int, buffered: bool
+    tmp_path_factory: pytest.TempPathFactory, damage: tuple[str, int], block_bytes: int, buffered: bool, staged: bool
 ) -> None:
     root = tmp_path_factory.mktemp("damage")
     open_root(root, block_bytes)
@@ -141,7 +153,7 @@ def test_both_paths_agree_on_damaged_and_missing_files(
     path = paths_of(root, [key])[0]
     outcomes: list[ReadProblem | None] = []
     for native in (True, False):
-        io = make_io(rows, direct=direct, native=native, drop_pages=buffered)
+        io = make_io(rows, direct=direct, native=native, drop_pages=buffered, staged=staged)
         if not os.path.exists(path):
             assert io.write_blocks([path], [key], [0], always_room) == [WriteOutcome.WRITTEN]
         kind, where = damage
@@ -161,7 +173,10 @@ def test_both_paths_agree_on_damaged_and_missing_files(
             file.unlink()
         else:
             file.write_bytes(bytes(data))
+        marker = rows.fill(1, seed=99)
         outcomes.append(io.read_blocks([path], [key], [1])[0])
+        if outcomes[-1] is not None and io.transfer is not Transfer.ZERO_COPY:
+            assert bytes(rows.primary.row(1)) == marker  # verified before it reaches the row
         if outcomes[-1] is ReadProblem.DAMAGED:
             assert not file.exists()  # deleted: every engine misses it from now on
     assert outcomes[0] == outcomes[1]

@@ -30,6 +30,7 @@ def test_bench_tiering_runs_tiny(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     for line in (
+        "transparent huge pages: ",
         "O_DIRECT files, 1 MiB x 8 streams",
         "FileSystemSecondaryTier (defaults)",
         "the tier, buffered fallback",

@@ -139,6 +139,7 @@ class FileSystemTier(KvrefSecondaryTier):
         n_write_threads: int | None = None,
         fsync: bool = False,
         page_cache: bool = False,
+        huge_page_staging: bool | None = None,
         stale_tmp_s: float = 900.0,
         enable_kv_events: bool = False,
         locality: str | None = None,
@@ -157,6 +158,7 @@ class FileSystemTier(KvrefSecondaryTier):
             n_write_threads=n_write_threads,
             fsync=fsync,
             page_cache=page_cache,
+            huge_page_staging=huge_page_staging,
             stale_tmp_s=stale_tmp_s,
             enable_events=events,
         )

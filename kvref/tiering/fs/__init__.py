@@ -28,8 +28,10 @@ another format version is never read. A writer killed mid-store leaves only its 
 which whoever finds it after `stale_tmp_s` (15 minutes by default, an hour at most) deletes.
 
 Off the page cache: files are written and read with O_DIRECT where the root takes it (probed
-once at start-up, as vLLM's fs tier does); the payload then moves between the device and a
-page-aligned primary row with no copy. Where the filesystem refuses O_DIRECT (overlayfs, older
+once at start-up, as vLLM's fs tier does); the payload moves between the device and a
+per-I/O-thread buffer on transparent huge pages and is copied to or from its row, where the
+kernel grants them (a device takes a huge page as one segment: `kvref.tiering.fs.huge_pages`),
+else straight between the device and a page-aligned row. Where the filesystem refuses O_DIRECT (overlayfs, older
 tmpfs, some NFS) the tier warns once and uses buffered I/O, writing each file back
 (`sync_file_range`) and dropping its pages (`posix_fadvise(DONTNEED)`), after reads too.
 `page_cache=True` keeps the pages instead, on purpose.

@@ -7,10 +7,13 @@ calls and checksums in one call without the GIL, where it was built (Linux with 
 install time; `NATIVE_BATCH_IO`), else in Python, block by block, with the same files and
 outcomes. The Python path is the reference: read it to learn what a block file's I/O does.
 
-With O_DIRECT the payload moves between the device and the primary row without a copy when the
+With O_DIRECT a block file moves between the device and a per-thread staging buffer on huge
+pages, where the kernel grants them (`kvref.tiering.fs.huge_pages` says why: the device is twice
+as fast with them), and the payload is copied to or from its row; a load's payload reaches the
+row only once verified. Without huge pages it moves to and from the row without a copy when the
 row is page-aligned and a whole number of pages (a page-aligned primary, e.g. vLLM's or kvref's
 shared mmap region, with block sizes of 4 KiB multiples); otherwise through an aligned
-per-thread bounce buffer.
+per-thread bounce buffer. `BlockIO.transfer` says which.
 Without O_DIRECT (the filesystem refuses it), the pages a write or read brought into the page
 cache are dropped once they are clean, unless the tier keeps the page cache on purpose.
 """
@@ -37,12 +40,14 @@ from kvref.tiering.fs.format import (
     pack_header,
     payload_checksum_ok,
 )
+from kvref.tiering.fs.huge_pages import StagingBuffer, transparent_huge_pages
 from kvref.tiering.fs.posix_io import fsync_directory, read_all, write_all, write_back
 from kvref.tiering.fs.root import TMP_SUFFIX, unlink_quietly
 
 __all__ = [
     "NATIVE_BATCH_IO",
     "ReadProblem",
+    "Transfer",
     "WriteOutcome",
     "BlockIO",
     "buffer_address",
@@ -108,6 +113,14 @@ class ReadProblem(enum.Enum):
     UNREADABLE = "unreadable"  # an I/O error: the file is left alone
 
 
+class Transfer(enum.Enum):
+    """How payloads move between the device and the primary's rows."""
+
+    HUGE_PAGES = "staged on huge pages"  # O_DIRECT through a huge-page buffer, then a copy
+    ZERO_COPY = "zero-copy"  # straight between the file and the row
+    BOUNCE = "bounce"  # O_DIRECT through an aligned buffer: the rows do not take it
+
+
 # read_blocks' codes (0: loaded), as the C extension returns them.
 _READ_PROBLEMS = (
     None,
@@ -127,6 +140,8 @@ class BlockIO:
         fsync: `fsync` each block file before renaming it into place.
         token: this writer's part of temporary file names (`writer_token`).
         native: do the file work in `NATIVE_BATCH_IO` (when built) rather than in Python.
+        huge_page_staging: with O_DIRECT and page-aligned rows, stage payloads on huge pages
+            (`Transfer.HUGE_PAGES`); None where the kernel grants transparent huge pages.
     """
 
     def __init__(
@@ -138,6 +153,7 @@ class BlockIO:
         fsync: bool,
         token: str,
         native: bool = True,
+        huge_page_staging: bool | None = None,
     ) -> None:
         self._primary = primary
         self.block_bytes = primary.block_bytes
@@ -150,9 +166,16 @@ class BlockIO:
         # Rows go to and from the device as they are when O_DIRECT accepts them: page-aligned
         # and a whole number of pages; buffered I/O takes any row, then padded by a zero tail.
         base = buffer_address(primary.row(0)) if primary.num_blocks else None
-        self.zero_copy = not direct or (
-            base is not None and base % ALIGN == 0 and self.block_bytes % ALIGN == 0
-        )
+        whole_pages = base is not None and base % ALIGN == 0 and self.block_bytes % ALIGN == 0
+        if huge_page_staging is None:
+            huge_page_staging = transparent_huge_pages()
+        if not direct:
+            self.transfer = Transfer.ZERO_COPY
+        elif not whole_pages:
+            self.transfer = Transfer.BOUNCE
+        else:
+            self.transfer = Transfer.HUGE_PAGES if huge_page_staging else Transfer.ZERO_COPY
+        self.zero_copy = self.transfer is Transfer.ZERO_COPY
         self._padding = bytes(self._payload_bytes - self.block_bytes)
         self._native = NATIVE_BATCH_IO if native else None
         self._sync = 0
@@ -179,7 +202,13 @@ class BlockIO:
             size = (
                 header_bytes(MAX_KEY_BYTES) + (0 if self.zero_copy else self._payload_bytes) + ALIGN
             )
-            buffer = memoryview(mmap.mmap(-1, size))  # anonymous mmap: page-aligned
+            if self.transfer is Transfer.HUGE_PAGES:
+                # The payload of a 32-byte key's file (vLLM's and kvref's) starts a huge page.
+                staging = StagingBuffer(size, header_bytes(32), self._payload_bytes)
+                self._local.staging = staging  # lives as long as the thread
+                buffer = staging.view
+            else:
+                buffer = memoryview(mmap.mmap(-1, size))  # anonymous mmap: page-aligned
             self._local.buffer = buffer
         return buffer
 

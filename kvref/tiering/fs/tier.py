@@ -69,6 +69,14 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         page_cache: keep blocks in the page cache: buffered I/O whose pages stay cached. Off by
             default (O_DIRECT, or buffered I/O whose pages are dropped once clean); worth it
             only where spare DRAM should serve repeated loads of a small hot set.
+        huge_page_staging: with O_DIRECT, move each block file through a per-I/O-thread
+            buffer on transparent huge pages and copy the payload to or from its row (a
+            device takes a huge page as one segment, 4 KiB pages one by one: twice the speed
+            on the disk measured in `BENCHMARKS.md`). Costs a memory copy per block and, per
+            I/O thread that has run, a buffer of the payload rounded up to 2 MiB. None (the
+            default) stages where the kernel grants transparent huge pages (`always` or
+            `madvise`); False moves payloads straight between the file and the row, which
+            pays where the primary itself is on huge pages. `self.transfer` says which.
         stale_tmp_s: another writer's temporary file older than this many seconds belongs to a
             dead writer and is deleted by whoever finds it (at most 3600).
         name: the medium named in events.
@@ -91,6 +99,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         n_write_threads: int | None = None,
         fsync: bool = False,
         page_cache: bool = False,
+        huge_page_staging: bool | None = None,
         stale_tmp_s: float = 900.0,
         name: str = "fs",
         enable_events: bool = False,
@@ -101,6 +110,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         n_write = check_optional_int("n_write_threads", n_write_threads, minimum=1)
         self.fsync = check_bool("fsync", fsync)
         self.page_cache = check_bool("page_cache", page_cache)
+        staging = None if huge_page_staging is None else check_bool("huge_page_staging", huge_page_staging)
         stale_tmp = check_seconds("stale_tmp_s", stale_tmp_s, maximum=3600.0)
         self.medium = check_str("name", name)
         events = check_bool("enable_events", enable_events)
@@ -136,7 +146,10 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             keep_page_cache=self.page_cache,
             fsync=self.fsync,
             token=self._token,
+            huge_page_staging=staging,
         )
+        self.transfer = self._io.transfer
+        """How payloads move between the device and the rows (`kvref.tiering.fs.block_io.Transfer`)."""
         self._capacity = RootCapacity(
             self.root_dir,
             capacity,
@@ -459,5 +472,6 @@ class FileSystemSecondaryTier(SecondaryTierManager):
     def __repr__(self) -> str:
         return (
             f"FileSystemSecondaryTier({str(self.root_dir)!r}, direct={self.direct}, "
+            f"transfer={self.transfer.value!r}, "
             f"used_bytes={self.used_bytes}, capacity_bytes={self._capacity.capacity_bytes})"
         )
