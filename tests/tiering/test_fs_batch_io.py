@@ -23,6 +23,7 @@ from kvref.tiering.base import PrimaryBlocks
 from kvref.tiering.fs import block_io
 from kvref.tiering.fs.block_io import BlockIO, ReadProblem, Transfer, WriteOutcome
 from kvref.tiering.fs.format import MAX_KEY_BYTES, file_bytes
+from kvref.tiering.fs.posix_io import MAX_REQUEST_BYTES
 from kvref.tiering.fs.root import block_name, open_root, probe_o_direct
 
 NATIVE = block_io.NATIVE_BATCH_IO
@@ -305,12 +306,56 @@ def test_fsync_makes_each_file_then_its_name_durable(tmp_path: Path) -> None:
 
 
 @needs_native
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed (make test installs it)")
+@pytest.mark.parametrize("native", [True, False])
+def test_no_request_moves_more_than_max_request_bytes(tmp_path: Path, native: bool) -> None:
+    # A 2 MiB block file (plus its header) goes to and from the device in requests of at most
+    # MAX_REQUEST_BYTES, on both paths and every transfer, and still round-trips.
+    block = 2 << 20
+    script = textwrap.dedent(
+        f"""
+        import mmap
+        from kvref.tiering.base import PrimaryBlocks
+        from kvref.tiering.fs.block_io import BlockIO
+        from kvref.tiering.fs.root import block_name, open_root, probe_o_direct
+        from pathlib import Path
+        root = Path({str(tmp_path / "root")!r})
+        open_root(root, {block})
+        memory = mmap.mmap(-1, 2 * {block})
+        rows = PrimaryBlocks(memoryview(memory).cast("B", (2, {block})))
+        rows.row(0)[:] = bytes(range(256)) * ({block} // 256)
+        for staged in (True, False):
+            io = BlockIO(rows, direct=probe_o_direct(root), keep_page_cache=False, fsync=False,
+                         token="t-1-ab", native={native}, huge_page_staging=staged)
+            key = bytes([staged]) * 32
+            path = str(root / block_name(key)[:2] / block_name(key))
+            assert io.write_blocks([path], [key], [0], lambda i: True)[0].value == "written"
+            assert io.read_blocks([path], [key], [1]) == [None]
+            assert bytes(rows.row(1)) == bytes(rows.row(0))
+        print("ROUND TRIPS")
+        """
+    )
+    trace = tmp_path / "trace"
+    result = subprocess.run(
+        ["strace", "-f", "-qq", "-o", str(trace), "-e", "trace=preadv,pwritev,preadv2,pwritev2", sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert "ROUND TRIPS" in result.stdout
+    moved = [int(line.rsplit("= ", 1)[1]) for line in trace.read_text().splitlines() if line.split(None, 1)[1].startswith(("preadv", "pwritev"))]
+    assert moved and max(moved) == MAX_REQUEST_BYTES, moved
+    assert sum(1 for size in moved if size == MAX_REQUEST_BYTES) >= 8  # two writes, two reads, each of >= 2
+
+
+@needs_native
 def test_a_build_of_other_code_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
     # A stale .so (another format, or result codes the Python side reads differently) must
     # never write or read blocks: the tier falls back to the Python path instead.
     assert NATIVE is not None
     assert block_io._load_native() is NATIVE  # pyright: ignore[reportPrivateUsage]
-    for name, value in (("FORMAT_VERSION", 3), ("READ_DAMAGED", 7), ("WRITE_EXISTED", None)):
+    for name, value in (("FORMAT_VERSION", 3), ("READ_DAMAGED", 7), ("WRITE_EXISTED", None), ("MAX_REQUEST", 2 << 20)):
         stale = types.ModuleType(NATIVE.__name__)
         stale.__dict__.update({k: v for k, v in vars(NATIVE).items() if not k.startswith("__")})
         if value is None:

@@ -34,6 +34,8 @@
 #define CHECKSUM_XXH3_64 1
 #define FIELDS_BYTES 24 /* "<8sHHHHQ": magic, format, algorithm, key length, reserved, payload */
 #define RECORD_HEADER_BYTES (FIELDS_BYTES + 16) /* then two XXH3-64 checksums */
+#define MAX_REQUEST (1 << 20) /* bytes per preadv/pwritev: posix_io.py's MAX_REQUEST_BYTES */
+#define MAX_IOV 4             /* entries of the longest vector read_block or write_block makes */
 #define MAX_HEADER_BYTES (4 * ALIGN)            /* header_bytes(MAX_KEY_BYTES) */
 static const char MAGIC[8] = {'K', 'V', 'R', 'E', 'F', 'B', 'L', 'K'};
 
@@ -104,11 +106,26 @@ static void advance(struct iovec **iov, int *count, size_t done) {
     }
 }
 
+/* The first `MAX_REQUEST` bytes of a vector, into `out` (as many entries): one system call's
+ * share. Devices take requests of up to 1 MiB best (posix_io.py's MAX_REQUEST_BYTES says why). */
+static int clip(const struct iovec *iov, int count, struct iovec *out) {
+    size_t room = MAX_REQUEST;
+    int taken = 0;
+    while (taken < count && room > 0) {
+        out[taken] = iov[taken];
+        if (out[taken].iov_len > room) out[taken].iov_len = room;
+        room -= out[taken].iov_len;
+        taken++;
+    }
+    return taken;
+}
+
 /* Reads until the vector is full or the file ends: the bytes read, or -errno. */
 static ssize_t read_all(int fd, struct iovec *iov, int count) {
     ssize_t total = 0;
+    struct iovec part[MAX_IOV];
     while (count > 0) {
-        ssize_t got = preadv(fd, iov, count, total);
+        ssize_t got = preadv(fd, part, clip(iov, count, part), total);
         if (got < 0) {
             if (errno == EINTR) continue;
             return -errno;
@@ -123,8 +140,9 @@ static ssize_t read_all(int fd, struct iovec *iov, int count) {
 /* Writes the whole vector: 0, or an errno. */
 static int write_all(int fd, struct iovec *iov, int count) {
     off_t offset = 0;
+    struct iovec part[MAX_IOV];
     while (count > 0) {
-        ssize_t done = pwritev(fd, iov, count, offset);
+        ssize_t done = pwritev(fd, part, clip(iov, count, part), offset);
         if (done < 0) {
             if (errno == EINTR) continue;
             return errno;
@@ -570,6 +588,7 @@ static PyMethodDef methods[] = {
 static int exec_module(PyObject *module) {
     if (PyModule_AddIntConstant(module, "FORMAT_VERSION", FORMAT_VERSION) < 0) return -1;
     if (PyModule_AddIntConstant(module, "ALIGN", ALIGN) < 0) return -1;
+    if (PyModule_AddIntConstant(module, "MAX_REQUEST", MAX_REQUEST) < 0) return -1;
     if (PyModule_AddIntConstant(module, "READ_OK", READ_OK) < 0) return -1;
     if (PyModule_AddIntConstant(module, "READ_MISSING", READ_MISSING) < 0) return -1;
     if (PyModule_AddIntConstant(module, "READ_DAMAGED", READ_DAMAGED) < 0) return -1;

@@ -41,7 +41,7 @@ from kvref.tiering.fs.format import (
     payload_checksum_ok,
 )
 from kvref.tiering.fs.huge_pages import StagingBuffer, transparent_huge_pages
-from kvref.tiering.fs.posix_io import fsync_directory, read_all, write_all, write_back
+from kvref.tiering.fs.posix_io import MAX_REQUEST_BYTES, fsync_directory, read_all, write_all, write_back
 from kvref.tiering.fs.root import TMP_SUFFIX, unlink_quietly
 
 __all__ = [
@@ -68,6 +68,7 @@ def _load_native() -> ModuleType | None:
     expected = {
         "FORMAT_VERSION": FORMAT_VERSION,
         "ALIGN": ALIGN,
+        "MAX_REQUEST": MAX_REQUEST_BYTES,
         "WRITE_DONE": _WRITE_DONE,
         "WRITE_EXISTED": _WRITE_EXISTED,
         # read_blocks' codes index _READ_PROBLEMS.
@@ -186,6 +187,8 @@ class BlockIO:
                 | (self._native.SYNC_DROP_PAGES if self._drop_pages else 0)
             )
         self._local = threading.local()
+        self._spare_staging: list[StagingBuffer] = []  # made by `prepare_threads`, not yet taken
+        self._spare_lock = threading.Lock()
 
     @property
     def native(self) -> bool:
@@ -194,21 +197,34 @@ class BlockIO:
 
     # --- buffers ---
 
+    def prepare_threads(self, threads: int) -> None:
+        """Make the staging buffers of `threads` I/O threads now, at start-up, rather than on
+        each thread's first transfer (faulting in huge pages takes about 1-3 ms each)."""
+        if self.transfer is Transfer.HUGE_PAGES:
+            made = [self._new_staging() for _ in range(threads)]
+            with self._spare_lock:
+                self._spare_staging.extend(made)
+
+    def _buffer_bytes(self) -> int:
+        return header_bytes(MAX_KEY_BYTES) + (0 if self.zero_copy else self._payload_bytes) + ALIGN
+
+    def _new_staging(self) -> StagingBuffer:
+        # The payload of a 32-byte key's file (vLLM's and kvref's) starts a huge page.
+        return StagingBuffer(self._buffer_bytes(), header_bytes(32), self._payload_bytes)
+
     def _buffer(self) -> memoryview:
         """This thread's aligned buffer: the longest header, unless zero-copy a payload, and a
         last page that a read fills only when a file is longer than it should be."""
         buffer: memoryview | None = getattr(self._local, "buffer", None)
         if buffer is None:
-            size = (
-                header_bytes(MAX_KEY_BYTES) + (0 if self.zero_copy else self._payload_bytes) + ALIGN
-            )
             if self.transfer is Transfer.HUGE_PAGES:
-                # The payload of a 32-byte key's file (vLLM's and kvref's) starts a huge page.
-                staging = StagingBuffer(size, header_bytes(32), self._payload_bytes)
+                with self._spare_lock:
+                    staging = self._spare_staging.pop() if self._spare_staging else None
+                staging = staging or self._new_staging()
                 self._local.staging = staging  # lives as long as the thread
                 buffer = staging.view
             else:
-                buffer = memoryview(mmap.mmap(-1, size))  # anonymous mmap: page-aligned
+                buffer = memoryview(mmap.mmap(-1, self._buffer_bytes()))  # page-aligned
             self._local.buffer = buffer
         return buffer
 

@@ -21,6 +21,8 @@ from pathlib import Path
 __all__ = ["HUGE_PAGE_BYTES", "StagingBuffer", "transparent_huge_pages"]
 
 _THP = Path("/sys/kernel/mm/transparent_hugepage")
+# Python 3.11's mmap module does not export MADV_POPULATE_WRITE (Linux 5.14+, value 23).
+_MADV_POPULATE_WRITE: int = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 
 
 def _huge_page_bytes() -> int:
@@ -73,7 +75,11 @@ class StagingBuffer:
         if huge_span:
             self._map.madvise(mmap.MADV_HUGEPAGE, start + lead, huge_span)
         self.view = memoryview(self._map)[start : start + size]
-        self.view[:] = bytes(size)  # fault every page in now, not on the first transfer
+        # Fault every page in now, not on the first transfer.
+        try:
+            self._map.madvise(_MADV_POPULATE_WRITE, start, size)
+        except (OSError, ValueError):  # before Linux 5.14, or not Linux
+            self.view[:] = bytes(size)
 
     def close(self) -> None:
         self.view.release()

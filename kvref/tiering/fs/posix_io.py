@@ -10,7 +10,25 @@ import errno
 import os
 from collections.abc import Callable
 
-__all__ = ["write_back", "fsync_directory", "write_all", "read_all"]
+__all__ = ["MAX_REQUEST_BYTES", "write_back", "fsync_directory", "write_all", "read_all"]
+
+MAX_REQUEST_BYTES = 1 << 20
+"""Bytes per `preadv`/`pwritev`: a block file of more is read or written in several requests.
+Devices are fastest at requests of about 1 MiB (NVMe controllers cap a request at 128 KiB to
+2 MiB; the kernel splits larger ones). On this project's virtio disk, from buffers on huge pages,
+8 threads read 4.4 GB/s in 1 MiB requests and 3.1 GB/s in 2 MiB ones (`huge_pages.py`)."""
+
+
+def _clip(parts: list[memoryview]) -> list[memoryview]:
+    """The first `MAX_REQUEST_BYTES` of `parts`: one system call's share."""
+    clipped: list[memoryview] = []
+    room = MAX_REQUEST_BYTES
+    for part in parts:
+        if room <= 0:
+            break
+        clipped.append(part if len(part) <= room else part[:room])
+        room -= len(clipped[-1])
+    return clipped
 
 # sync_file_range(2) flags: start writeback of the range and wait for it, without the journal
 # commit fdatasync also waits for; the clean pages can then be dropped.
@@ -62,7 +80,7 @@ def write_all(fd: int, parts: list[memoryview]) -> None:
     offset = 0
     pending = parts
     while pending:
-        written = os.pwritev(fd, pending, offset)
+        written = os.pwritev(fd, _clip(pending), offset)
         if written <= 0:
             raise OSError(errno.EIO, "write made no progress")
         offset += written
@@ -78,7 +96,7 @@ def read_all(fd: int, parts: list[memoryview]) -> int:
     offset = 0
     pending = parts
     while pending:
-        count = os.preadv(fd, pending, offset)
+        count = os.preadv(fd, _clip(pending), offset)
         if count == 0:
             return offset
         offset += count

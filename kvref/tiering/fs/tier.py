@@ -175,6 +175,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         self._closed = False
         self._tasks = JobTasks(self._io, self._capacity, self._dirs, self._reading, self.medium)
 
+        self._io.prepare_threads(self.n_read_threads + self.n_write_threads)
         self._pool = DualQueuePool(self.n_read_threads, self.n_write_threads, f"kvref-{self.medium}")
         # Learn the root's usage and remove dead writers' temporary files, off the caller's
         # thread (a root of millions of files takes a while to list).
