@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import cast
 
 __all__ = [
+    "FLOOR_CODE",
     "Corpus",
     "bare_python",
     "package_project",
@@ -33,6 +34,18 @@ __all__ = [
     "package_dir",
     "python_files",
 ]
+
+FLOOR_CODE = """
+import ast, sys, time
+paths = sys.stdin.read().split("\\0")
+started = time.perf_counter()
+for path in paths:
+    with open(path, "rb") as stream:
+        ast.parse(stream.read(), path)
+print(time.perf_counter() - started)
+"""
+"""The floor of the audit benchmarks, run with `python -c`: one process reads and parses every
+file named on stdin (NUL-separated), collector on, and prints the loop's seconds."""
 
 _INDEX_URL = "https://pypi.org/simple"
 _SPEC_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9.+!_-]+)$")

@@ -41,6 +41,7 @@ from typing import cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _audit_corpus import (  # noqa: E402
+    FLOOR_CODE,
     bare_python,
     fetch_corpus,
     package_dir,
@@ -50,15 +51,6 @@ from _audit_corpus import (  # noqa: E402
 
 __all__ = ["main", "Measurement"]
 
-_FLOOR_CODE = """
-import ast, sys, time
-paths = sys.stdin.read().split("\\0")
-started = time.perf_counter()
-for path in paths:
-    with open(path, "rb") as stream:
-        ast.parse(stream.read(), path)
-print(time.perf_counter() - started)
-"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +139,7 @@ def _run(argv: Sequence[str], *, cwd: Path, stdin: bytes = b"") -> tuple[float, 
 
 def _floor(files: Sequence[Path], cwd: Path) -> Measurement:
     payload = "\0".join(str(path) for path in files).encode()
-    _, rss, tree, out = _run([sys.executable, "-c", _FLOOR_CODE], cwd=cwd, stdin=payload)
+    _, rss, tree, out = _run([sys.executable, "-c", FLOOR_CODE], cwd=cwd, stdin=payload)
     return Measurement("floor: ast.parse, 1 process", float(out.decode().strip()), rss, tree)
 
 

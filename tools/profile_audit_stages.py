@@ -52,6 +52,7 @@ from typing import cast
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _audit_corpus import (  # noqa: E402
+    FLOOR_CODE,
     bare_python,
     fetch_corpus,
     package_dir,
@@ -197,17 +198,6 @@ def profile_run(project: Path, target: str, extra: Sequence[str]) -> dict[str, f
     return result
 
 
-_FLOOR_CODE = """
-import ast, sys, time
-paths = sys.stdin.read().split("\\0")
-started = time.perf_counter()
-for path in paths:
-    with open(path, "rb") as stream:
-        ast.parse(stream.read(), path)
-print(time.perf_counter() - started)
-"""
-# The same loop as tools/bench_audit.py's floor.
-
 _PARSE_POOL_CODE = """
 import ast, gc, os, sys
 from concurrent.futures import ProcessPoolExecutor
@@ -239,7 +229,7 @@ def parse_pool_pairs(files: Sequence[Path], pairs: int) -> list[tuple[float, flo
     measured: list[tuple[float, float]] = []
     for _ in range(pairs):
         floor = subprocess.run(
-            [sys.executable, "-c", _FLOOR_CODE], input=payload, capture_output=True, check=True
+            [sys.executable, "-c", FLOOR_CODE], input=payload, capture_output=True, check=True
         )
         started = time.perf_counter()
         subprocess.run(

@@ -259,6 +259,20 @@ def test_wrong_arguments_raise_and_touch_nothing(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []  # refused before any file work
 
 
+def run_traced(tmp_path: Path, calls: str, script: str) -> tuple[str, list[str]]:
+    """Run `script` in a Python child under strace, tracing `calls`: its stdout, and each traced
+    call as strace prints it (without the pid)."""
+    trace = tmp_path / "trace"
+    result = subprocess.run(
+        ["strace", "-f", "-qq", "-o", str(trace), "-e", f"trace={calls}", sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    return result.stdout, [line.split(None, 1)[1] for line in trace.read_text().splitlines()]
+
+
 @needs_native
 @pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed (make test installs it)")
 def test_fsync_makes_each_file_then_its_name_durable(tmp_path: Path) -> None:
@@ -281,16 +295,9 @@ def test_fsync_makes_each_file_then_its_name_durable(tmp_path: Path) -> None:
         print("OUTCOMES", io.write_blocks(paths, keys, [0, 1], lambda i: True))
         """
     )
-    trace = tmp_path / "trace"
-    result = subprocess.run(
-        ["strace", "-f", "-qq", "-o", str(trace), "-e", "trace=openat,fsync,rename,renameat,renameat2", sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=Path(__file__).resolve().parents[2],
-    )
-    assert "WRITTEN" in result.stdout
-    calls = [line.split(None, 1)[1] for line in trace.read_text().splitlines() if ".kvb" in line or "fsync(" in line]
+    stdout, traced = run_traced(tmp_path, "openat,fsync,rename,renameat,renameat2", script)
+    assert "WRITTEN" in stdout
+    calls = [call for call in traced if ".kvb" in call or call.startswith("fsync(")]
     events: list[str] = []
     for call in calls:
         if call.startswith("openat(") and ".tmp" in call and "O_CREAT" in call and "= -1" not in call:
@@ -335,16 +342,9 @@ def test_no_request_moves_more_than_max_request_bytes(tmp_path: Path, native: bo
         print("ROUND TRIPS")
         """
     )
-    trace = tmp_path / "trace"
-    result = subprocess.run(
-        ["strace", "-f", "-qq", "-o", str(trace), "-e", "trace=preadv,pwritev,preadv2,pwritev2", sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=Path(__file__).resolve().parents[2],
-    )
-    assert "ROUND TRIPS" in result.stdout
-    moved = [int(line.rsplit("= ", 1)[1]) for line in trace.read_text().splitlines() if line.split(None, 1)[1].startswith(("preadv", "pwritev"))]
+    stdout, traced = run_traced(tmp_path, "preadv,pwritev,preadv2,pwritev2", script)
+    assert "ROUND TRIPS" in stdout
+    moved = [int(call.rsplit("= ", 1)[1]) for call in traced if call.startswith(("preadv", "pwritev"))]
     assert moved and max(moved) == MAX_REQUEST_BYTES, moved
     assert sum(1 for size in moved if size == MAX_REQUEST_BYTES) >= 8  # two writes, two reads, each of >= 2
 
