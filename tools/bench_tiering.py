@@ -12,7 +12,8 @@ else `posix_fadvise(DONTNEED)` on every file, after a sync; the run prints which
 `--cold drop_caches_all` drops dentries and inodes too, as after a reboot). Loads are checked
 against the stored bytes. Baseline, measured in the same rounds: the device's own O_DIRECT
 bandwidth, plain large files written then read in 1 MiB aligned requests by one thread (as `dd`)
-and by `--streams` threads, one file each. `--fallback` adds the tier with O_DIRECT refused
+and by `--streams` threads, one file each, from buffers on huge pages where the kernel grants
+them (`_disk_bench`; the run's header says). `--fallback` adds the tier with O_DIRECT refused
 (buffered I/O whose pages are dropped), as on a filesystem without it. Each round runs every
 contender once, in a rotated order; ratios are medians of the per-round ratios, against the
 faster device run of the round. Target: >= 0.8x of the device, store and load.
