@@ -5,7 +5,8 @@ On 4 KiB pages a 1 MiB request is 256 of them: the kernel pins each one, and a d
 fewer segments per request (virtio-blk: 254) gets the request split. On a 2 MiB huge page the
 same request is one segment. On this project's virtio disk a plain reader (8 threads, 1 MiB
 requests, O_DIRECT) read 2.0-2.3 GB/s into 4 KiB pages and 4.4 GB/s into huge pages. A primary
-is rarely on huge pages (vLLM's pinned memory and kvref's region in `/dev/shm` are not), so the
+is rarely on huge pages (kvref's region in `/dev/shm` is not, unless that tmpfs is mounted with
+`huge=`; CUDA's pinned host memory usually is not), so the
 tier reads each block file into a per-thread buffer on huge pages, verifies it there, and copies
 the payload into its row: one memory copy, a few GB/s of CPU work, for twice the device's speed
 (`BENCHMARKS.md`). Where the kernel grants no transparent huge pages the copy would buy nothing,
