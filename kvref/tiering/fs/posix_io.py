@@ -75,6 +75,16 @@ def fsync_directory(directory: str) -> None:
         os.close(fd)
 
 
+def _advance(parts: list[memoryview], done: int) -> list[memoryview]:
+    """`parts` past their first `done` bytes: the parts done dropped, a part half done shortened."""
+    while parts and done >= len(parts[0]):
+        done -= len(parts[0])
+        parts = parts[1:]
+    if parts and done:
+        parts = [parts[0][done:], *parts[1:]]
+    return parts
+
+
 def write_all(fd: int, parts: list[memoryview]) -> None:
     """Write `parts` from offset 0 to the end, through short writes (OSError if one makes no progress)."""
     offset = 0
@@ -84,11 +94,7 @@ def write_all(fd: int, parts: list[memoryview]) -> None:
         if written <= 0:
             raise OSError(errno.EIO, "write made no progress")
         offset += written
-        while pending and written >= len(pending[0]):
-            written -= len(pending[0])
-            pending = pending[1:]
-        if pending and written:
-            pending = [pending[0][written:], *pending[1:]]
+        pending = _advance(pending, written)
 
 
 def read_all(fd: int, parts: list[memoryview]) -> int:
@@ -100,9 +106,5 @@ def read_all(fd: int, parts: list[memoryview]) -> int:
         if count == 0:
             return offset
         offset += count
-        while pending and count >= len(pending[0]):
-            count -= len(pending[0])
-            pending = pending[1:]
-        if pending and count:
-            pending = [pending[0][count:], *pending[1:]]
+        pending = _advance(pending, count)
     return offset
