@@ -176,7 +176,6 @@ class BlockIO:
             self.transfer = Transfer.BOUNCE
         else:
             self.transfer = Transfer.HUGE_PAGES if huge_page_staging else Transfer.ZERO_COPY
-        self.zero_copy = self.transfer is Transfer.ZERO_COPY
         self._padding = bytes(self._payload_bytes - self.block_bytes)
         self._native = NATIVE_BATCH_IO if native else None
         self._sync = 0
@@ -189,6 +188,10 @@ class BlockIO:
         self._local = threading.local()
         self._spare_staging: list[StagingBuffer] = []  # made by `prepare_threads`, not yet taken
         self._spare_lock = threading.Lock()
+
+    @property
+    def _zero_copy(self) -> bool:
+        return self.transfer is Transfer.ZERO_COPY
 
     @property
     def native(self) -> bool:
@@ -206,7 +209,7 @@ class BlockIO:
                 self._spare_staging.extend(made)
 
     def _buffer_bytes(self) -> int:
-        return header_bytes(MAX_KEY_BYTES) + (0 if self.zero_copy else self._payload_bytes) + ALIGN
+        return header_bytes(MAX_KEY_BYTES) + (0 if self._zero_copy else self._payload_bytes) + ALIGN
 
     def _new_staging(self) -> StagingBuffer:
         # The payload of a 32-byte key's file (vLLM's and kvref's) starts a huge page.
@@ -258,7 +261,7 @@ class BlockIO:
             rows = [self._primary.row(block_id) for block_id in block_ids]
             codes: list[int] = self._native.write_blocks(
                 paths, tmp_paths, keys, rows, self._buffer(), self.block_bytes,
-                self.direct, self.zero_copy, self._sync,
+                self.direct, self._zero_copy, self._sync,
             )  # fmt: skip
         else:
             codes = [
@@ -320,7 +323,7 @@ class BlockIO:
         buffer = self._buffer()
         head = header_bytes(len(key))
         pack_header(buffer[:head], key, row)
-        if self.zero_copy:
+        if self._zero_copy:
             parts = [buffer[:head], row]
             if self._padding:
                 parts.append(memoryview(self._padding))
@@ -389,7 +392,7 @@ class BlockIO:
             rows = [self._primary.row(block_id) for block_id in block_ids]
             codes: list[int] = self._native.read_blocks(
                 paths, keys, rows, self._buffer(), self.block_bytes,
-                self.direct, self.zero_copy, self._drop_pages,
+                self.direct, self._zero_copy, self._drop_pages,
             )  # fmt: skip
             return [_READ_PROBLEMS[code] for code in codes]
         return [
@@ -421,7 +424,7 @@ class BlockIO:
         row = self._primary.row(block_id)
         buffer = self._buffer()
         head = header_bytes(len(key))
-        if self.zero_copy:
+        if self._zero_copy:
             parts = [buffer[:head], row]
             payload = row
             if self._padding:
@@ -436,7 +439,7 @@ class BlockIO:
         hasher = check_header(buffer[:head], key, self.block_bytes)
         if hasher is None or not payload_checksum_ok(buffer[:head], hasher, payload):
             return ReadProblem.DAMAGED
-        if not self.zero_copy:
+        if not self._zero_copy:
             row[:] = payload
         return None
 

@@ -22,7 +22,7 @@ from kvref.tiering._options import (
     check_str,
 )
 from kvref.tiering.base import JobMetadata, JobResult, PrimaryBlocks, SecondaryTierManager
-from kvref.tiering.fs.block_io import BlockIO, ReadProblem, WriteOutcome
+from kvref.tiering.fs.block_io import BlockIO, ReadProblem, Transfer, WriteOutcome
 from kvref.tiering.fs.capacity import RootCapacity
 from kvref.tiering.fs.format import MAX_KEY_BYTES, file_bytes, header_bytes
 from kvref.tiering.fs.job import BlockWrite, FsJob
@@ -148,8 +148,6 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             token=self._token,
             huge_page_staging=staging,
         )
-        self.transfer = self._io.transfer
-        """How payloads move between the device and the rows (`kvref.tiering.fs.block_io.Transfer`)."""
         self._capacity = RootCapacity(
             self.root_dir,
             capacity,
@@ -200,6 +198,11 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         return path, header_bytes(len(key)), size
 
     # --- stats ---
+
+    @property
+    def transfer(self) -> Transfer:
+        """How payloads move between the device and the rows."""
+        return self._io.transfer
 
     @property
     def used_bytes(self) -> int:
