@@ -665,7 +665,7 @@ def test_page_cache_option_keeps_pages_and_skips_the_probe(tmp_path: Path, monke
 
 @pytest.mark.parametrize(
     ("direct", "cores", "readers", "writers"),
-    [(True, 2, 16, 16), (False, 1, 1, 1), (False, 2, 2, 1), (False, 6, 4, 3), (False, 64, 4, 4)],
+    [(True, 2, 32, 32), (False, 1, 1, 1), (False, 2, 2, 1), (False, 6, 4, 3), (False, 64, 4, 4)],
 )
 def test_io_thread_defaults(
     tmp_path: Path,
@@ -681,6 +681,23 @@ def test_io_thread_defaults(
         assert h.tier.direct is direct
         assert (h.tier.n_read_threads, h.tier.n_write_threads) == (readers, writers)
         assert h.store([to_key(1)]) and h.load([to_key(1)], [3])
+    finally:
+        h.close()
+
+
+@pytest.mark.parametrize(
+    ("block_bytes", "threads"),
+    [(4096, 32), (256 << 10, 32), (512 << 10, 32), (1 << 20, 16), (2 << 20, 8), (8 << 20, 8)],
+)
+def test_o_direct_thread_defaults_keep_about_32_mib_of_files_in_flight(
+    tmp_path: Path, block_bytes: int, threads: int
+) -> None:
+    h = Harness(tmp_path / "fs", aligned_view(2, block_bytes), n_read_threads=None, n_write_threads=None)
+    try:
+        assert h.tier.direct
+        assert (h.tier.n_read_threads, h.tier.n_write_threads) == (threads, threads)
+        assert h.store([to_key(1)]) and h.load([to_key(1)], [1])
+        assert h.row(1) == content(to_key(1), block_bytes)
     finally:
         h.close()
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 import ctypes
 import mmap
 import re
+import threading
 from pathlib import Path
 
 import pytest
 
-from kvref.tiering.fs.block_io import Transfer
+from kvref.tiering.base import PrimaryBlocks
+from kvref.tiering.fs.block_io import BlockIO, Transfer
+from kvref.tiering.fs.format import header_bytes
 from kvref.tiering.fs.huge_pages import HUGE_PAGE_BYTES, StagingBuffer, transparent_huge_pages
 from tests.tiering.helpers import content, to_keys
 from tests.tiering.test_fs import Harness, aligned_view
@@ -77,3 +80,51 @@ def test_the_tier_says_how_it_moves_payloads_and_loads_right_bytes_either_way(tm
 def test_huge_page_staging_must_be_a_bool_or_none(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="huge_page_staging"):
         Harness(tmp_path / "fs", aligned_view(2, 4096), huge_page_staging="yes")
+
+
+@pytest.mark.parametrize(("block_bytes", "shared"), [(256 << 10, True), (2 << 20, False)])
+def test_prepared_staging_buffers_are_one_per_thread_and_small_ones_share_huge_pages(
+    block_bytes: int, shared: bool
+) -> None:
+    io = BlockIO(
+        PrimaryBlocks(aligned_view(2, block_bytes)),
+        direct=True,
+        keep_page_cache=False,
+        fsync=False,
+        token="t",
+        huge_page_staging=True,
+    )
+    threads = 5
+    io.prepare_threads(threads)
+    taken: list[tuple[int, int]] = []
+    lock = threading.Lock()
+
+    def take() -> None:
+        buffer = io._buffer()  # pyright: ignore[reportPrivateUsage]
+        with lock:
+            taken.append((address_of(buffer), len(buffer)))
+
+    workers = [threading.Thread(target=take) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    spans = sorted(taken)
+    assert len({start for start, _ in spans}) == threads  # a buffer of its own per thread
+    assert all(start % mmap.PAGESIZE == 0 for start, _ in spans)
+    ends = [start + size for start, size in spans]
+    assert all(end <= next_start for end, (next_start, _) in zip(ends, spans[1:]))  # no overlap
+    slot = spans[0][1]
+    if shared:  # back to back in one mapping: seven 276 KiB slots to a huge page
+        assert [start - spans[0][0] for start, _ in spans] == [i * slot for i in range(threads)]
+    else:  # each payload starts a huge page of its own
+        assert all((start + header_bytes(32)) % HUGE_PAGE_BYTES == 0 for start, _ in spans)
+    if transparent_huge_pages():
+        payload = spans[0][0] + (0 if shared else header_bytes(32))
+        assert huge_bytes_at(payload) >= HUGE_PAGE_BYTES
+    # A thread beyond those prepared makes its own.
+    extra: list[int] = []
+    worker = threading.Thread(target=lambda: extra.append(address_of(io._buffer())))  # pyright: ignore[reportPrivateUsage]
+    worker.start()
+    worker.join()
+    assert extra and extra[0] not in {start for start, _ in spans}

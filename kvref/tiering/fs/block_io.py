@@ -40,7 +40,7 @@ from kvref.tiering.fs.format import (
     pack_header,
     payload_checksum_ok,
 )
-from kvref.tiering.fs.huge_pages import StagingBuffer, transparent_huge_pages
+from kvref.tiering.fs.huge_pages import HUGE_PAGE_BYTES, StagingBuffer, transparent_huge_pages
 from kvref.tiering.fs.posix_io import MAX_REQUEST_BYTES, fsync_directory, read_all, write_all, write_back
 from kvref.tiering.fs.root import TMP_SUFFIX, unlink_quietly
 
@@ -186,7 +186,10 @@ class BlockIO:
                 | (self._native.SYNC_DROP_PAGES if self._drop_pages else 0)
             )
         self._local = threading.local()
-        self._spare_staging: list[StagingBuffer] = []  # made by `prepare_threads`, not yet taken
+        # Huge-page buffers live as long as the tier: `_staging` owns them, threads take theirs
+        # from `_spare_buffers` (made by `prepare_threads`, not yet taken).
+        self._staging: list[StagingBuffer] = []
+        self._spare_buffers: list[memoryview] = []
         self._spare_lock = threading.Lock()
 
     @property
@@ -202,11 +205,25 @@ class BlockIO:
 
     def prepare_threads(self, threads: int) -> None:
         """Make the staging buffers of `threads` I/O threads now, at start-up, rather than on
-        each thread's first transfer (faulting in huge pages takes about 1-3 ms each)."""
-        if self.transfer is Transfer.HUGE_PAGES:
-            made = [self._new_staging() for _ in range(threads)]
-            with self._spare_lock:
-                self._spare_staging.extend(made)
+        each thread's first transfer (faulting in huge pages takes about 1-3 ms each).
+
+        Buffers of up to half a huge page share huge pages: a request of up to 1 MiB fits a
+        device's segment limit from 4 KiB pages as well, so a small block file gains nothing
+        from a huge page of its own, and 64 threads staging 256 KiB blocks take 9 MiB, not 128.
+        """
+        if self.transfer is not Transfer.HUGE_PAGES or threads <= 0:
+            return
+        slot = self._buffer_bytes()
+        if slot <= HUGE_PAGE_BYTES // 2:
+            arena = StagingBuffer(threads * slot, 0, threads * slot)
+            made = [arena.view[i * slot : (i + 1) * slot] for i in range(threads)]
+            owners = [arena]
+        else:
+            owners = [self._new_staging() for _ in range(threads)]
+            made = [staging.view for staging in owners]
+        with self._spare_lock:
+            self._staging.extend(owners)
+            self._spare_buffers.extend(made)
 
     def _buffer_bytes(self) -> int:
         return header_bytes(MAX_KEY_BYTES) + (0 if self._zero_copy else self._payload_bytes) + ALIGN
@@ -222,10 +239,12 @@ class BlockIO:
         if buffer is None:
             if self.transfer is Transfer.HUGE_PAGES:
                 with self._spare_lock:
-                    staging = self._spare_staging.pop() if self._spare_staging else None
-                staging = staging or self._new_staging()
-                self._local.staging = staging  # lives as long as the thread
-                buffer = staging.view
+                    buffer = self._spare_buffers.pop() if self._spare_buffers else None
+                if buffer is None:  # a thread beyond those prepared
+                    staging = self._new_staging()
+                    with self._spare_lock:
+                        self._staging.append(staging)
+                    buffer = staging.view
             else:
                 buffer = memoryview(mmap.mmap(-1, self._buffer_bytes()))  # page-aligned
             self._local.buffer = buffer

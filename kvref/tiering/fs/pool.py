@@ -17,33 +17,45 @@ from collections.abc import Callable
 __all__ = ["IOTask", "DualQueuePool", "default_threads"]
 
 
-def default_threads(*, read: bool, direct: bool) -> int:
+_DIRECT_THREADS_MIN = 16
+_DIRECT_THREADS_MAX = 64
+_DIRECT_FILES_IN_FLIGHT_BYTES = 32 << 20
+
+
+def default_threads(*, read: bool, direct: bool, file_bytes: int) -> int:
     """I/O threads of one kind by default.
 
     With O_DIRECT a thread spends its time waiting on the device, not on a core, and (with the
-    C extension) without the GIL: sixteen of each, as vLLM's fs tier runs, keep 32 requests in
-    flight while only loads or only stores are queued (a thread takes the other kind when its
-    own queue is empty), which small blocks need to reach the device's bandwidth. Without
-    O_DIRECT: a read thread per usable core and a write thread per two, at least one and at
-    most four of each.
+    C extension) without the GIL, so the count is set by what the device needs in flight: all
+    the threads together (a thread takes the other kind when its own queue is empty, so while
+    only loads or only stores are queued every thread does them) hold block files of about
+    32 MiB in all, at least 16 and at most 64 files. Small files need more of them: each one
+    costs an open, a close and a round trip that moves no bytes while the next file waits. Large
+    files need fewer: past about 16 requests of 1 MiB in flight, a device's queue only grows, and
+    on the disk of `BENCHMARKS.md` cold loads of 2 MiB blocks were slower with 32 threads than
+    with 16 (3.50 against 3.89 GB/s, medians of 5 rounds), while 256 KiB blocks loaded faster
+    with 64 than with 32 (4.02 against 3.80 GB/s). So: 8 of each kind for blocks of 2 MiB and
+    more, 16 for 1 MiB (vLLM's fs tier runs 16 of each at every size), 32 for 512 KiB and less.
 
-    Reads and writes through the page cache are copying and hashing on a core; a thread beyond
-    the cores only hands the GIL around and preempts a thread in the middle of its copy. Reads
-    get a thread per core because a load is on a request's critical path and verifying it costs
-    a hash pass over the bytes on top of the copy: a second reader hides that pass behind the
-    first one's copy. Stores are asynchronous cascades, and read threads take writes whenever
-    no load is queued. A device that needs more requests in flight (reads that miss the page
-    cache) wants more threads.
+    Without O_DIRECT: a read thread per usable core and a write thread per two, at least one
+    and at most four of each. Reads and writes through the page cache are copying and hashing
+    on a core; a thread beyond the cores only hands the GIL around and preempts a thread in the
+    middle of its copy. Reads get a thread per core because a load is on a request's critical
+    path and verifying it costs a hash pass over the bytes on top of the copy: a second reader
+    hides that pass behind the first one's copy. Stores are asynchronous cascades, and read
+    threads take writes whenever no load is queued.
 
     Args:
         read: count read threads (else write threads).
         direct: the tier uses O_DIRECT.
+        file_bytes: the size of one block file.
 
     Returns:
         The number of threads.
     """
     if direct:
-        return 16
+        files = -(-_DIRECT_FILES_IN_FLIGHT_BYTES // max(1, file_bytes))
+        return max(_DIRECT_THREADS_MIN, min(_DIRECT_THREADS_MAX, files)) // 2
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on every platform

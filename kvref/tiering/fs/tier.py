@@ -4,6 +4,7 @@ room-making is `RootCapacity`'s (the design is in the package docstring, `kvref.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -137,8 +138,9 @@ class FileSystemSecondaryTier(SecondaryTierManager):
                 self.medium,
                 self.root_dir,
             )
-        self.n_read_threads = default_threads(read=True, direct=self.direct) if n_read is None else n_read
-        self.n_write_threads = default_threads(read=False, direct=self.direct) if n_write is None else n_write
+        threads = functools.partial(default_threads, direct=self.direct, file_bytes=self.file_bytes)
+        self.n_read_threads = threads(read=True) if n_read is None else n_read
+        self.n_write_threads = threads(read=False) if n_write is None else n_write
         self._token = writer_token()
         self._io = BlockIO(
             self._primary,
