@@ -57,6 +57,7 @@ from kvref.cpu.manager import CPUOffloadingManager
 from kvref.cpu.shared_region import DEFAULT_REGION_DIR, SharedOffloadRegion
 from kvref.tiering.base import JobMetadata
 from kvref.tiering.fs import FileSystemSecondaryTier
+from kvref.tiering.fs.format import file_bytes
 from kvref.tiering.fs.root import BLOCK_SUFFIX
 from kvref.tiering.manager import CPUPrimaryTierOffloadingManager, TieringOffloadingManager
 
@@ -66,6 +67,7 @@ from _disk_bench import (  # noqa: E402
     COLD_METHODS,
     DirectFileBaseline,
     Rounds,
+    SpentRoots,
     drop_page_cache,
     files_under,
     huge_pages_line,
@@ -137,6 +139,15 @@ def bench_throughput(args: argparse.Namespace, work_dir: Path) -> list[str]:
     names = [_TIER, _ONE, _MANY, *([_FALLBACK] if args.fallback else [])]
     methods: set[str] = set()
     verdicts: list[str] = []
+    tiers = 2 if args.fallback else 1
+    spent = SpentRoots(
+        work_dir,
+        sum(
+            args.repeats * tiers * max(args.job_blocks, args.total // size) * file_bytes(32, size)
+            for size in args.block_sizes
+        ),
+    )
+    print(spent.line)
     for block_bytes in args.block_sizes:
         num_blocks = max(args.job_blocks, args.total // block_bytes)
         moved = num_blocks * block_bytes
@@ -157,7 +168,7 @@ def bench_throughput(args: argparse.Namespace, work_dir: Path) -> list[str]:
                         rounds.add(name, "load", baseline.read())
                         baseline.remove()
                         continue
-                    root = work_dir / f"tier-{block_bytes}-{round_index}"
+                    root = work_dir / f"{'fallback' if name == _FALLBACK else 'tier'}-{block_bytes}-{round_index}"
                     tier = make_tier(view, root, fallback=name == _FALLBACK)
                     try:
                         rounds.add(name, "store", run_jobs(tier, num_blocks, args.job_blocks, False, 0))
@@ -167,7 +178,7 @@ def bench_throughput(args: argparse.Namespace, work_dir: Path) -> list[str]:
                         assert xxhash.xxh3_64_intdigest(rows) == expected, "the tier loaded other bytes"
                     finally:
                         tier.shutdown()
-                        shutil.rmtree(root, ignore_errors=True)
+                        spent.done(root)
             rows.release()
             view.release()
         moved_by = {_TIER: moved, _FALLBACK: moved, _DEVICE: moved, **{n: b.total for n, b in baselines.items()}}

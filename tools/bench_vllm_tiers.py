@@ -61,12 +61,13 @@ from vllm.v1.kv_offload.base import OffloadKey, ReqContext
 from vllm.v1.kv_offload.tiering.base import SecondaryTierManager, TransferJob
 from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
 
+from kvref.tiering.fs.format import file_bytes
 from kvref.tiering.fs.pool import default_threads
 from kvref.tiering.fs.root import probe_o_direct
 from kvref.tiering.redis.local import LocalRedisServer, redis_server_path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _disk_bench import COLD_CHOICES, COLD_METHODS, DirectFileBaseline, Rounds, drop_page_cache, huge_pages_line, load_average, process_cpu_s, rotated  # noqa: E402
+from _disk_bench import COLD_CHOICES, COLD_METHODS, DirectFileBaseline, Rounds, SpentRoots, drop_page_cache, huge_pages_line, load_average, process_cpu_s, rotated  # noqa: E402
 from _tier_bench import RedisPyPipeline, human, key_of, parse_size  # noqa: E402
 from _vllm_spec import mock_offloading_spec  # noqa: E402
 
@@ -150,7 +151,7 @@ def fs_config(name: str, root: Path) -> dict[str, Any]:
 # --- one engine: store, then load cold ---
 
 
-def bench_fs(args: argparse.Namespace, work: Path, block_bytes: int) -> tuple[list[str], str]:
+def bench_fs(args: argparse.Namespace, work: Path, block_bytes: int, spent: SpentRoots) -> tuple[list[str], str]:
     """Interleaved rounds of every contender at one block size; the table's lines and verdicts."""
     count = max(args.job_blocks, args.fs_total // block_bytes)
     moved = count * block_bytes
@@ -169,7 +170,7 @@ def bench_fs(args: argparse.Namespace, work: Path, block_bytes: int) -> tuple[li
                 rounds.add(name, "load", baseline.read())
                 baseline.remove()
                 continue
-            root = work / f"{name.split()[0]}-{round_index}"
+            root = work / f"{name.split()[0]}-{block_bytes}-{round_index}"
             tier = build(fs_config(name, root), primary)
             keys = round_keys(round_index, count)
             try:
@@ -186,7 +187,7 @@ def bench_fs(args: argparse.Namespace, work: Path, block_bytes: int) -> tuple[li
                 assert primary.loaded_right(), f"{name} loaded other bytes"
             finally:
                 tier.shutdown()
-                shutil.rmtree(root, ignore_errors=True)
+                spent.done(root)
     moved_by = {_VLLM: moved, _KVREF: moved, _ONE: one.total, _MANY: many.total, _DEVICE: moved}
     for phase in ("store", "load"):
         rounds.combine_fastest(_DEVICE, [_ONE, _MANY], phase, moved_by)
@@ -203,8 +204,8 @@ def bench_fs(args: argparse.Namespace, work: Path, block_bytes: int) -> tuple[li
         _MANY: f"O_DIRECT files, 1 MiB x {args.streams} streams",
         _VLLM: "vLLM fs (16+16 threads, O_DIRECT)",
         _KVREF: (
-            f"kvref FileSystemTier ({default_threads(read=True, direct=True)}+"
-            f"{default_threads(read=False, direct=True)}, O_DIRECT)"
+            f"kvref FileSystemTier ({default_threads(read=True, direct=True, file_bytes=file_bytes(32, block_bytes))}+"
+            f"{default_threads(read=False, direct=True, file_bytes=file_bytes(32, block_bytes))}, O_DIRECT)"
         ),
     }
     for name in (_ONE, _MANY, _VLLM, _KVREF):
@@ -431,9 +432,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.skip_fs:
             if not probe_o_direct(work):
                 print(f"{work} does not take O_DIRECT: both tiers fall back to buffered I/O")
+            # Each round's root (two tiers) holds a phase's blocks; the engines' roots one per round.
+            needed = sum(
+                args.repeats * 2 * max(args.job_blocks, args.fs_total // size) * file_bytes(32, size)
+                for size in args.fs_blocks
+            )
+            if args.engines:
+                share = max(args.job_blocks, args.fs_total // args.engines_block // args.engines)
+                needed += args.engine_repeats * 2 * share * args.engines * file_bytes(32, args.engines_block)
+            spent = SpentRoots(work, needed)
+            print(spent.line)
             methods: set[str] = set()
             for block_bytes in args.fs_blocks:
-                lines, method = bench_fs(args, work, block_bytes)
+                lines, method = bench_fs(args, work, block_bytes, spent)
                 methods.add(method)
                 print("\n".join(lines), flush=True)
             if args.engines:

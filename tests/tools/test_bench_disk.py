@@ -31,6 +31,7 @@ def test_bench_tiering_runs_tiny(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     for line in (
         "transparent huge pages: ",
+        "tier roots of finished rounds: kept until the run ends",
         "O_DIRECT files, 1 MiB x 8 streams",
         "FileSystemSecondaryTier (defaults)",
         "the tier, buffered fallback",
@@ -58,3 +59,19 @@ def test_drop_page_cache_methods(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert disk_bench.drop_page_cache([tmp_path]) == ("drop_caches" if os.geteuid() == 0 else "fadvise")
     with pytest.raises(ValueError, match="drop_caches_all"):
         disk_bench.drop_page_cache([tmp_path], "drop_cache")
+
+
+def test_spent_roots_stay_until_the_run_ends_unless_the_disk_lacks_room(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "path", [str(TOOLS), *sys.path])
+    disk_bench = importlib.import_module("_disk_bench")
+    root = tmp_path / "tier-0"
+    root.mkdir()
+    (root / "block").write_bytes(b"x" * 4096)
+    kept = disk_bench.SpentRoots(tmp_path, 1 << 20)
+    kept.done(root)
+    assert kept.keep and root.exists() and "kept until the run ends" in kept.line
+    deleted = disk_bench.SpentRoots(tmp_path, 1 << 62)  # more than any disk here
+    deleted.done(root)
+    assert not deleted.keep and not root.exists() and "deleted at once" in deleted.line

@@ -42,6 +42,8 @@ def test_bench_vllm_tiers_runs_tiny(redis_server: LocalRedisServer, tmp_path: Pa
     assert done.returncode == 0, done.stdout + done.stderr
     for line in (
         "vLLM fs (16+16 threads, O_DIRECT)",
+        "kvref FileSystemTier (32+32, O_DIRECT)",
+        "tier roots of finished rounds: kept until the run ends",
         "kvref FileSystemTier / vLLM fs",
         "256 KiB: kvref FileSystemTier >= 1.0x of vLLM fs, store and load",
         "kvref FileSystemTier >= 0.8x of the device",
