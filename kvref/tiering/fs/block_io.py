@@ -207,9 +207,9 @@ class BlockIO:
         """Make the staging buffers of `threads` I/O threads now, at start-up, rather than on
         each thread's first transfer (faulting in huge pages takes about 1-3 ms each).
 
-        Buffers of up to half a huge page share huge pages: a request of up to 1 MiB fits a
-        device's segment limit from 4 KiB pages as well, so a small block file gains nothing
-        from a huge page of its own, and 64 threads staging 256 KiB blocks take 9 MiB, not 128.
+        Buffers of up to half a huge page are slots side by side on shared huge pages: a slot
+        spans at most two huge pages, so a request from it is at most two segments, and 64
+        threads staging 256 KiB blocks take 18 MiB rather than a huge page each (128 MiB).
         """
         if self.transfer is not Transfer.HUGE_PAGES or threads <= 0:
             return

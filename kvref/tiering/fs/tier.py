@@ -73,8 +73,9 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         huge_page_staging: with O_DIRECT, move each block file through a per-I/O-thread
             buffer on transparent huge pages and copy the payload to or from its row (a
             device takes a huge page as one segment, 4 KiB pages one by one: twice the speed
-            on the disk measured in `BENCHMARKS.md`). Costs a memory copy per block and, per
-            I/O thread that has run, a buffer of the payload rounded up to 2 MiB. None (the
+            on the disk measured in `BENCHMARKS.md`). Costs a memory copy per block and a
+            buffer per I/O thread, made at start-up: blocks of 1 MiB and more take their payload
+            rounded up to 2 MiB each, smaller ones share huge pages. None (the
             default) stages where the kernel grants transparent huge pages (`always` or
             `madvise`); False moves payloads straight between the file and the row, which
             pays where the primary itself is on huge pages. `self.transfer` says which.
