@@ -44,6 +44,7 @@
 #define FIELDS_BYTES 24 /* "<8sHHHHQ": magic, format, algorithm, key length, reserved, payload */
 #define RECORD_HEADER_BYTES (FIELDS_BYTES + 16) /* then two XXH3-64 checksums */
 #define MAX_REQUEST (1 << 20) /* bytes per preadv/pwritev: posix_io.py's MAX_REQUEST_BYTES */
+#define MAX_LAST_REQUEST (MAX_REQUEST + MAX_REQUEST / 4) /* posix_io.py's MAX_LAST_REQUEST_BYTES */
 #define MAX_IOV 4             /* entries of the longest vector read_block or write_block makes */
 #define MAX_HEADER_BYTES (4 * ALIGN)            /* header_bytes(MAX_KEY_BYTES) */
 static const char MAGIC[8] = {'K', 'V', 'R', 'E', 'F', 'B', 'L', 'K'};
@@ -115,10 +116,14 @@ static void advance(struct iovec **iov, int *count, size_t done) {
     }
 }
 
-/* The first `MAX_REQUEST` bytes of a vector, into `out` (as many entries): one system call's
- * share. Devices take requests of up to 1 MiB best (posix_io.py's MAX_REQUEST_BYTES says why). */
+/* One system call's share of a vector, into `out` (as many entries): all of it, up to
+ * MAX_LAST_REQUEST bytes, else its first MAX_REQUEST. Devices take requests of up to 1 MiB best,
+ * and a small last request costs a round trip of its own (posix_io.py's MAX_REQUEST_BYTES and
+ * MAX_LAST_REQUEST_BYTES say why). */
 static int clip(const struct iovec *iov, int count, struct iovec *out) {
-    size_t room = MAX_REQUEST;
+    size_t total = 0;
+    for (int i = 0; i < count; i++) total += iov[i].iov_len;
+    size_t room = total <= MAX_LAST_REQUEST ? total : MAX_REQUEST;
     int taken = 0;
     while (taken < count && room > 0) {
         out[taken] = iov[taken];
@@ -663,6 +668,7 @@ static int exec_module(PyObject *module) {
     if (PyModule_AddIntConstant(module, "FORMAT_VERSION", FORMAT_VERSION) < 0) return -1;
     if (PyModule_AddIntConstant(module, "ALIGN", ALIGN) < 0) return -1;
     if (PyModule_AddIntConstant(module, "MAX_REQUEST", MAX_REQUEST) < 0) return -1;
+    if (PyModule_AddIntConstant(module, "MAX_LAST_REQUEST", MAX_LAST_REQUEST) < 0) return -1;
     if (PyModule_AddIntConstant(module, "READ_OK", READ_OK) < 0) return -1;
     if (PyModule_AddIntConstant(module, "READ_MISSING", READ_MISSING) < 0) return -1;
     if (PyModule_AddIntConstant(module, "READ_DAMAGED", READ_DAMAGED) < 0) return -1;

@@ -8,6 +8,7 @@ from typing_extensions import Buffer
 FORMAT_VERSION: int
 ALIGN: int
 MAX_REQUEST: int
+MAX_LAST_REQUEST: int
 READ_OK: int
 READ_MISSING: int
 READ_DAMAGED: int

@@ -41,7 +41,14 @@ from kvref.tiering.fs.format import (
     payload_checksum_ok,
 )
 from kvref.tiering.fs.huge_pages import HUGE_PAGE_BYTES, StagingBuffer, transparent_huge_pages
-from kvref.tiering.fs.posix_io import MAX_REQUEST_BYTES, fsync_directory, read_all, write_all, write_back
+from kvref.tiering.fs.posix_io import (
+    MAX_LAST_REQUEST_BYTES,
+    MAX_REQUEST_BYTES,
+    fsync_directory,
+    read_all,
+    write_all,
+    write_back,
+)
 from kvref.tiering.fs.root import TMP_SUFFIX, unlink_quietly
 
 __all__ = [
@@ -69,6 +76,7 @@ def _load_native() -> ModuleType | None:
         "FORMAT_VERSION": FORMAT_VERSION,
         "ALIGN": ALIGN,
         "MAX_REQUEST": MAX_REQUEST_BYTES,
+        "MAX_LAST_REQUEST": MAX_LAST_REQUEST_BYTES,
         "WRITE_DONE": _WRITE_DONE,
         "WRITE_EXISTED": _WRITE_EXISTED,
         # read_blocks' codes index _READ_PROBLEMS.

@@ -10,7 +10,14 @@ import errno
 import os
 from collections.abc import Callable
 
-__all__ = ["MAX_REQUEST_BYTES", "write_back", "fsync_directory", "write_all", "read_all"]
+__all__ = [
+    "MAX_REQUEST_BYTES",
+    "MAX_LAST_REQUEST_BYTES",
+    "write_back",
+    "fsync_directory",
+    "write_all",
+    "read_all",
+]
 
 MAX_REQUEST_BYTES = 1 << 20
 """Bytes per `preadv`/`pwritev`: a block file of more is read or written in several requests.
@@ -19,10 +26,22 @@ Devices are fastest at requests of about 1 MiB (NVMe controllers cap a request a
 8 threads read 4.4 GB/s in 1 MiB requests and 3.1 GB/s in 2 MiB ones (`huge_pages.py`)."""
 
 
+MAX_LAST_REQUEST_BYTES = MAX_REQUEST_BYTES + MAX_REQUEST_BYTES // 4
+"""What is left of a transfer goes in one request when it is at most this many bytes, rather
+than in a request of `MAX_REQUEST_BYTES` and a small one after it. A block file holds a page of
+header besides its payload, so a 2 MiB block's file (2 MiB + 4 KiB) went to the device as 1 MiB,
+1 MiB and 4 KiB, and a 1 MiB block's as 1 MiB and 4 KiB: that last page costs a round trip of
+its own while it holds one of the thread's turns. Now they go as 1 MiB and 1 MiB + 4 KiB, and
+as one request. On this project's disk, 16 threads reading 2 MiB block files (cold, hashing and
+copying each) went from 4.03 to 4.27 GB/s (medians of 4 runs of a plain C reader)."""
+
+
 def _clip(parts: list[memoryview]) -> list[memoryview]:
-    """The first `MAX_REQUEST_BYTES` of `parts`: one system call's share."""
+    """The part of `parts` one system call moves: all of it, up to `MAX_LAST_REQUEST_BYTES`,
+    else the first `MAX_REQUEST_BYTES`."""
     clipped: list[memoryview] = []
-    room = MAX_REQUEST_BYTES
+    total = sum(len(part) for part in parts)
+    room = total if total <= MAX_LAST_REQUEST_BYTES else MAX_REQUEST_BYTES
     for part in parts:
         if room <= 0:
             break
