@@ -23,9 +23,7 @@ from __future__ import annotations
 import ctypes
 import enum
 import errno
-import mmap
 import os
-import threading
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
@@ -40,7 +38,7 @@ from kvref.tiering.fs.format import (
     pack_header,
     payload_checksum_ok,
 )
-from kvref.tiering.fs.huge_pages import HUGE_PAGE_BYTES, StagingBuffer, transparent_huge_pages
+from kvref.tiering.fs.huge_pages import ThreadBuffers, transparent_huge_pages
 from kvref.tiering.fs.posix_io import (
     MAX_LAST_REQUEST_BYTES,
     MAX_REQUEST_BYTES,
@@ -193,12 +191,15 @@ class BlockIO:
                 | (self._native.SYNC_WRITE_BACK if self._drop_pages and not fsync else 0)
                 | (self._native.SYNC_DROP_PAGES if self._drop_pages else 0)
             )
-        self._local = threading.local()
-        # Huge-page buffers live as long as the tier: `_staging` owns them, threads take theirs
-        # from `_spare_buffers` (made by `prepare_threads`, not yet taken).
-        self._staging: list[StagingBuffer] = []
-        self._spare_buffers: list[memoryview] = []
-        self._spare_lock = threading.Lock()
+        # One aligned buffer per I/O thread: the longest header, unless zero-copy a payload, and
+        # a last page that a read fills only when a file is longer than it should be. Staged,
+        # the payload of a 32-byte key's file (vLLM's and kvref's) starts a huge page.
+        self._buffers = ThreadBuffers(
+            header_bytes(MAX_KEY_BYTES) + (0 if self._zero_copy else self._payload_bytes) + ALIGN,
+            huge_pages=self.transfer is Transfer.HUGE_PAGES,
+            lead=header_bytes(32),
+            payload=self._payload_bytes,
+        )
 
     @property
     def _zero_copy(self) -> bool:
@@ -212,51 +213,12 @@ class BlockIO:
     # --- buffers ---
 
     def prepare_threads(self, threads: int) -> None:
-        """Make the staging buffers of `threads` I/O threads now, at start-up, rather than on
-        each thread's first transfer (faulting in huge pages takes about 1-3 ms each).
-
-        Buffers of up to half a huge page are slots side by side on shared huge pages: a slot
-        spans at most two huge pages, so a request from it is at most two segments, and 64
-        threads staging 256 KiB blocks take 18 MiB rather than a huge page each (128 MiB).
-        """
-        if self.transfer is not Transfer.HUGE_PAGES or threads <= 0:
-            return
-        slot = self._buffer_bytes()
-        if slot <= HUGE_PAGE_BYTES // 2:
-            arena = StagingBuffer(threads * slot, 0, threads * slot)
-            made = [arena.view[i * slot : (i + 1) * slot] for i in range(threads)]
-            owners = [arena]
-        else:
-            owners = [self._new_staging() for _ in range(threads)]
-            made = [staging.view for staging in owners]
-        with self._spare_lock:
-            self._staging.extend(owners)
-            self._spare_buffers.extend(made)
-
-    def _buffer_bytes(self) -> int:
-        return header_bytes(MAX_KEY_BYTES) + (0 if self._zero_copy else self._payload_bytes) + ALIGN
-
-    def _new_staging(self) -> StagingBuffer:
-        # The payload of a 32-byte key's file (vLLM's and kvref's) starts a huge page.
-        return StagingBuffer(self._buffer_bytes(), header_bytes(32), self._payload_bytes)
+        """Make the buffers of `threads` I/O threads now, at start-up, rather than on each
+        thread's first transfer (`ThreadBuffers.prepare`)."""
+        self._buffers.prepare(threads)
 
     def _buffer(self) -> memoryview:
-        """This thread's aligned buffer: the longest header, unless zero-copy a payload, and a
-        last page that a read fills only when a file is longer than it should be."""
-        buffer: memoryview | None = getattr(self._local, "buffer", None)
-        if buffer is None:
-            if self.transfer is Transfer.HUGE_PAGES:
-                with self._spare_lock:
-                    buffer = self._spare_buffers.pop() if self._spare_buffers else None
-                if buffer is None:  # a thread beyond those prepared
-                    staging = self._new_staging()
-                    with self._spare_lock:
-                        self._staging.append(staging)
-                    buffer = staging.view
-            else:
-                buffer = memoryview(mmap.mmap(-1, self._buffer_bytes()))  # page-aligned
-            self._local.buffer = buffer
-        return buffer
+        return self._buffers.get()
 
     # --- writes ---
 

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import threading
 from pathlib import Path
 
-__all__ = ["HUGE_PAGE_BYTES", "StagingBuffer", "transparent_huge_pages"]
+__all__ = ["HUGE_PAGE_BYTES", "StagingBuffer", "ThreadBuffers", "transparent_huge_pages"]
 
 _THP = Path("/sys/kernel/mm/transparent_hugepage")
 # Python 3.11's mmap module does not export MADV_POPULATE_WRITE (Linux 5.14+, value 23).
@@ -85,3 +86,68 @@ class StagingBuffer:
     def close(self) -> None:
         self.view.release()
         self._map.close()
+
+
+class ThreadBuffers:
+    """One page-aligned buffer of `size` bytes per thread that asks, for O_DIRECT transfers.
+
+    Staged on huge pages, each buffer's byte `lead` starts a huge page (`StagingBuffer`), or,
+    for buffers of up to half a huge page, buffers are slots side by side on shared huge pages:
+    a slot spans at most two huge pages, so a request from it is at most two segments, and 64
+    threads staging 256 KiB blocks (276 KiB slots) take 18 MiB rather than a huge page each
+    (128 MiB). Otherwise each buffer is an anonymous mapping of its own on 4 KiB pages. Buffers
+    live as long as this object.
+
+    Args:
+        size: each buffer's bytes.
+        huge_pages: stage on huge pages (else 4 KiB pages).
+        lead: bytes before the payload in a buffer of its own, a multiple of 4 KiB.
+        payload: bytes from `lead` on that should lie on huge pages.
+    """
+
+    def __init__(self, size: int, *, huge_pages: bool, lead: int, payload: int) -> None:
+        self.size = size
+        self.huge_pages = huge_pages
+        self._lead = lead
+        self._payload = payload
+        self._local = threading.local()
+        self._owners: list[StagingBuffer | mmap.mmap] = []  # what the buffers are views of
+        self._spare: list[memoryview] = []  # made by `prepare`, not yet taken by a thread
+        self._lock = threading.Lock()
+
+    def prepare(self, threads: int) -> None:
+        """Make the buffers of `threads` threads now (faulting in a huge page takes about 1-3 ms),
+        rather than on each thread's first transfer."""
+        if not self.huge_pages or threads <= 0:
+            return
+        slot = self.size
+        if slot <= HUGE_PAGE_BYTES // 2:
+            arena = StagingBuffer(threads * slot, 0, threads * slot)
+            owners = [arena]
+            made = [arena.view[i * slot : (i + 1) * slot] for i in range(threads)]
+        else:
+            owners = [StagingBuffer(self.size, self._lead, self._payload) for _ in range(threads)]
+            made = [staging.view for staging in owners]
+        with self._lock:
+            self._owners.extend(owners)
+            self._spare.extend(made)
+
+    def get(self) -> memoryview:
+        """This thread's buffer (made now for a thread beyond those prepared)."""
+        buffer: memoryview | None = getattr(self._local, "buffer", None)
+        if buffer is not None:
+            return buffer
+        with self._lock:
+            buffer = self._spare.pop() if self._spare else None
+        if buffer is None:
+            owner: StagingBuffer | mmap.mmap
+            if self.huge_pages:
+                owner = StagingBuffer(self.size, self._lead, self._payload)
+                buffer = owner.view
+            else:
+                owner = mmap.mmap(-1, self.size)  # page-aligned
+                buffer = memoryview(owner)
+            with self._lock:
+                self._owners.append(owner)
+        self._local.buffer = buffer
+        return buffer
