@@ -102,52 +102,40 @@ def test_both_paths_write_the_same_files_and_read_each_others(
     assert NATIVE is not None
     NATIVE.set_avx2(avx2)
     try:
-        _write_and_read_across_paths(tmp_path_factory, block_bytes, key_lengths, aligned, buffered, writer_native, staged)
+        roots = [tmp_path_factory.mktemp("native"), tmp_path_factory.mktemp("python")]
+        for root in roots:
+            open_root(root, block_bytes)
+        direct = not buffered and probe_o_direct(roots[0])
+        keys = [bytes([i + 1]) * length for i, length in enumerate(key_lengths)]
+        rows = Rows(2 * len(keys), block_bytes, aligned=aligned)
+        contents = [rows.fill(i, seed=1000 + i) for i in range(len(keys))]
+        ids = list(range(len(keys)))
+        # Every transfer writes the same bytes: staged on huge pages, zero-copy, or bounced.
+        for root, native in zip(roots, (True, False)):
+            io = make_io(rows, direct=direct, native=native, staged=staged)
+            if direct:
+                whole_pages = aligned and block_bytes % 4096 == 0
+                expected = Transfer.BOUNCE if not whole_pages else Transfer.HUGE_PAGES if staged else Transfer.ZERO_COPY
+                assert io.transfer is expected
+            outcomes = io.write_blocks(paths_of(root, keys), keys, ids, always_room)
+            assert outcomes == [WriteOutcome.WRITTEN] * len(keys)
+        for native_path, python_path, key in zip(paths_of(roots[0], keys), paths_of(roots[1], keys), keys):
+            data = Path(native_path).read_bytes()
+            assert data == Path(python_path).read_bytes()  # byte for byte: header, checksums, padding
+            assert len(data) == file_bytes(len(key), block_bytes)
+        assert sorted(p.name for p in roots[0].rglob("*.tmp")) == []
+        # Each path reads the files the other wrote, into other rows.
+        reader_root = roots[1] if writer_native else roots[0]
+        targets = [len(keys) + i for i in ids]
+        reader = make_io(rows, direct=direct, native=not writer_native, staged=not staged)
+        problems = reader.read_blocks(paths_of(reader_root, keys), keys, targets)
+        assert problems == [None] * len(keys)
+        assert [bytes(rows.primary.row(t)) for t in targets] == contents
+        # A second store of the same blocks writes nothing: they exist.
+        again = make_io(rows, direct=direct, native=writer_native).write_blocks(paths_of(reader_root, keys), keys, ids, always_room)
+        assert again == [WriteOutcome.EXISTED] * len(keys)
     finally:
         NATIVE.set_avx2(True)
-
-
-def _write_and_read_across_paths(
-    tmp_path_factory: pytest.TempPathFactory,
-    block_bytes: int,
-    key_lengths: list[int],
-    aligned: bool,
-    buffered: bool,
-    writer_native: bool,
-    staged: bool,
-) -> None:
-    roots = [tmp_path_factory.mktemp("native"), tmp_path_factory.mktemp("python")]
-    for root in roots:
-        open_root(root, block_bytes)
-    direct = not buffered and probe_o_direct(roots[0])
-    keys = [bytes([i + 1]) * length for i, length in enumerate(key_lengths)]
-    rows = Rows(2 * len(keys), block_bytes, aligned=aligned)
-    contents = [rows.fill(i, seed=1000 + i) for i in range(len(keys))]
-    ids = list(range(len(keys)))
-    # Every transfer writes the same bytes: staged on huge pages, zero-copy, or bounced.
-    for root, native in zip(roots, (True, False)):
-        io = make_io(rows, direct=direct, native=native, staged=staged)
-        if direct:
-            whole_pages = aligned and block_bytes % 4096 == 0
-            expected = Transfer.BOUNCE if not whole_pages else Transfer.HUGE_PAGES if staged else Transfer.ZERO_COPY
-            assert io.transfer is expected
-        outcomes = io.write_blocks(paths_of(root, keys), keys, ids, always_room)
-        assert outcomes == [WriteOutcome.WRITTEN] * len(keys)
-    for native_path, python_path, key in zip(paths_of(roots[0], keys), paths_of(roots[1], keys), keys):
-        data = Path(native_path).read_bytes()
-        assert data == Path(python_path).read_bytes()  # byte for byte: header, checksums, padding
-        assert len(data) == file_bytes(len(key), block_bytes)
-    assert sorted(p.name for p in roots[0].rglob("*.tmp")) == []
-    # Each path reads the files the other wrote, into other rows.
-    reader_root = roots[1] if writer_native else roots[0]
-    targets = [len(keys) + i for i in ids]
-    reader = make_io(rows, direct=direct, native=not writer_native, staged=not staged)
-    problems = reader.read_blocks(paths_of(reader_root, keys), keys, targets)
-    assert problems == [None] * len(keys)
-    assert [bytes(rows.primary.row(t)) for t in targets] == contents
-    # A second store of the same blocks writes nothing: they exist.
-    again = make_io(rows, direct=direct, native=writer_native).write_blocks(paths_of(reader_root, keys), keys, ids, always_room)
-    assert again == [WriteOutcome.EXISTED] * len(keys)
 
 
 DAMAGE = st.one_of(
