@@ -1,10 +1,11 @@
 """Staging buffers on transparent huge pages, for O_DIRECT transfers of the fs tier.
 
 Why: an O_DIRECT request goes to the device as a list of the physical pages of its user buffer.
-On 4 KiB pages a 1 MiB request is 256 of them: the kernel pins each one, and a device that takes
-fewer segments per request (virtio-blk: 254) gets the request split. On a 2 MiB huge page the
-same request is one segment. On this project's virtio disk a plain reader (8 threads, 1 MiB
-requests, O_DIRECT) read 2.0-2.3 GB/s into 4 KiB pages and 4.4 GB/s into huge pages. A primary
+On 4 KiB pages a 1 MiB request is 256 segments, each pinned by the kernel and mapped by the
+device; on a 2 MiB huge page it is one. The cost is per page, not per request: on this
+project's virtio disk a plain reader (8 threads, O_DIRECT) read 2.0-2.7 GB/s into 4 KiB pages
+whether its requests were 1 MiB, 1016 KiB (within virtio-blk's 254 segments) or 512 KiB, and
+4.4-4.9 GB/s into huge pages. A primary
 is rarely on huge pages (kvref's region in `/dev/shm` is not, unless that tmpfs is mounted with
 `huge=`; CUDA's pinned host memory usually is not), so the
 tier reads each block file into a per-thread buffer on huge pages, verifies it there, and copies
