@@ -39,7 +39,6 @@ from kvref.tiering.fs import (
 from kvref.tiering.fs import block_io, tier as tier_module
 from kvref.tiering.fs.block_io import Transfer
 from kvref.tiering.fs.format import file_bytes, header_bytes
-from kvref.tiering.fs.pool import DualQueuePool, IOTask
 from tests.tiering.helpers import BLOCK_BYTES, content, make_view, to_key, to_keys
 
 CTX = ReqContext(req_id="r1")
@@ -686,58 +685,60 @@ def test_io_thread_defaults(
 
 
 @pytest.mark.parametrize(
-    ("block_bytes", "threads"),
-    [(4096, 32), (256 << 10, 32), (512 << 10, 32), (1 << 20, 16), (2 << 20, 8), (8 << 20, 8)],
+    ("block_bytes", "readers", "writers"),
+    [
+        (4096, 32, 32),
+        (256 << 10, 32, 32),
+        (512 << 10, 48, 16),
+        (1 << 20, 24, 8),
+        (2 << 20, 12, 4),
+        (8 << 20, 14, 2),
+    ],
 )
-def test_o_direct_thread_defaults_keep_about_32_mib_of_files_in_flight(
-    tmp_path: Path, block_bytes: int, threads: int
+def test_o_direct_threads_hold_about_32_mib_of_loads_and_8_mib_of_stores(
+    tmp_path: Path, block_bytes: int, readers: int, writers: int
 ) -> None:
     h = Harness(tmp_path / "fs", aligned_view(2, block_bytes), n_read_threads=None, n_write_threads=None)
     try:
         assert h.tier.direct
-        assert (h.tier.n_read_threads, h.tier.n_write_threads) == (threads, threads)
+        assert (h.tier.n_read_threads, h.tier.n_write_threads) == (readers, writers)
         assert h.store([to_key(1)]) and h.load([to_key(1)], [1])
         assert h.row(1) == content(to_key(1), block_bytes)
     finally:
         h.close()
 
 
-def test_reads_are_not_starved_by_writes() -> None:
-    pool = DualQueuePool(1, 1, "test")
-    # One gate per write, so the test decides when each write may finish (no timing races).
-    gates = [threading.Event() for _ in range(10)]
-    started = threading.Semaphore(0)
-    done: list[str] = []
-    lock = threading.Lock()
+@pytest.mark.parametrize("page_cache", [False, True])
+def test_with_o_direct_stores_run_on_write_threads_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, page_cache: bool
+) -> None:
+    """The device writes best with fewer requests in flight than it reads with, so with
+    O_DIRECT read threads leave stores to the write threads; through the page cache any idle
+    thread stores."""
+    threads: list[str] = []
+    real_write = block_io.BlockIO.write_blocks
+    gate = threading.Barrier(2, timeout=0.5)
 
-    def task(name: str, gate: threading.Event | None) -> IOTask:
-        def run() -> None:
-            started.release()
-            if gate is not None:
-                assert gate.wait(10)
-            with lock:
-                done.append(name)
+    def spy(self: block_io.BlockIO, *args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        try:
+            gate.wait()  # two stores at once, if two threads take stores
+        except threading.BrokenBarrierError:
+            pass
+        return real_write(self, *args, **kwargs)
 
-        return IOTask(run, lambda: None)
-
-    for i in range(10):
-        pool.submit(task(f"w{i}", gates[i]), read=False)
-    assert started.acquire(timeout=10) and started.acquire(timeout=10)  # both threads busy
-    pool.submit(task("r", None), read=True)
-    gates[0].set()
-    gates[1].set()
-    for _ in range(200):
-        with lock:
-            if "r" in done:
-                break
-        threading.Event().wait(0.01)
-    for gate in gates:
-        gate.set()
-    pool.drain()
-    pool.shutdown()
-    # Only the two writes that were already running may finish before the read.
-    assert set(done[: done.index("r")]) <= {"w0", "w1"}, done
-    assert len(done) == 11
+    monkeypatch.setattr(block_io.BlockIO, "write_blocks", spy)
+    monkeypatch.setattr(tier_module, "_TASK_BYTES", BLOCK_BYTES)  # a task per block
+    h = Harness(tmp_path / "fs", n_read_threads=3, n_write_threads=1, page_cache=page_cache)
+    try:
+        assert h.tier.direct is not page_cache
+        keys = to_keys(range(6))
+        assert h.store(keys)
+        kinds = {name.rsplit("-", 1)[1][0] for name in threads}
+        assert kinds == ({"r", "w"} if page_cache else {"w"}), threads
+        assert h.load(keys[:2], [6, 7]) and h.row(6) == content(keys[0])
+    finally:
+        h.close()
 
 
 @pytest.mark.python_io

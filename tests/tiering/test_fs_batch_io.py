@@ -5,6 +5,8 @@ outcome: missing, damaged (and then deleted), existing, no room, failed."""
 
 from __future__ import annotations
 
+import errno
+
 import mmap
 import os
 import shutil
@@ -138,6 +140,43 @@ def test_both_paths_write_the_same_files_and_read_each_others(
         NATIVE.set_avx2(True)
 
 
+@needs_native
+@pytest.mark.parametrize("zero_copy", [False, True])
+def test_pipelined_writes_match_one_by_one_writes_whatever_each_block_meets(
+    tmp_path: Path, zero_copy: bool
+) -> None:
+    """With a second scratch a helper thread prepares block i + 1 while block i is written:
+    the files and outcomes are those of writing one block after the other, with a block whose
+    file exists and one whose temporary file cannot be made among them."""
+    assert NATIVE is not None
+    block_bytes = 12288
+    rows = Rows(6, block_bytes, aligned=True)
+    for i in range(6):
+        rows.fill(i, seed=7 + i)
+    keys = [bytes([i + 1]) * 32 for i in range(6)]
+    results: list[tuple[list[int], list[bytes | None]]] = []
+    for piped in (False, True):
+        root = tmp_path / ("piped" if piped else "serial")
+        paths = [str(root / f"b{i}") for i in range(6)]
+        tmp_paths = [path + ".tmp" for path in paths]
+        root.mkdir()
+        Path(paths[2]).write_bytes(b"already here")  # block 2: its file exists
+        (root / "file").write_bytes(b"")
+        tmp_paths[4] = str(root / "file" / "b4.tmp")  # block 4: ENOTDIR
+        size = 8 * 4096 + (0 if zero_copy else block_bytes)
+        scratch, second = (memoryview(mmap.mmap(-1, size)) for _ in range(2))
+        codes = NATIVE.write_blocks(
+            paths, tmp_paths, keys, [rows.primary.row(i) for i in range(6)], scratch, block_bytes,
+            False, zero_copy, 0, second if piped else None,
+        )  # fmt: skip
+        results.append((codes, [Path(p).read_bytes() if Path(p).exists() else None for p in tmp_paths]))
+    assert results[0] == results[1]
+    codes, written = results[0]
+    assert codes[2] == 1 and codes[4] == -errno.ENOTDIR and [codes[i] for i in (0, 1, 3, 5)] == [0] * 4
+    assert written[2] is None and written[4] is None
+    assert all(len(written[i] or b"") == file_bytes(32, block_bytes) for i in (0, 1, 3, 5))
+
+
 DAMAGE = st.one_of(
     st.tuples(st.just("flip"), st.integers(0, 10**9)),
     st.tuples(st.just("truncate"), st.integers(0, 10**9)),
@@ -262,6 +301,11 @@ def test_wrong_arguments_raise_and_touch_nothing(tmp_path: Path) -> None:
         NATIVE.read_blocks([str(tmp_path / "a")], [b"k" * (MAX_KEY_BYTES + 1)], [row], scratch, 4096, False, True, False)
     with pytest.raises(TypeError):
         NATIVE.write_blocks([str(tmp_path / "a")], [str(tmp_path / "a.tmp")], [b"k"], [row], scratch, 4096, False, True, "0")
+    with pytest.raises(ValueError, match="second_scratch"):
+        NATIVE.write_blocks(
+            [str(tmp_path / "a")], [str(tmp_path / "a.tmp")], [b"k"], [row], scratch, 4096, False, True, 0,
+            memoryview(mmap.mmap(-1, 4096)),
+        )  # fmt: skip
     with pytest.raises(TypeError):
         NATIVE.touch_files([str(tmp_path / "a"), 3])
     assert list(tmp_path.iterdir()) == []  # refused before any file work

@@ -95,7 +95,7 @@ def test_prepared_staging_buffers_are_one_per_thread_and_small_ones_share_huge_p
         huge_page_staging=True,
     )
     threads = 5
-    io.prepare_threads(threads)
+    io.prepare_threads(threads, 0)
     taken: list[tuple[int, int]] = []
     lock = threading.Lock()
 

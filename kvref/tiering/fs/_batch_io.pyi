@@ -40,6 +40,7 @@ def write_blocks(
     direct: bool,
     zero_copy: bool,
     sync: int,
+    second_scratch: Buffer | None = None,
     /,
 ) -> list[int]: ...
 def rename_files(sources: Sequence[str], targets: Sequence[str], /) -> list[int]: ...

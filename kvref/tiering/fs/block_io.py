@@ -194,12 +194,15 @@ class BlockIO:
         # One aligned buffer per I/O thread: the longest header, unless zero-copy a payload, and
         # a last page that a read fills only when a file is longer than it should be. Staged,
         # the payload of a 32-byte key's file (vLLM's and kvref's) starts a huge page.
-        self._buffers = ThreadBuffers(
-            header_bytes(MAX_KEY_BYTES) + (0 if self._zero_copy else self._payload_bytes) + ALIGN,
-            huge_pages=self.transfer is Transfer.HUGE_PAGES,
-            lead=header_bytes(32),
-            payload=self._payload_bytes,
-        )
+        self._buffers, self._second_buffers = (
+            ThreadBuffers(
+                header_bytes(MAX_KEY_BYTES) + (0 if self._zero_copy else self._payload_bytes) + ALIGN,
+                huge_pages=self.transfer is Transfer.HUGE_PAGES,
+                lead=header_bytes(32),
+                payload=self._payload_bytes,
+            )
+            for _ in range(2)
+        )  # the second: a writing thread's next block, prepared while it writes one (C only)
 
     @property
     def _zero_copy(self) -> bool:
@@ -212,10 +215,12 @@ class BlockIO:
 
     # --- buffers ---
 
-    def prepare_threads(self, threads: int) -> None:
-        """Make the buffers of `threads` I/O threads now, at start-up, rather than on each
-        thread's first transfer (`ThreadBuffers.prepare`)."""
+    def prepare_threads(self, threads: int, writers: int) -> None:
+        """Make the buffers of `threads` I/O threads, `writers` of which store, now, at
+        start-up, rather than on each thread's first transfer (`ThreadBuffers.prepare`)."""
         self._buffers.prepare(threads)
+        if self._native is not None:
+            self._second_buffers.prepare(writers)
 
     def _buffer(self) -> memoryview:
         return self._buffers.get()
@@ -248,9 +253,10 @@ class BlockIO:
         tmp_paths = [path + self._tmp_suffix for path in paths]
         if self._native is not None:
             rows = [self._primary.row(block_id) for block_id in block_ids]
+            second = self._second_buffers.get() if len(paths) > 1 else None
             codes: list[int] = self._native.write_blocks(
                 paths, tmp_paths, keys, rows, self._buffer(), self.block_bytes,
-                self.direct, self._zero_copy, self._sync,
+                self.direct, self._zero_copy, self._sync, second,
             )  # fmt: skip
         else:
             codes = [

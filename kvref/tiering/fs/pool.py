@@ -1,9 +1,12 @@
 """The I/O thread pool of `FileSystemSecondaryTier`: a read queue and a write queue.
 
-Read threads serve loads (promotions) first and write threads serve stores and deletions
-first; each kind takes from the other queue when its own is empty, so a burst of stores never
-starves promotions and no thread idles while work is queued. Submitting never waits on a lock
-an I/O thread may hold.
+Read threads serve loads (promotions) and write threads serve stores (and the tier's other
+writes: sweeps, marks of use) first. A write thread takes a load when no write is queued, so
+a burst of stores never starves promotions and, while only loads are queued, every thread does
+them. Whether a read thread takes a store when no load is queued depends on what bounds a
+store: with O_DIRECT the device, which writes fastest with fewer requests in flight than it
+reads with (`default_threads`), so no; through the page cache the cores, so yes. Submitting
+never waits on a lock an I/O thread may hold.
 """
 
 from __future__ import annotations
@@ -20,22 +23,34 @@ __all__ = ["IOTask", "DualQueuePool", "default_threads"]
 _DIRECT_THREADS_MIN = 16
 _DIRECT_THREADS_MAX = 64
 _DIRECT_FILES_IN_FLIGHT_BYTES = 32 << 20
+_DIRECT_WRITERS_MIN = 2
+_DIRECT_WRITES_IN_FLIGHT_BYTES = 8 << 20
 
 
 def default_threads(*, read: bool, direct: bool, file_bytes: int) -> int:
     """I/O threads of one kind by default.
 
     With O_DIRECT a thread spends its time waiting on the device, not on a core, and (with the
-    C extension) without the GIL, so the count is set by what the device needs in flight: all
-    the threads together (a thread takes the other kind when its own queue is empty, so while
-    only loads or only stores are queued every thread does them) hold block files of about
-    32 MiB in all, at least 16 and at most 64 files. Small files need more of them: each one
-    costs an open, a close and a round trip that moves no bytes while the next file waits. Large
-    files need fewer: past about 16 requests of 1 MiB in flight, a device's queue only grows, and
-    on the disk of `BENCHMARKS.md` cold loads of 2 MiB blocks were slower with 32 threads than
-    with 16 (3.50 against 3.89 GB/s, medians of 5 rounds), while 256 KiB blocks loaded faster
-    with 64 than with 32 (4.02 against 3.80 GB/s). So: 8 of each kind for blocks of 2 MiB and
-    more, 16 for 1 MiB (vLLM's fs tier runs 16 of each at every size), 32 for 512 KiB and less.
+    C extension) without the GIL, so the counts are set by what the device needs in flight.
+    Small files need more threads: each file costs an open, a close and a round trip that moves
+    no bytes while the next file waits. Large files need fewer: past what the device needs in
+    flight, its queue only grows. Reads and writes differ:
+
+    - Loads run on every thread (write threads take loads when no store is queued), which hold
+      block files of about 32 MiB in all, at least 16 and at most 64 files. On the disk of
+      `BENCHMARKS.md` cold loads of 2 MiB blocks were slower with 32 threads than with 16
+      (3.50 against 3.89 GB/s, medians of 5 rounds), and 256 KiB blocks loaded faster with 64
+      than with 32 (4.02 against 3.80 GB/s).
+    - Stores run on the write threads alone, which hold block files of about 8 MiB in all, at
+      least 2 and at most half of all threads. A device writes at full speed with fewer
+      requests in flight than it reads with, and more writers only queue: on that disk plain
+      writers of 1 MiB block files (create, write, rename; their checksums and copies on other
+      threads, as the C path's pipeline does) reached 1.01x the device's large-file write
+      bandwidth with 8 threads and 0.95x with 16; without that work, 0.85x with 32 threads.
+      Of 2 MiB files, 0.97x with 4 threads and 0.87x with 8 or 16; of 256 KiB files, 1.00x
+      with 32 and 0.96x with 16.
+
+    So, of 64, 32 and 16 threads at 256 KiB, 1 MiB and 2 MiB blocks, 32, 8 and 4 write.
 
     Without O_DIRECT: a read thread per usable core and a write thread per two, at least one
     and at most four of each. Reads and writes through the page cache are copying and hashing
@@ -54,8 +69,10 @@ def default_threads(*, read: bool, direct: bool, file_bytes: int) -> int:
         The number of threads.
     """
     if direct:
-        files = -(-_DIRECT_FILES_IN_FLIGHT_BYTES // max(1, file_bytes))
-        return max(_DIRECT_THREADS_MIN, min(_DIRECT_THREADS_MAX, files)) // 2
+        size = max(1, file_bytes)
+        total = max(_DIRECT_THREADS_MIN, min(_DIRECT_THREADS_MAX, -(-_DIRECT_FILES_IN_FLIGHT_BYTES // size)))
+        writers = max(_DIRECT_WRITERS_MIN, min(total // 2, -(-_DIRECT_WRITES_IN_FLIGHT_BYTES // size)))
+        return total - writers if read else writers
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on every platform
@@ -76,20 +93,35 @@ class IOTask:
 class DualQueuePool:
     """I/O threads over a read queue and a write queue; each thread prefers one queue.
 
-    Submitting never waits on a lock an I/O thread may hold: a task is appended to its deque
-    and a token to a `SimpleQueue`; a thread takes one token, then one task from its own queue
-    or, if that is empty, from the other (there is always one: tasks go in before tokens).
+    Submitting never waits on a lock an I/O thread may hold: a task is appended to its deque,
+    and a token to the `SimpleQueue` of each kind of thread that may take it. A thread takes
+    one of its kind's tokens, then one task from its own queue or, if that is empty, from the
+    other one if it may take those. A token may find no task (a thread of the other kind took
+    it); a task always finds a thread: each kind holds a token for every queued task it may
+    take.
 
     Args:
         n_read_threads: threads that take reads first.
-        n_write_threads: threads that take writes first.
+        n_write_threads: threads that take writes first; they take reads too.
         name: the prefix of the threads' names.
+        read_threads_take_writes: whether read threads take writes when no read is queued
+            (else writes run on the write threads alone).
     """
 
-    def __init__(self, n_read_threads: int, n_write_threads: int, name: str) -> None:
+    def __init__(
+        self,
+        n_read_threads: int,
+        n_write_threads: int,
+        name: str,
+        *,
+        read_threads_take_writes: bool = True,
+    ) -> None:
         self._reads: deque[IOTask] = deque()
         self._writes: deque[IOTask] = deque()
-        self._tokens: queue.SimpleQueue[bool] = queue.SimpleQueue()
+        self._read_tokens: queue.SimpleQueue[bool] = queue.SimpleQueue()
+        self._write_tokens: queue.SimpleQueue[bool] = queue.SimpleQueue()
+        self._read_threads_take_writes = read_threads_take_writes
+        self._counts = (n_read_threads, n_write_threads)
         self._closed = False
         self._submitted = 0  # written by the submitting thread only
         self._finished = 0  # under _idle
@@ -119,15 +151,27 @@ class DualQueuePool:
             return
         (self._reads if read else self._writes).append(task)
         self._submitted += 1
-        self._tokens.put(True)
+        self._write_tokens.put(True)
+        if read or self._read_threads_take_writes:
+            self._read_tokens.put(True)
 
     def _work(self, prefer_reads: bool) -> None:
-        own, other = (self._reads, self._writes) if prefer_reads else (self._writes, self._reads)
-        while self._tokens.get():
+        if prefer_reads:
+            own, other, tokens = self._reads, self._writes, self._read_tokens
+            take_other = self._read_threads_take_writes
+        else:
+            own, other, tokens = self._writes, self._reads, self._write_tokens
+            take_other = True
+        while tokens.get():
             try:
                 task = own.popleft()
             except IndexError:
-                task = other.popleft()
+                if not take_other:
+                    continue  # a write thread took this token's read
+                try:
+                    task = other.popleft()
+                except IndexError:
+                    continue  # a thread of the other kind took this token's task
             try:
                 if self._closed:
                     task.cancel()
@@ -149,7 +193,9 @@ class DualQueuePool:
         if self._closed:
             return
         self._closed = True
-        for _ in self._threads:
-            self._tokens.put(False)  # after every queued task's token: those get cancelled
+        # After every queued task's tokens: those tasks get cancelled.
+        for tokens, count in zip((self._read_tokens, self._write_tokens), self._counts):
+            for _ in range(count):
+                tokens.put(False)
         for thread in self._threads:
             thread.join()

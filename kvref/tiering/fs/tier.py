@@ -64,8 +64,10 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             under this many bytes, evicting the least recently used ones; None for no limit.
             Engines sharing a root should give the same value: each enforces its own.
         n_read_threads: I/O threads that serve loads (promotions) first; None for the default
-            (`kvref.tiering.fs.pool.default_threads`).
-        n_write_threads: I/O threads that serve stores first; None for the default.
+            (`kvref.tiering.fs.pool.default_threads`). With O_DIRECT they serve loads only;
+            through the page cache they take stores when no load is queued.
+        n_write_threads: I/O threads that serve stores first, and loads when no store is
+            queued; None for the default. With O_DIRECT, stores run on these alone.
         fsync: `fsync` each block file before renaming it into place (durable, slower).
         page_cache: keep blocks in the page cache: buffered I/O whose pages stay cached. Off by
             default (O_DIRECT, or buffered I/O whose pages are dropped once clean); worth it
@@ -176,8 +178,13 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         self._closed = False
         self._tasks = JobTasks(self._io, self._capacity, self._dirs, self._reading, self.medium)
 
-        self._io.prepare_threads(self.n_read_threads + self.n_write_threads)
-        self._pool = DualQueuePool(self.n_read_threads, self.n_write_threads, f"kvref-{self.medium}")
+        self._io.prepare_threads(self.n_read_threads + self.n_write_threads, self.n_write_threads)
+        self._pool = DualQueuePool(
+            self.n_read_threads,
+            self.n_write_threads,
+            f"kvref-{self.medium}",
+            read_threads_take_writes=not self.direct,  # `default_threads` says why
+        )
         # Learn the root's usage and remove dead writers' temporary files, off the caller's
         # thread (a root of millions of files takes a while to list).
         self._pool.submit(
