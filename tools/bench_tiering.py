@@ -5,7 +5,7 @@ cost on the scheduler thread.
     .venv/bin/python tools/bench_tiering.py --dir /work --skip-scheduler --skip-residency
 
 Part 1, throughput on the device: for each block size, `FileSystemSecondaryTier` (its defaults:
-O_DIRECT where the root takes it, 16 + 16 threads) stores `--total` bytes from a page-aligned
+O_DIRECT where the root takes it, threads by block size) stores `--total` bytes from a page-aligned
 shared-memory primary into a fresh root, then loads them back cold: before every load phase the
 page cache is dropped (`_disk_bench.drop_page_cache`: `1` to `/proc/sys/vm/drop_caches` as root,
 else `posix_fadvise(DONTNEED)` on every file, after a sync; the run prints which;
@@ -22,6 +22,12 @@ Part 1b, page cache: an engine stores `--residency-total` bytes; once its jobs f
 of those bytes still in the page cache (`fincore`, else `mincore`) must be at most 10%, with
 O_DIRECT and with the buffered fallback (forced by refusing the O_DIRECT probe); the same after
 a load. `page_cache=True`, which keeps the pages on purpose, is shown for contrast.
+
+Part 1c, loads behind stores: with 1 MiB blocks, a job loading `--behind-load` bytes (cold) is
+submitted right behind jobs storing `--behind-store` bytes, as a promotion arrives during a
+burst of offloads; the time until the load job finishes, against the same load alone in the
+same round (ratio: how much the burst delays it). With O_DIRECT stores run on the write threads
+only, so loads find the read threads free (`kvref.tiering.fs.pool.default_threads`).
 
 Part 2, scheduler-thread cost: drive a `TieringOffloadingManager` (CPU primary + fs tier) with
 steps of prepare_store/complete_store (which submits cascades), lookups of evicted blocks (which
@@ -356,6 +362,61 @@ def percentile(values: list[float], pct: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * pct / 100))]
 
 
+def bench_loads_behind_stores(args: argparse.Namespace, work_dir: Path) -> None:
+    """Loads submitted right behind a burst of stores, against the same loads alone."""
+    block_bytes = 1 << 20
+    loads = max(1, args.behind_load // block_bytes)
+    stores = max(1, args.behind_store // block_bytes)
+    print(
+        f"\n== a {human(loads * block_bytes)} load (cold) behind {human(stores * block_bytes)} of stores, "
+        f"{human(block_bytes)} blocks, {args.repeats} rounds, {load_average()} =="
+    )
+    alone: list[float] = []
+    behind: list[float] = []
+    store_gbps: list[float] = []
+    root = work_dir / "behind"
+    with SharedOffloadRegion(f"benchbehind{os.getpid()}", loads + stores, block_bytes, directory=args.region_dir) as region:
+        view = region.create_kv_memoryview()
+        fill(view.cast("B"))
+        tier = make_tier(view, root)
+        print(f"  {tier.n_read_threads} read + {tier.n_write_threads} write threads, direct={tier.direct}")
+        try:
+            run_jobs(tier, loads, args.job_blocks, False, 0, first_key=1 << 40)  # the blocks to load
+            job_id = 1 << 20
+            for round_index in range(args.repeats):
+                drop_page_cache([root], args.cold)
+                alone.append(run_jobs(tier, loads, args.job_blocks, True, job_id, first_key=1 << 40))
+                job_id += loads
+                drop_page_cache([root], args.cold)
+                start = time.perf_counter()
+                first_store = job_id
+                for first in range(0, stores, args.job_blocks):
+                    ids = list(range(loads + first, loads + min(first + args.job_blocks, stores)))
+                    keys = tuple(key_of((round_index + 1) * stores + i - loads) for i in ids)
+                    tier.submit_store(JobMetadata(job_id, keys, ids, False, CTX))
+                    job_id += 1
+                load_job = job_id
+                tier.submit_load(JobMetadata(load_job, tuple(key_of((1 << 40) + i) for i in range(loads)), list(range(loads)), True, CTX))
+                job_id += 1
+                pending = set(range(first_store, job_id))
+                while pending:
+                    for result in tier.get_finished_jobs():
+                        assert result.success, f"job {result.job_id} failed"
+                        pending.discard(result.job_id)
+                        if result.job_id == load_job:
+                            behind.append(time.perf_counter() - start)
+                    if pending:
+                        time.sleep(0.0002)
+                store_gbps.append(stores * block_bytes / (time.perf_counter() - start) / 1e9)
+        finally:
+            tier.shutdown()
+            view.release()
+    ratios = [b / a for a, b in zip(alone, behind)]
+    print(f"  load alone:          median {statistics.median(alone) * 1e3:7.1f} ms")
+    print(f"  load behind stores:  median {statistics.median(behind) * 1e3:7.1f} ms (the stores: {statistics.median(store_gbps):.2f} GB/s)")
+    print(f"  behind / alone: {statistics.median(ratios):.2f}x [{min(ratios):.2f}, {max(ratios):.2f}]")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", type=Path, default=None, help="where block files go (default: a temp dir under /tmp)")
@@ -373,12 +434,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--job-blocks", type=int, default=16, help="blocks per submitted job")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds per block size (default 5)")
     parser.add_argument("--residency-total", type=parse_size, default=parse_size("256M"), help="bytes stored for the page-cache part (default 256M)")
+    parser.add_argument("--behind-load", type=parse_size, default=parse_size("256M"), help="loads-behind-stores part: bytes loaded (default 256M)")
+    parser.add_argument("--behind-store", type=parse_size, default=parse_size("1G"), help="loads-behind-stores part: bytes stored ahead of them (default 1G)")
     parser.add_argument("--steps", type=int, default=300, help="scheduler benchmark steps")
     parser.add_argument("--keys-per-step", type=int, default=8)
     parser.add_argument("--lookups", type=int, default=32, help="lookups per step")
     parser.add_argument("--sched-block", type=parse_size, default=parse_size("1M"), help="block size of the scheduler benchmark")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-residency", action="store_true")
+    parser.add_argument("--skip-behind", action="store_true", help="skip the loads-behind-stores part")
     parser.add_argument("--skip-scheduler", action="store_true")
     parser.add_argument("--redis", action="store_true", help="also run tools/bench_redis.py: the Redis tier vs a redis-py pipeline")
     args = parser.parse_args(argv)
@@ -393,6 +457,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             verdicts += bench_throughput(args, work_dir)
         if not args.skip_residency:
             verdicts += bench_residency(args, work_dir)
+        if not args.skip_behind:
+            bench_loads_behind_stores(args, work_dir)
         if verdicts:
             print()
             print("\n".join(verdicts))

@@ -17,8 +17,8 @@ run prints the method; `--cold drop_caches_all` drops dentries and inodes too, a
 reboot, where each block file costs an inode read that one large file does not). Contenders:
 
 * vLLM's own `fs` tier with its defaults (16 read + 16 write threads, O_DIRECT);
-* kvref's `FileSystemTier` with its defaults (16 + 16 threads with O_DIRECT, staging on huge
-  pages where the kernel grants them);
+* kvref's `FileSystemTier` with its defaults (read + write threads by block size with O_DIRECT,
+  as the table says; staging on huge pages where the kernel grants them);
 * the device's own O_DIRECT bandwidth: plain large files written then read in 1 MiB aligned
   requests by one thread (as `dd`), and by `--streams` threads, one file each, from buffers on
   huge pages where the kernel grants them (`_disk_bench`; the run's header says).
