@@ -735,7 +735,10 @@ def test_with_o_direct_stores_run_on_write_threads_only(
         keys = to_keys(range(6))
         assert h.store(keys)
         kinds = {name.rsplit("-", 1)[1][0] for name in threads}
-        assert kinds == ({"r", "w"} if page_cache else {"w"}), threads
+        if page_cache:
+            assert "r" in kinds, threads  # (the write thread may be busy with the start-up sweep)
+        else:
+            assert kinds == {"w"}, threads
         assert h.load(keys[:2], [6, 7]) and h.row(6) == content(keys[0])
     finally:
         h.close()
