@@ -689,13 +689,14 @@ def test_io_thread_defaults(
     [
         (4096, 32, 32),
         (256 << 10, 32, 32),
-        (512 << 10, 48, 16),
-        (1 << 20, 24, 8),
-        (2 << 20, 12, 4),
+        (512 << 10, 32, 32),
+        (1 << 20, 16, 16),
+        (2 << 20, 8, 8),
+        (4 << 20, 12, 4),
         (8 << 20, 14, 2),
     ],
 )
-def test_o_direct_threads_hold_about_32_mib_of_loads_and_8_mib_of_stores(
+def test_o_direct_threads_hold_about_32_mib_of_loads_and_16_mib_of_stores(
     tmp_path: Path, block_bytes: int, readers: int, writers: int
 ) -> None:
     h = Harness(tmp_path / "fs", aligned_view(2, block_bytes), n_read_threads=None, n_write_threads=None)

@@ -24,7 +24,7 @@ _DIRECT_THREADS_MIN = 16
 _DIRECT_THREADS_MAX = 64
 _DIRECT_FILES_IN_FLIGHT_BYTES = 32 << 20
 _DIRECT_WRITERS_MIN = 2
-_DIRECT_WRITES_IN_FLIGHT_BYTES = 8 << 20
+_DIRECT_WRITES_IN_FLIGHT_BYTES = 16 << 20
 
 
 def default_threads(*, read: bool, direct: bool, file_bytes: int) -> int:
@@ -41,16 +41,17 @@ def default_threads(*, read: bool, direct: bool, file_bytes: int) -> int:
       `BENCHMARKS.md` cold loads of 2 MiB blocks were slower with 32 threads than with 16
       (3.50 against 3.89 GB/s, medians of 5 rounds), and 256 KiB blocks loaded faster with 64
       than with 32 (4.02 against 3.80 GB/s).
-    - Stores run on the write threads alone, which hold block files of about 8 MiB in all, at
+    - Stores run on the write threads alone, which hold block files of about 16 MiB in all, at
       least 2 and at most half of all threads. A device writes at full speed with fewer
       requests in flight than it reads with, and more writers only queue: on that disk plain
       writers of 1 MiB block files (create, write, rename; their checksums and copies on other
       threads, as the C path's pipeline does) reached 1.01x the device's large-file write
-      bandwidth with 8 threads and 0.95x with 16; without that work, 0.85x with 32 threads.
-      Of 2 MiB files, 0.97x with 4 threads and 0.87x with 8 or 16; of 256 KiB files, 1.00x
-      with 32 and 0.96x with 16.
+      bandwidth with 8 threads and 0.95x with 16. The tier's writers also stop between tasks
+      (Python, renames), so they want more in flight than plain ones: stores of 2 MiB blocks
+      reached 0.83x the device with 4 write threads, 0.91x with 8 and 0.89x with 16; of 1 MiB
+      blocks 0.01-0.03x more with 16 than with 8 in each of four paired runs.
 
-    So, of 64, 32 and 16 threads at 256 KiB, 1 MiB and 2 MiB blocks, 32, 8 and 4 write.
+    So, of 64, 32 and 16 threads at 256 KiB, 1 MiB and 2 MiB blocks, 32, 16 and 8 write.
 
     Without O_DIRECT: a read thread per usable core and a write thread per two, at least one
     and at most four of each. Reads and writes through the page cache are copying and hashing
