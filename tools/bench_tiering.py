@@ -27,7 +27,8 @@ Part 1c, loads behind stores: with 1 MiB blocks, a job loading `--behind-load` b
 submitted right behind jobs storing `--behind-store` bytes, as a promotion arrives during a
 burst of offloads; the time until the load job finishes, against the same load alone in the
 same round (ratio: how much the burst delays it). With O_DIRECT stores run on the write threads
-only, so loads find the read threads free (`kvref.tiering.fs.pool.default_threads`).
+only (`kvref.tiering.fs.pool.default_threads`); `--behind-write-threads` sets how many, which
+trades store bandwidth for this delay.
 
 Part 2, scheduler-thread cost: drive a `TieringOffloadingManager` (CPU primary + fs tier) with
 steps of prepare_store/complete_store (which submits cascades), lookups of evicted blocks (which
@@ -116,9 +117,11 @@ def o_direct_refused() -> Generator[None]:
         tier_logger.disabled = was_disabled
 
 
-def make_tier(view: memoryview, root: Path, *, fallback: bool = False, page_cache: bool = False) -> FileSystemSecondaryTier:
+def make_tier(
+    view: memoryview, root: Path, *, fallback: bool = False, page_cache: bool = False, write_threads: int | None = None
+) -> FileSystemSecondaryTier:
     with o_direct_refused() if fallback else contextlib.nullcontext():
-        return FileSystemSecondaryTier(view, root, page_cache=page_cache)
+        return FileSystemSecondaryTier(view, root, page_cache=page_cache, n_write_threads=write_threads)
 
 
 def run_jobs(
@@ -378,7 +381,7 @@ def bench_loads_behind_stores(args: argparse.Namespace, work_dir: Path) -> None:
     with SharedOffloadRegion(f"benchbehind{os.getpid()}", loads + stores, block_bytes, directory=args.region_dir) as region:
         view = region.create_kv_memoryview()
         fill(view.cast("B"))
-        tier = make_tier(view, root)
+        tier = make_tier(view, root, write_threads=args.behind_write_threads)
         print(f"  {tier.n_read_threads} read + {tier.n_write_threads} write threads, direct={tier.direct}")
         try:
             run_jobs(tier, loads, args.job_blocks, False, 0, first_key=1 << 40)  # the blocks to load
@@ -442,6 +445,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sched-block", type=parse_size, default=parse_size("1M"), help="block size of the scheduler benchmark")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-residency", action="store_true")
+    parser.add_argument("--behind-write-threads", type=int, default=None, help="loads-behind-stores part: the tier's write threads (default: its default)")
     parser.add_argument("--skip-behind", action="store_true", help="skip the loads-behind-stores part")
     parser.add_argument("--skip-scheduler", action="store_true")
     parser.add_argument("--redis", action="store_true", help="also run tools/bench_redis.py: the Redis tier vs a redis-py pipeline")
