@@ -17,7 +17,6 @@ import json
 import multiprocessing
 import os
 from pathlib import Path
-
 from typing import Any
 
 import pytest

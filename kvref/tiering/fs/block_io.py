@@ -215,12 +215,13 @@ class BlockIO:
 
     # --- buffers ---
 
-    def prepare_threads(self, threads: int, writers: int) -> None:
-        """Make the buffers of `threads` I/O threads, `writers` of which store, now, at
-        start-up, rather than on each thread's first transfer (`ThreadBuffers.prepare`)."""
+    def prepare_threads(self, threads: int, pipelined_writers: int) -> None:
+        """Make the buffers of `threads` I/O threads now, at start-up, rather than on each
+        thread's first transfer (`ThreadBuffers.prepare`), and the second buffers of
+        `pipelined_writers` threads that store several blocks per call (C path only)."""
         self._buffers.prepare(threads)
         if self._native is not None:
-            self._second_buffers.prepare(writers)
+            self._second_buffers.prepare(pipelined_writers)
 
     def _buffer(self) -> memoryview:
         return self._buffers.get()
