@@ -16,6 +16,11 @@ several keep several requests in flight, as a tier's I/O threads do. Each stream
 transparent huge pages where the kernel grants them (`kvref.tiering.fs.huge_pages`): a device
 takes a huge page as one segment and 4 KiB pages one by one, and on this project's virtio disk
 that doubles what a plain reader gets, so a baseline on 4 KiB pages would understate the device.
+
+`PlainBlockFiles` is the tier's own I/O pattern without the tier: a small C program
+(`_plain_block_files.c`, built with the host's `cc` on first use) that writes and reads one
+O_DIRECT file per block from huge-page staging, with or without the tier's per-block CPU work
+(a checksum and a copy). It separates what the pattern and the work cost from what the tier adds.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ __all__ = [
     "files_under",
     "huge_pages_line",
     "DirectFileBaseline",
+    "PlainBlockFiles",
     "resident_bytes",
     "Rounds",
     "SpentRoots",
@@ -321,6 +327,65 @@ class SpentRoots:
         """A round is over with `root`: delete it now unless roots are kept."""
         if not self.keep:
             shutil.rmtree(root, ignore_errors=True)
+
+
+_PLAIN_SOURCE = Path(__file__).with_name("_plain_block_files.c")
+_XXHASH_DIR = Path(__file__).resolve().parents[1] / "kvref" / "tiering" / "fs" / "vendor"
+
+
+class PlainBlockFiles:
+    """Block files written and read by `_plain_block_files.c`: no Python, no pool, no jobs.
+
+    Args:
+        build_dir: where the program is built (once per directory).
+        files: block files per phase.
+        payload: bytes per block (each file holds one header page more).
+        threads: (store threads, load threads).
+        work: whether each block also gets the tier's CPU work (a checksum and a copy).
+
+    Raises:
+        OSError: no C compiler, or the program failed to build (the message says which).
+    """
+
+    def __init__(
+        self, build_dir: Path, files: int, payload: int, threads: tuple[int, int], *, work: bool
+    ) -> None:
+        self.files = files
+        self.payload = payload
+        self.threads = threads
+        self.work = work
+        self.program = build_dir / "_plain_block_files"
+        if not self.program.exists():
+            compiler = shutil.which(os.environ.get("CC", "cc"))
+            if compiler is None:
+                raise OSError("--plain needs a C compiler: set CC or install cc")
+            built = subprocess.run(
+                [compiler, "-O2", "-pthread", f"-I{_XXHASH_DIR}", "-o", str(self.program), str(_PLAIN_SOURCE)],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if built.returncode != 0:
+                raise OSError(f"building {_PLAIN_SOURCE.name} failed: {built.stderr.strip()}")
+
+    def _run(self, mode: str, root: Path, threads: int) -> float:
+        done = subprocess.run(
+            [str(self.program), mode, str(root), str(self.files), str(self.payload), str(threads), str(int(self.work))],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise OSError(done.stderr.strip() or f"{self.program.name} {mode} exited {done.returncode}")
+        return float(done.stdout)
+
+    def write(self, root: Path) -> float:
+        """Write the block files into `root` (new, or holding none of them); the seconds taken."""
+        return self._run("write", root, self.threads[0])
+
+    def read(self, root: Path) -> float:
+        """Read back the block files `write` made in `root`; the seconds taken."""
+        return self._run("read", root, self.threads[1])
 
 
 # --- interleaved rounds ---

@@ -17,6 +17,10 @@ them (`_disk_bench`; the run's header says). `--fallback` adds the tier with O_D
 (buffered I/O whose pages are dropped), as on a filesystem without it. Each round runs every
 contender once, in a rotated order; ratios are medians of the per-round ratios, against the
 faster device run of the round. Target: >= 0.8x of the device, store and load.
+`--plain` adds the tier's own pattern without the tier, in the same rounds: a C program
+(`_plain_block_files.c`) writing and reading one O_DIRECT file per block from huge-page staging
+on the tier's thread counts, once as it is and once with the tier's per-block CPU work (an
+XXH3 checksum and a copy between the row and the staging buffer) on the I/O thread.
 
 Part 1b, page cache: an engine stores `--residency-total` bytes; once its jobs finish, the share
 of those bytes still in the page cache (`fincore`, else `mincore`) must be at most 10%, with
@@ -65,6 +69,7 @@ from kvref.cpu.shared_region import DEFAULT_REGION_DIR, SharedOffloadRegion
 from kvref.tiering.base import JobMetadata
 from kvref.tiering.fs import FileSystemSecondaryTier
 from kvref.tiering.fs.format import file_bytes
+from kvref.tiering.fs.pool import default_threads
 from kvref.tiering.fs.root import BLOCK_SUFFIX
 from kvref.tiering.manager import CPUPrimaryTierOffloadingManager, TieringOffloadingManager
 
@@ -73,6 +78,7 @@ from _disk_bench import (  # noqa: E402
     COLD_CHOICES,
     COLD_METHODS,
     DirectFileBaseline,
+    PlainBlockFiles,
     Rounds,
     SpentRoots,
     drop_page_cache,
@@ -89,6 +95,7 @@ __all__ = ["main"]
 
 CTX = ReqContext(req_id="bench")
 _TIER, _FALLBACK, _ONE, _MANY, _DEVICE = "tier", "tier, buffered fallback", "1 stream", "streams", "device"
+_PLAIN, _PLAIN_WORK = "plain block files", "plain block files, checksum + copy"
 
 
 def fill(rows: memoryview) -> None:
@@ -145,10 +152,10 @@ def run_jobs(
 
 def bench_throughput(args: argparse.Namespace, work_dir: Path) -> list[str]:
     """Interleaved rounds of the tier and the device per block size; returns the verdicts."""
-    names = [_TIER, _ONE, _MANY, *([_FALLBACK] if args.fallback else [])]
+    names = [_TIER, _ONE, _MANY, *([_FALLBACK] if args.fallback else []), *([_PLAIN, _PLAIN_WORK] if args.plain else [])]
     methods: set[str] = set()
     verdicts: list[str] = []
-    tiers = 2 if args.fallback else 1
+    tiers = 1 + args.fallback + 2 * args.plain  # contenders that keep a root per round
     spent = SpentRoots(
         work_dir,
         sum(
@@ -161,6 +168,15 @@ def bench_throughput(args: argparse.Namespace, work_dir: Path) -> list[str]:
         num_blocks = max(args.job_blocks, args.total // block_bytes)
         moved = num_blocks * block_bytes
         baselines = {_ONE: DirectFileBaseline(work_dir, moved, 1), _MANY: DirectFileBaseline(work_dir, moved, args.streams)}
+        # The tier's thread counts: stores on its write threads, loads on every thread.
+        writers, readers = (
+            default_threads(read=read, direct=True, file_bytes=file_bytes(32, block_bytes)) for read in (False, True)
+        )
+        plain = {
+            name: PlainBlockFiles(work_dir, num_blocks, block_bytes, (writers, readers + writers), work=name == _PLAIN_WORK)
+            for name in names
+            if name in (_PLAIN, _PLAIN_WORK)
+        }
         rounds = Rounds()
         with SharedOffloadRegion(f"bench{os.getpid()}_{block_bytes}", num_blocks, block_bytes, directory=args.region_dir) as region:
             view = region.create_kv_memoryview()
@@ -177,6 +193,13 @@ def bench_throughput(args: argparse.Namespace, work_dir: Path) -> list[str]:
                         rounds.add(name, "load", baseline.read())
                         baseline.remove()
                         continue
+                    if name in plain:
+                        root = work_dir / f"plain{'-work' if name == _PLAIN_WORK else ''}-{block_bytes}-{round_index}"
+                        rounds.add(name, "store", plain[name].write(root))
+                        methods.add(drop_page_cache([root], args.cold))
+                        rounds.add(name, "load", plain[name].read(root))
+                        spent.done(root)
+                        continue
                     root = work_dir / f"{'fallback' if name == _FALLBACK else 'tier'}-{block_bytes}-{round_index}"
                     tier = make_tier(view, root, fallback=name == _FALLBACK)
                     try:
@@ -190,7 +213,10 @@ def bench_throughput(args: argparse.Namespace, work_dir: Path) -> list[str]:
                         spent.done(root)
             rows.release()
             view.release()
-        moved_by = {_TIER: moved, _FALLBACK: moved, _DEVICE: moved, **{n: b.total for n, b in baselines.items()}}
+        moved_by = {
+            _TIER: moved, _FALLBACK: moved, _DEVICE: moved, _PLAIN: moved, _PLAIN_WORK: moved,
+            **{n: b.total for n, b in baselines.items()},
+        }  # fmt: skip
         for phase in ("store", "load"):
             rounds.combine_fastest(_DEVICE, [_ONE, _MANY], phase, moved_by)
         print(
@@ -204,6 +230,8 @@ def bench_throughput(args: argparse.Namespace, work_dir: Path) -> list[str]:
             _MANY: f"O_DIRECT files, 1 MiB x {args.streams} streams",
             _TIER: "FileSystemSecondaryTier (defaults)",
             _FALLBACK: "the tier, buffered fallback",
+            _PLAIN: f"plain C block files ({writers} / {readers + writers} thr)",
+            _PLAIN_WORK: "the same, + checksum and copy",
         }
         medians: dict[str, list[float]] = {}
         for name in [_ONE, _MANY, *names[:1], *names[3:]]:
@@ -212,7 +240,7 @@ def bench_throughput(args: argparse.Namespace, work_dir: Path) -> list[str]:
                 for phase in ("store", "load")
             ]
             line = f"  {labels[name]:36} {cells[0]}   {cells[1]}"
-            if name in (_TIER, _FALLBACK):
+            if name in (_TIER, _FALLBACK, _PLAIN, _PLAIN_WORK):
                 ratios = [rounds.ratios(name, _DEVICE, phase, moved, moved) for phase in ("store", "load")]
                 medians[name] = [statistics.median(r) for r in ratios]
                 line += "   " + ", ".join(
@@ -433,6 +461,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--streams", type=int, default=8, help="the many-stream O_DIRECT baseline's streams (default 8)")
     parser.add_argument("--fallback", action="store_true", help="also measure the tier with O_DIRECT refused (buffered)")
+    parser.add_argument(
+        "--plain",
+        action="store_true",
+        help="also measure the tier's file pattern in plain C (_plain_block_files.c, built with cc), without and with its checksum and copy",
+    )
     parser.add_argument("--cold", choices=COLD_CHOICES, default="auto", help="how loads are made cold: drop_caches (the page cache), drop_caches_all (dentries and inodes too), fadvise (default: drop_caches as root, else fadvise)")
     parser.add_argument("--job-blocks", type=int, default=16, help="blocks per submitted job")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds per block size (default 5)")

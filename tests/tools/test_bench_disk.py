@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from kvref.tiering.fs.format import file_bytes
+from kvref.tiering.fs.pool import default_threads
+
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
 TINY = (
     "--total", "8M", "--block-sizes", "256K", "--repeats", "1", "--fallback", "--cold", "fadvise",
@@ -75,3 +78,40 @@ def test_spent_roots_stay_until_the_run_ends_unless_the_disk_lacks_room(
     deleted = disk_bench.SpentRoots(tmp_path, 1 << 62)  # more than any disk here
     deleted.done(root)
     assert not deleted.keep and not root.exists() and "deleted at once" in deleted.line
+
+
+def test_bench_tiering_plain_block_files_run_beside_the_tier(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable, str(TOOLS / "bench_tiering.py"), "--total", "8M", "--block-sizes", "1M", "--repeats", "1",
+            "--cold", "fadvise", "--skip-residency", "--skip-behind", "--skip-scheduler", "--plain", "--dir", str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=TOOLS.parent,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    writers, readers = (default_threads(read=read, direct=True, file_bytes=file_bytes(32, 1 << 20)) for read in (False, True))
+    assert f"plain C block files ({writers} / {readers + writers} thr)" in done.stdout  # the tier's threads
+    assert "the same, + checksum and copy" in done.stdout
+    assert not list(tmp_path.iterdir()), "the benchmark left files behind"
+
+
+@pytest.mark.parametrize("work", [False, True])
+def test_plain_block_files_are_the_tiers_size_and_read_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, work: bool
+) -> None:
+    monkeypatch.setattr(sys, "path", [str(TOOLS), *sys.path])
+    disk_bench = importlib.import_module("_disk_bench")
+    plain = disk_bench.PlainBlockFiles(tmp_path, 12, 64 << 10, (3, 5), work=work)
+    root = tmp_path / "root"
+    assert plain.write(root) > 0
+    files = sorted(path for path in root.rglob("*") if path.is_file())
+    assert len(files) == 12 and all(path.suffix == ".blk" for path in files)  # renamed into place
+    assert {path.stat().st_size for path in files} == {4096 + (64 << 10)}  # a header page + payload
+    assert plain.read(root) > 0
+    files[0].unlink()
+    with pytest.raises(OSError, match="open"):
+        plain.read(root)  # a missing file is an error, not a short phase
