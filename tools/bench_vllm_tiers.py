@@ -21,7 +21,11 @@ reboot, where each block file costs an inode read that one large file does not).
   as the table says; staging on huge pages where the kernel grants them);
 * the device's own O_DIRECT bandwidth: plain large files written then read in 1 MiB aligned
   requests by one thread (as `dd`), and by `--streams` threads, one file each, from buffers on
-  huge pages where the kernel grants them (`_disk_bench`; the run's header says).
+  huge pages where the kernel grants them (`_disk_bench`; the run's header says);
+* with `--plain`, kvref's file pattern without any tier: `_disk_bench.PlainBlockFiles`, a C
+  program moving the same block files on kvref's thread counts, as it is and with kvref's
+  per-block checksum and copy (what a verified block costs, beside what vLLM's unverified
+  tier pays).
 
 Ratios are medians of the per-round ratios. Targets: kvref >= 1.0x vLLM's fs tier, and
 >= 0.8x the device, whose figure per round is the faster of its one- and many-stream runs
@@ -67,7 +71,7 @@ from kvref.tiering.fs.root import probe_o_direct
 from kvref.tiering.redis.local import LocalRedisServer, redis_server_path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _disk_bench import COLD_CHOICES, COLD_METHODS, DirectFileBaseline, Rounds, SpentRoots, drop_page_cache, huge_pages_line, load_average, process_cpu_s, rotated  # noqa: E402
+from _disk_bench import COLD_CHOICES, COLD_METHODS, DirectFileBaseline, PlainBlockFiles, Rounds, SpentRoots, drop_page_cache, huge_pages_line, load_average, process_cpu_s, rotated  # noqa: E402
 from _tier_bench import RedisPyPipeline, human, key_of, parse_size  # noqa: E402
 from _vllm_spec import mock_offloading_spec  # noqa: E402
 
@@ -77,6 +81,7 @@ _CTX = ReqContext(req_id="bench")
 _MODULE = "kvref.integrations.vllm"
 _VLLM, _KVREF = "vLLM fs", "kvref FileSystemTier"
 _ONE, _MANY, _DEVICE = "O_DIRECT 1 stream", "O_DIRECT streams", "device"
+_PLAIN, _PLAIN_WORK = "plain C block files", "plain C + checksum, copy"
 
 
 class Primary:
@@ -160,9 +165,22 @@ def bench_fs(args: argparse.Namespace, work: Path, block_bytes: int, spent: Spen
     many = DirectFileBaseline(work, moved, args.streams)
     rounds = Rounds()
     methods: set[str] = set()
+    # kvref's thread counts: stores on its write threads, loads on every thread.
+    writers, readers = (default_threads(read=read, direct=True, file_bytes=file_bytes(32, block_bytes)) for read in (False, True))
+    plain = {
+        name: PlainBlockFiles(work, count, block_bytes, (writers, readers + writers), work=name == _PLAIN_WORK)
+        for name in ([_PLAIN, _PLAIN_WORK] if args.plain else [])
+    }
     for round_index in range(args.repeats):
-        for name in rotated([_VLLM, _KVREF, _ONE, _MANY], round_index):
+        for name in rotated([_VLLM, _KVREF, _ONE, _MANY, *plain], round_index):
             os.sync()  # the previous contender's write-back is not this one's
+            if name in plain:
+                root = work / f"plain{'-work' if name == _PLAIN_WORK else ''}-{block_bytes}-{round_index}"
+                rounds.add(name, "store", plain[name].write(root))
+                methods.add(drop_page_cache([root], args.cold))
+                rounds.add(name, "load", plain[name].read(root))
+                spent.done(root)
+                continue
             if name in (_ONE, _MANY):
                 baseline = one if name == _ONE else many
                 rounds.add(name, "store", baseline.write())
@@ -188,7 +206,7 @@ def bench_fs(args: argparse.Namespace, work: Path, block_bytes: int, spent: Spen
             finally:
                 tier.shutdown()
                 spent.done(root)
-    moved_by = {_VLLM: moved, _KVREF: moved, _ONE: one.total, _MANY: many.total, _DEVICE: moved}
+    moved_by = {_VLLM: moved, _KVREF: moved, _ONE: one.total, _MANY: many.total, _DEVICE: moved, _PLAIN: moved, _PLAIN_WORK: moved}
     for phase in ("store", "load"):
         rounds.combine_fastest(_DEVICE, [_ONE, _MANY], phase, moved_by)
     lines = [
@@ -207,8 +225,10 @@ def bench_fs(args: argparse.Namespace, work: Path, block_bytes: int, spent: Spen
             f"kvref FileSystemTier ({default_threads(read=True, direct=True, file_bytes=file_bytes(32, block_bytes))}+"
             f"{default_threads(read=False, direct=True, file_bytes=file_bytes(32, block_bytes))}, O_DIRECT)"
         ),
+        _PLAIN: f"plain C block files ({writers}/{readers + writers} thr)",
+        _PLAIN_WORK: "the same + checksum and copy",
     }
-    for name in (_ONE, _MANY, _VLLM, _KVREF):
+    for name in (_ONE, _MANY, _VLLM, _KVREF, *plain):
         cells = [
             f"{rounds.best_gbps(name, phase, moved_by[name]):8.2f} {rounds.median_gbps(name, phase, moved_by[name]):8.2f}"
             for phase in ("store", "load")
@@ -222,7 +242,8 @@ def bench_fs(args: argparse.Namespace, work: Path, block_bytes: int, spent: Spen
         lines.append(f"  {labels[name]:38} {'   '.join(cells)}")
     lines.append("  ratios, median of the per-round ratios [lowest, highest]:")
     verdicts: list[str] = []
-    for name, base, target in ((_KVREF, _VLLM, 1.0), (_KVREF, _DEVICE, 0.8), (_VLLM, _DEVICE, None)):
+    plain_ratios = [(_PLAIN, _DEVICE, None), (_PLAIN_WORK, _DEVICE, None), (_PLAIN_WORK, _VLLM, None)] if plain else []
+    for name, base, target in ((_KVREF, _VLLM, 1.0), (_KVREF, _DEVICE, 0.8), (_VLLM, _DEVICE, None), *plain_ratios):
         cells: list[str] = []
         medians: list[float] = []
         for phase in ("store", "load"):
@@ -418,6 +439,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--url", help="a Redis server (default: start a throw-away redis-server)")
     parser.add_argument("--redis-total", type=parse_size, default=parse_size("256M"), help="Redis: bytes per phase (default 256M)")
     parser.add_argument("--redis-block", type=parse_size, default=parse_size("1M"), help="Redis: block bytes (default 1M)")
+    parser.add_argument(
+        "--plain",
+        action="store_true",
+        help="disk tiers: also run kvref's file pattern in plain C (_plain_block_files.c, built with cc), without and with its checksum and copy",
+    )
     parser.add_argument("--skip-redis", action="store_true", help="measure the disk tiers only")
     parser.add_argument("--skip-fs", action="store_true", help="measure the Redis tier only")
     parser.add_argument("--job-blocks", type=int, default=16, help="blocks per job (default 16)")
@@ -432,9 +458,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.skip_fs:
             if not probe_o_direct(work):
                 print(f"{work} does not take O_DIRECT: both tiers fall back to buffered I/O")
-            # Each round's root (two tiers) holds a phase's blocks; the engines' roots one per round.
+            # Each round's root (two tiers, two plain C runs with --plain) holds a phase's blocks; the
+            # engines' roots one per round.
             needed = sum(
-                args.repeats * 2 * max(args.job_blocks, args.fs_total // size) * file_bytes(32, size)
+                args.repeats * (4 if args.plain else 2) * max(args.job_blocks, args.fs_total // size) * file_bytes(32, size)
                 for size in args.fs_blocks
             )
             if args.engines:

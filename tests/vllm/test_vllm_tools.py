@@ -37,7 +37,7 @@ def test_bench_vllm_tiers_runs_tiny(redis_server: LocalRedisServer, tmp_path: Pa
     done = run_tool(
         "bench_vllm_tiers.py", "--fs-total", "8M", "--fs-blocks", "256K", "--repeats", "1",
         "--engines", "2", "--engines-block", "256K", "--engine-repeats", "1", "--cold", "fadvise",
-        "--redis-total", "8M", "--redis-block", "256K", "--url", redis_server.url, "--dir", str(tmp_path),
+        "--redis-total", "8M", "--redis-block", "256K", "--url", redis_server.url, "--dir", str(tmp_path), "--plain",
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     for line in (
@@ -47,6 +47,8 @@ def test_bench_vllm_tiers_runs_tiny(redis_server: LocalRedisServer, tmp_path: Pa
         "kvref FileSystemTier / vLLM fs",
         "256 KiB: kvref FileSystemTier >= 1.0x of vLLM fs, store and load",
         "kvref FileSystemTier >= 0.8x of the device",
+        "plain C block files (32/64 thr)",  # kvref's threads at 256 KiB
+        "plain C + checksum, copy / vLLM fs",
         "2 engines loading at once from one root",
         "cold loads: os.sync(), then posix_fadvise(DONTNEED)",
         "kvref RedisTier",
