@@ -36,7 +36,9 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+from kvref.tiering.fs.format import file_bytes
 from kvref.tiering.fs.huge_pages import StagingBuffer, transparent_huge_pages
+from kvref.tiering.fs.pool import default_threads
 
 __all__ = [
     "COLD_CHOICES",
@@ -367,6 +369,30 @@ class PlainBlockFiles:
             )
             if built.returncode != 0:
                 raise OSError(f"building {_PLAIN_SOURCE.name} failed: {built.stderr.strip()}")
+
+    @classmethod
+    def like_the_tier(cls, build_dir: Path, files: int, payload: int, *, work: bool) -> PlainBlockFiles:
+        """On the fs tier's default O_DIRECT threads for `payload`-byte blocks: stores on its
+        write threads, loads on all of them."""
+        writers, readers = (
+            default_threads(read=read, direct=True, file_bytes=file_bytes(32, payload)) for read in (False, True)
+        )
+        return cls(build_dir, files, payload, (writers, readers + writers), work=work)
+
+    @property
+    def label(self) -> str:
+        """What a results table calls it."""
+        return "the same, + checksum and copy" if self.work else f"plain C block files, {self.threads[0]} / {self.threads[1]} thr"
+
+    def run_round(self, rounds: Rounds, name: str, root: Path, cold: str, spent: SpentRoots) -> str:
+        """One round: write the block files into `root` (new), make them cold (`drop_page_cache`
+        with `cold`), read them back; add both times to `rounds` as `name`'s, hand `root` to
+        `spent`, and return the cold method."""
+        rounds.add(name, "store", self.write(root))
+        method = drop_page_cache([root], cold)
+        rounds.add(name, "load", self.read(root))
+        spent.done(root)
+        return method
 
     def _run(self, mode: str, root: Path, threads: int) -> float:
         done = subprocess.run(

@@ -69,7 +69,6 @@ from kvref.cpu.shared_region import DEFAULT_REGION_DIR, SharedOffloadRegion
 from kvref.tiering.base import JobMetadata
 from kvref.tiering.fs import FileSystemSecondaryTier
 from kvref.tiering.fs.format import file_bytes
-from kvref.tiering.fs.pool import default_threads
 from kvref.tiering.fs.root import BLOCK_SUFFIX
 from kvref.tiering.manager import CPUPrimaryTierOffloadingManager, TieringOffloadingManager
 
@@ -168,12 +167,8 @@ def bench_throughput(args: argparse.Namespace, work_dir: Path) -> list[str]:
         num_blocks = max(args.job_blocks, args.total // block_bytes)
         moved = num_blocks * block_bytes
         baselines = {_ONE: DirectFileBaseline(work_dir, moved, 1), _MANY: DirectFileBaseline(work_dir, moved, args.streams)}
-        # The tier's thread counts: stores on its write threads, loads on every thread.
-        writers, readers = (
-            default_threads(read=read, direct=True, file_bytes=file_bytes(32, block_bytes)) for read in (False, True)
-        )
         plain = {
-            name: PlainBlockFiles(work_dir, num_blocks, block_bytes, (writers, readers + writers), work=name == _PLAIN_WORK)
+            name: PlainBlockFiles.like_the_tier(work_dir, num_blocks, block_bytes, work=name == _PLAIN_WORK)
             for name in names
             if name in (_PLAIN, _PLAIN_WORK)
         }
@@ -194,11 +189,8 @@ def bench_throughput(args: argparse.Namespace, work_dir: Path) -> list[str]:
                         baseline.remove()
                         continue
                     if name in plain:
-                        root = work_dir / f"plain{'-work' if name == _PLAIN_WORK else ''}-{block_bytes}-{round_index}"
-                        rounds.add(name, "store", plain[name].write(root))
-                        methods.add(drop_page_cache([root], args.cold))
-                        rounds.add(name, "load", plain[name].read(root))
-                        spent.done(root)
+                        root = work_dir / f"plain-{int(plain[name].work)}-{block_bytes}-{round_index}"
+                        methods.add(plain[name].run_round(rounds, name, root, args.cold, spent))
                         continue
                     root = work_dir / f"{'fallback' if name == _FALLBACK else 'tier'}-{block_bytes}-{round_index}"
                     tier = make_tier(view, root, fallback=name == _FALLBACK)
@@ -213,10 +205,7 @@ def bench_throughput(args: argparse.Namespace, work_dir: Path) -> list[str]:
                         spent.done(root)
             rows.release()
             view.release()
-        moved_by = {
-            _TIER: moved, _FALLBACK: moved, _DEVICE: moved, _PLAIN: moved, _PLAIN_WORK: moved,
-            **{n: b.total for n, b in baselines.items()},
-        }  # fmt: skip
+        moved_by = {_TIER: moved, _FALLBACK: moved, _DEVICE: moved, _PLAIN: moved, _PLAIN_WORK: moved, **{n: b.total for n, b in baselines.items()}}
         for phase in ("store", "load"):
             rounds.combine_fastest(_DEVICE, [_ONE, _MANY], phase, moved_by)
         print(
@@ -230,8 +219,7 @@ def bench_throughput(args: argparse.Namespace, work_dir: Path) -> list[str]:
             _MANY: f"O_DIRECT files, 1 MiB x {args.streams} streams",
             _TIER: "FileSystemSecondaryTier (defaults)",
             _FALLBACK: "the tier, buffered fallback",
-            _PLAIN: f"plain C block files ({writers} / {readers + writers} thr)",
-            _PLAIN_WORK: "the same, + checksum and copy",
+            **{name: runner.label for name, runner in plain.items()},
         }
         medians: dict[str, list[float]] = {}
         for name in [_ONE, _MANY, *names[:1], *names[3:]]:
@@ -461,11 +449,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--streams", type=int, default=8, help="the many-stream O_DIRECT baseline's streams (default 8)")
     parser.add_argument("--fallback", action="store_true", help="also measure the tier with O_DIRECT refused (buffered)")
-    parser.add_argument(
-        "--plain",
-        action="store_true",
-        help="also measure the tier's file pattern in plain C (_plain_block_files.c, built with cc), without and with its checksum and copy",
-    )
+    parser.add_argument("--plain", action="store_true", help="also run the tier's file pattern in plain C (_plain_block_files.c, built with cc), without and with its checksum and copy")
     parser.add_argument("--cold", choices=COLD_CHOICES, default="auto", help="how loads are made cold: drop_caches (the page cache), drop_caches_all (dentries and inodes too), fadvise (default: drop_caches as root, else fadvise)")
     parser.add_argument("--job-blocks", type=int, default=16, help="blocks per submitted job")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds per block size (default 5)")

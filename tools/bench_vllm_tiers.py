@@ -165,21 +165,16 @@ def bench_fs(args: argparse.Namespace, work: Path, block_bytes: int, spent: Spen
     many = DirectFileBaseline(work, moved, args.streams)
     rounds = Rounds()
     methods: set[str] = set()
-    # kvref's thread counts: stores on its write threads, loads on every thread.
-    writers, readers = (default_threads(read=read, direct=True, file_bytes=file_bytes(32, block_bytes)) for read in (False, True))
     plain = {
-        name: PlainBlockFiles(work, count, block_bytes, (writers, readers + writers), work=name == _PLAIN_WORK)
+        name: PlainBlockFiles.like_the_tier(work, count, block_bytes, work=name == _PLAIN_WORK)
         for name in ([_PLAIN, _PLAIN_WORK] if args.plain else [])
     }
     for round_index in range(args.repeats):
         for name in rotated([_VLLM, _KVREF, _ONE, _MANY, *plain], round_index):
             os.sync()  # the previous contender's write-back is not this one's
             if name in plain:
-                root = work / f"plain{'-work' if name == _PLAIN_WORK else ''}-{block_bytes}-{round_index}"
-                rounds.add(name, "store", plain[name].write(root))
-                methods.add(drop_page_cache([root], args.cold))
-                rounds.add(name, "load", plain[name].read(root))
-                spent.done(root)
+                root = work / f"plain-{int(plain[name].work)}-{block_bytes}-{round_index}"
+                methods.add(plain[name].run_round(rounds, name, root, args.cold, spent))
                 continue
             if name in (_ONE, _MANY):
                 baseline = one if name == _ONE else many
@@ -225,8 +220,7 @@ def bench_fs(args: argparse.Namespace, work: Path, block_bytes: int, spent: Spen
             f"kvref FileSystemTier ({default_threads(read=True, direct=True, file_bytes=file_bytes(32, block_bytes))}+"
             f"{default_threads(read=False, direct=True, file_bytes=file_bytes(32, block_bytes))}, O_DIRECT)"
         ),
-        _PLAIN: f"plain C block files ({writers}/{readers + writers} thr)",
-        _PLAIN_WORK: "the same + checksum and copy",
+        **{name: runner.label for name, runner in plain.items()},
     }
     for name in (_ONE, _MANY, _VLLM, _KVREF, *plain):
         cells = [

@@ -94,7 +94,7 @@ def test_bench_tiering_plain_block_files_run_beside_the_tier(tmp_path: Path) -> 
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     writers, readers = (default_threads(read=read, direct=True, file_bytes=file_bytes(32, 1 << 20)) for read in (False, True))
-    assert f"plain C block files ({writers} / {readers + writers} thr)" in done.stdout  # the tier's threads
+    assert f"plain C block files, {writers} / {readers + writers} thr" in done.stdout  # the tier's threads
     assert "the same, + checksum and copy" in done.stdout
     assert not list(tmp_path.iterdir()), "the benchmark left files behind"
 

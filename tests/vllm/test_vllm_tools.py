@@ -47,7 +47,7 @@ def test_bench_vllm_tiers_runs_tiny(redis_server: LocalRedisServer, tmp_path: Pa
         "kvref FileSystemTier / vLLM fs",
         "256 KiB: kvref FileSystemTier >= 1.0x of vLLM fs, store and load",
         "kvref FileSystemTier >= 0.8x of the device",
-        "plain C block files (32/64 thr)",  # kvref's threads at 256 KiB
+        "plain C block files, 32 / 64 thr",  # kvref's threads at 256 KiB
         "plain C + checksum, copy / vLLM fs",
         "2 engines loading at once from one root",
         "cold loads: os.sync(), then posix_fadvise(DONTNEED)",
