@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # The stamp depends on pyproject.toml, so editing dependencies refreshes the venv, and on the fs
 # tier's C extension, which the editable install builds in place (tests/vllm import it too).
 STAMP := $(VENV)/.kvref-installed
-NATIVE_SOURCES := kvref/tiering/fs/_batch_io.c kvref/tiering/fs/vendor/xxhash.h
+NATIVE_SOURCES := kvref/tiering/fs/_batch_io.c kvref/tiering/fs/copy_payload.h kvref/tiering/fs/vendor/xxhash.h
 
 .PHONY: run test typecheck audit pytest pytest-vllm vllm-env bench clean redis-server neovim strace
 

@@ -332,7 +332,7 @@ class SpentRoots:
 
 
 _PLAIN_SOURCE = Path(__file__).with_name("_plain_block_files.c")
-_XXHASH_DIR = Path(__file__).resolve().parents[1] / "kvref" / "tiering" / "fs" / "vendor"
+_FS_TIER_DIR = Path(__file__).resolve().parents[1] / "kvref" / "tiering" / "fs"  # copy_payload.h, vendor/xxhash.h
 
 
 def _avx2_flags() -> list[str]:
@@ -372,7 +372,7 @@ class PlainBlockFiles:
             if compiler is None:
                 raise OSError("--plain needs a C compiler: set CC or install cc")
             built = subprocess.run(
-                [compiler, "-O2", *_avx2_flags(), "-pthread", f"-I{_XXHASH_DIR}", "-o", str(self.program), str(_PLAIN_SOURCE)],
+                [compiler, "-O2", *_avx2_flags(), "-pthread", f"-I{_FS_TIER_DIR}", f"-I{_FS_TIER_DIR / 'vendor'}", "-o", str(self.program), str(_PLAIN_SOURCE)],
                 capture_output=True,
                 text=True,
                 check=False,

@@ -35,9 +35,8 @@
 
 #define XXH_INLINE_ALL
 #include "xxhash.h"
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
+
+#include "copy_payload.h" /* the tier's own copy */
 
 #define PAGE 4096
 #define HUGE_PAGE (2u << 20)
@@ -57,28 +56,6 @@ static void fail(const char *what, const char *path) {
 static void path_of(int index, const char *suffix, char *out, size_t size) {
     unsigned hash = (unsigned)index * 2654435761u;
     snprintf(out, size, "%s/%02x/%08d.%s", root, hash >> 24, index, suffix);
-}
-
-/* A copy with non-temporal stores, as the tier's copy_payload: no core reads the destination
- * next (a loaded row goes to the GPU, a staged payload to the device). */
-static void copy_streaming(void *destination, const void *source, size_t length) {
-#if defined(__x86_64__)
-    if (((uintptr_t)destination & 15) == 0 && (length & 63) == 0) {
-        __m128i *out = destination;
-        const __m128i *in = source;
-        for (size_t i = 0; i < length / 16; i += 4) {
-            __m128i a = _mm_loadu_si128(in + i), b = _mm_loadu_si128(in + i + 1);
-            __m128i c = _mm_loadu_si128(in + i + 2), d = _mm_loadu_si128(in + i + 3);
-            _mm_stream_si128(out + i, a);
-            _mm_stream_si128(out + i + 1, b);
-            _mm_stream_si128(out + i + 2, c);
-            _mm_stream_si128(out + i + 3, d);
-        }
-        _mm_sfence();
-        return;
-    }
-#endif
-    memcpy(destination, source, length);
 }
 
 /* The next request's bytes, as the tier splits a file (_batch_io.c's clip): the rest when it
@@ -113,7 +90,7 @@ static void *run(void *staging) {
         if (writing) {
             if (work) {
                 sink += XXH3_64bits(row, payload);
-                copy_streaming(buffer + PAGE, row, payload);
+                copy_payload(buffer + PAGE, row, payload);
             }
             path_of(index, "tmp", tmp_path, sizeof tmp_path);
             int fd = open(tmp_path, O_WRONLY | O_CREAT | O_EXCL | O_DIRECT | O_CLOEXEC, 0644);
@@ -134,7 +111,7 @@ static void *run(void *staging) {
             close(fd);
             if (work) {
                 sink += XXH3_64bits(buffer + PAGE, payload);
-                copy_streaming(row, buffer + PAGE, payload);
+                copy_payload(row, buffer + PAGE, payload);
             }
         }
     }
