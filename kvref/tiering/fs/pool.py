@@ -42,8 +42,9 @@ def default_threads(*, read: bool, direct: bool, file_bytes: int) -> int:
       (3.50 against 3.89 GB/s, medians of 5 rounds), and 256 KiB blocks loaded faster with 64
       than with 32 (4.02 against 3.80 GB/s).
     - Pipelined stores (`FileSystemSecondaryTier` says where) run on the write threads alone,
-      which hold block files of about 16 MiB in all, at least 2 and at most half of all threads. A device writes at full speed with fewer
-      requests in flight than it reads with, and more writers only queue: on that disk plain
+      which hold block files of about 16 MiB in all, at least 2 and at most half of all
+      threads. A device writes at full speed with fewer requests in flight than it reads
+      with, and more writers only queue: on that disk plain
       writers of 1 MiB block files (create, write, rename; their checksums and copies on other
       threads, as the C path's pipeline does) reached 1.01x the device's large-file write
       bandwidth with 8 threads and 0.95x with 16. The tier's writers also stop between tasks
