@@ -1,6 +1,7 @@
-"""kvref: a typed reference of KV-cache offloading, and `kvref audit`.
+"""kvref: a typed reference of vLLM 0.33's KV-cache offloading, and `kvref audit`.
 
-The public API is listed in `__all__`; everything else is an implementation detail.
+The public API is listed in `__all__`; everything else is an implementation detail. Names are
+imported on first use (PEP 562): `kvref audit` and a pre-commit hook need none of the library.
 """
 
 from __future__ import annotations
@@ -12,119 +13,148 @@ from kvref._lazy import lazy_exports
 if TYPE_CHECKING:
     from kvref.base import (
         BlockIDsLoadStoreSpec,
+        CacheHitSource,
+        CanonicalKVCacheRef,
+        CanonicalKVCaches,
+        CanonicalKVCacheTensor,
+        CanonicalPageMapping,
+        ConfigInfo,
+        ConfigInfoMapping,
+        CopyRun,
+        get_offload_block_hash,
+        get_offload_group_idx,
         GPULoadStoreSpec,
         LoadStoreSpec,
+        Locality,
+        LookupResult,
+        make_offload_key,
+        Medium,
+        OffloadingConnectorStats,
+        OffloadingCounterMetadata,
         OffloadingEvent,
+        OffloadingGaugeMetadata,
+        OffloadingHistogramMetadata,
         OffloadingManager,
-        OffloadingStats,
+        OffloadingMetricMetadata,
+        OffloadingSpec,
+        OffloadingWorker,
         OffloadKey,
         OffloadPolicy,
         PrepareStoreOutput,
         ReqContext,
         RequestOffloadingContext,
-        get_offload_block_hash,
-        get_offload_group_idx,
-        make_offload_key,
-    )
-    from kvref.cpu.common import CPULoadStoreSpec
-    from kvref.cpu.manager import CPUOffloadingManager
-    from kvref.cpu.policies.arc import ARCCachePolicy
-    from kvref.cpu.policies.base import BlockStatus, CachePolicy
-    from kvref.cpu.policies.factory import CachePolicyName, register_cache_policy
-    from kvref.cpu.policies.lru import LRUCachePolicy
-    from kvref.errors import KVRefError, OffloadProtocolError
-    from kvref.reuse_manager import FilterReusedOffloadingManager
-    from kvref.cpu.shared_region import SharedOffloadRegion, SharedRegionError
-    from kvref.tiering import (
-        CPUPrimaryTierOffloadingManager,
-        FileSystemSecondaryTier,
-        InMemorySecondaryTier,
-        JobMetadata,
-        JobResult,
-        SecondaryTierManager,
-        TieringOffloadingManager,
-        TierRootError,
-        TierStats,
-        create_secondary_tier,
-        create_tiering_manager,
-        register_tier,
-    )
-
-    # transfer (torch-free; the torch handlers are in kvref.cpu.gpu_worker, imported on demand)
-    from kvref.cpu.transfer_plan import TensorGeometry, TransferPlan, plan_transfer
-    from kvref.worker import (
-        OffloadingHandler,
-        OffloadingWorker,
-        TransferProtocolError,
+        ScheduleEndContext,
+        TierFilter,
+        TierMatcher,
         TransferResult,
-        TransferSpec,
-        TransferType,
+    )
+    from kvref.config import (
+        OffloadingCacheConfig,
+        OffloadingConfig,
+        OffloadingGroupConfig,
+        OffloadingModelConfig,
+        OffloadingParallelConfig,
+    )
+    from kvref.errors import (
+        KVRefError,
+        OffloadProtocolError,
+    )
+    from kvref.cpu.common import (
+        CPULoadStoreSpec,
+        CPUOffloadingInfo,
+        CPUOffloadingMetrics,
+    )
+    from kvref.cpu.manager import (
+        CPUOffloadingManager,
+    )
+    from kvref.cpu.policies.base import (
+        CachePolicy,
+        ChunkStatus,
+    )
+    from kvref.cpu.policies.lru import (
+        LRUCachePolicy,
+    )
+    from kvref.cpu.policies.arc import (
+        ARCCachePolicy,
+    )
+    from kvref.cpu.policies.factory import (
+        CachePolicyFactory,
+    )
+    from kvref.cpu.shared_region import (
+        SharedOffloadRegion,
+        SharedRegionError,
+    )
+    from kvref.tiering.base import (
+        JobResult,
+        ParentManager,
+        SecondaryTierManager,
+        TransferJob,
+    )
+    from kvref.tiering.manager import (
+        CPUPrimaryTierOffloadingManager,
+        TieringOffloadingManager,
     )
 
-# Imported on first use (PEP 562): `kvref audit` and a pre-commit hook need none of this,
-# and importing it all cost a noticeable share of a warm audit.
 _EXPORTS: dict[str, str] = {
-    # kvref.base
-    "BlockIDsLoadStoreSpec": "kvref.base",
-    "GPULoadStoreSpec": "kvref.base",
-    "LoadStoreSpec": "kvref.base",
-    "OffloadingEvent": "kvref.base",
-    "OffloadingManager": "kvref.base",
-    "OffloadingStats": "kvref.base",
     "OffloadKey": "kvref.base",
-    "OffloadPolicy": "kvref.base",
-    "PrepareStoreOutput": "kvref.base",
-    "ReqContext": "kvref.base",
-    "RequestOffloadingContext": "kvref.base",
+    "make_offload_key": "kvref.base",
     "get_offload_block_hash": "kvref.base",
     "get_offload_group_idx": "kvref.base",
-    "make_offload_key": "kvref.base",
-    # kvref.cpu.common
-    "CPULoadStoreSpec": "kvref.cpu.common",
-    # kvref.cpu.manager
-    "CPUOffloadingManager": "kvref.cpu.manager",
-    # kvref.cpu.policies.arc
-    "ARCCachePolicy": "kvref.cpu.policies.arc",
-    # kvref.cpu.policies.base
-    "BlockStatus": "kvref.cpu.policies.base",
-    "CachePolicy": "kvref.cpu.policies.base",
-    # kvref.cpu.policies.factory
-    "CachePolicyName": "kvref.cpu.policies.factory",
-    "register_cache_policy": "kvref.cpu.policies.factory",
-    # kvref.cpu.policies.lru
-    "LRUCachePolicy": "kvref.cpu.policies.lru",
-    # kvref.errors
+    "Medium": "kvref.base",
+    "Locality": "kvref.base",
+    "TierMatcher": "kvref.base",
+    "TierFilter": "kvref.base",
+    "ReqContext": "kvref.base",
+    "LookupResult": "kvref.base",
+    "OffloadPolicy": "kvref.base",
+    "RequestOffloadingContext": "kvref.base",
+    "ScheduleEndContext": "kvref.base",
+    "LoadStoreSpec": "kvref.base",
+    "BlockIDsLoadStoreSpec": "kvref.base",
+    "GPULoadStoreSpec": "kvref.base",
+    "PrepareStoreOutput": "kvref.base",
+    "OffloadingEvent": "kvref.base",
+    "OffloadingMetricMetadata": "kvref.base",
+    "OffloadingCounterMetadata": "kvref.base",
+    "OffloadingGaugeMetadata": "kvref.base",
+    "OffloadingHistogramMetadata": "kvref.base",
+    "ConfigInfo": "kvref.base",
+    "ConfigInfoMapping": "kvref.base",
+    "CacheHitSource": "kvref.base",
+    "OffloadingConnectorStats": "kvref.base",
+    "OffloadingManager": "kvref.base",
+    "CanonicalKVCacheTensor": "kvref.base",
+    "CopyRun": "kvref.base",
+    "CanonicalPageMapping": "kvref.base",
+    "CanonicalKVCacheRef": "kvref.base",
+    "CanonicalKVCaches": "kvref.base",
+    "TransferResult": "kvref.base",
+    "OffloadingWorker": "kvref.base",
+    "OffloadingSpec": "kvref.base",
+    "OffloadingConfig": "kvref.config",
+    "OffloadingGroupConfig": "kvref.config",
+    "OffloadingModelConfig": "kvref.config",
+    "OffloadingCacheConfig": "kvref.config",
+    "OffloadingParallelConfig": "kvref.config",
     "KVRefError": "kvref.errors",
     "OffloadProtocolError": "kvref.errors",
-    # kvref.reuse_manager
-    "FilterReusedOffloadingManager": "kvref.reuse_manager",
-    # kvref.cpu.shared_region
+    "CPULoadStoreSpec": "kvref.cpu.common",
+    "CPUOffloadingInfo": "kvref.cpu.common",
+    "CPUOffloadingMetrics": "kvref.cpu.common",
+    "CPUOffloadingManager": "kvref.cpu.manager",
+    "CachePolicy": "kvref.cpu.policies.base",
+    "ChunkStatus": "kvref.cpu.policies.base",
+    "LRUCachePolicy": "kvref.cpu.policies.lru",
+    "ARCCachePolicy": "kvref.cpu.policies.arc",
+    "CachePolicyFactory": "kvref.cpu.policies.factory",
     "SharedOffloadRegion": "kvref.cpu.shared_region",
     "SharedRegionError": "kvref.cpu.shared_region",
-    # kvref.tiering
-    "CPUPrimaryTierOffloadingManager": "kvref.tiering",
-    "FileSystemSecondaryTier": "kvref.tiering",
-    "InMemorySecondaryTier": "kvref.tiering",
-    "JobMetadata": "kvref.tiering",
-    "JobResult": "kvref.tiering",
-    "SecondaryTierManager": "kvref.tiering",
-    "TieringOffloadingManager": "kvref.tiering",
-    "TierRootError": "kvref.tiering",
-    "TierStats": "kvref.tiering",
-    "create_secondary_tier": "kvref.tiering",
-    "create_tiering_manager": "kvref.tiering",
-    "register_tier": "kvref.tiering",
-    # kvref.cpu.transfer_plan
-    "TensorGeometry": "kvref.cpu.transfer_plan",
-    "TransferPlan": "kvref.cpu.transfer_plan",
-    "plan_transfer": "kvref.cpu.transfer_plan",
-    # kvref.worker
-    "OffloadingHandler": "kvref.worker",
-    "OffloadingWorker": "kvref.worker",
-    "TransferProtocolError": "kvref.worker",
-    "TransferResult": "kvref.worker",
-    "TransferSpec": "kvref.worker",
-    "TransferType": "kvref.worker",
+    "SecondaryTierManager": "kvref.tiering.base",
+    "ParentManager": "kvref.tiering.base",
+    "TransferJob": "kvref.tiering.base",
+    "JobResult": "kvref.tiering.base",
+    "CPUPrimaryTierOffloadingManager": "kvref.tiering.manager",
+    "TieringOffloadingManager": "kvref.tiering.manager",
 }
 if not TYPE_CHECKING:  # checkers see the imports above, not a catch-all `__getattr__`
     __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
@@ -133,57 +163,63 @@ __version__ = "0.1.0"
 
 __all__ = [
     "__version__",
-    # base
     "OffloadKey",
     "make_offload_key",
     "get_offload_block_hash",
     "get_offload_group_idx",
+    "Medium",
+    "Locality",
+    "TierMatcher",
+    "TierFilter",
     "ReqContext",
+    "LookupResult",
+    "OffloadPolicy",
+    "RequestOffloadingContext",
+    "ScheduleEndContext",
     "LoadStoreSpec",
     "BlockIDsLoadStoreSpec",
     "GPULoadStoreSpec",
     "PrepareStoreOutput",
     "OffloadingEvent",
-    "OffloadPolicy",
-    "RequestOffloadingContext",
+    "OffloadingMetricMetadata",
+    "OffloadingCounterMetadata",
+    "OffloadingGaugeMetadata",
+    "OffloadingHistogramMetadata",
+    "ConfigInfo",
+    "ConfigInfoMapping",
+    "CacheHitSource",
+    "OffloadingConnectorStats",
     "OffloadingManager",
-    "OffloadingStats",
-    # errors
+    "CanonicalKVCacheTensor",
+    "CopyRun",
+    "CanonicalPageMapping",
+    "CanonicalKVCacheRef",
+    "CanonicalKVCaches",
+    "TransferResult",
+    "OffloadingWorker",
+    "OffloadingSpec",
+    "OffloadingConfig",
+    "OffloadingGroupConfig",
+    "OffloadingModelConfig",
+    "OffloadingCacheConfig",
+    "OffloadingParallelConfig",
     "KVRefError",
     "OffloadProtocolError",
-    # cpu tier
     "CPULoadStoreSpec",
-    "BlockStatus",
-    "CachePolicy",
+    "CPUOffloadingInfo",
+    "CPUOffloadingMetrics",
     "CPUOffloadingManager",
-    "CachePolicyName",
+    "CachePolicy",
+    "ChunkStatus",
     "LRUCachePolicy",
     "ARCCachePolicy",
-    "register_cache_policy",
-    "FilterReusedOffloadingManager",
-    # tiering
+    "CachePolicyFactory",
     "SharedOffloadRegion",
     "SharedRegionError",
     "SecondaryTierManager",
-    "JobMetadata",
+    "ParentManager",
+    "TransferJob",
     "JobResult",
-    "InMemorySecondaryTier",
-    "FileSystemSecondaryTier",
-    "create_secondary_tier",
-    "register_tier",
     "CPUPrimaryTierOffloadingManager",
     "TieringOffloadingManager",
-    "create_tiering_manager",
-    "TierStats",
-    "TierRootError",
-    # transfer
-    "TransferSpec",
-    "TransferType",
-    "TransferResult",
-    "TransferProtocolError",
-    "OffloadingHandler",
-    "OffloadingWorker",
-    "TensorGeometry",
-    "TransferPlan",
-    "plan_transfer",
 ]

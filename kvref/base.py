@@ -1,180 +1,157 @@
-"""Core types and the `OffloadingManager` contract (vLLM: `vllm/v1/kv_offload/base.py`).
+"""Core types and the offloading contracts (vLLM 0.33: `vllm/v1/kv_offload/base.py`).
 
-An `OffloadingManager` runs on the scheduler's thread. It tracks which KV blocks are offloaded
-to a medium (CPU memory, a filesystem, ...) and hands the worker side the metadata it needs to
-move them. It never copies data itself. Its primitives:
+An `OffloadingManager` runs in the scheduler. It tracks which KV blocks are offloaded, and where,
+and hands the worker side what it needs to move them; it never copies data itself. Its
+primitives:
 
-* `lookup` — is one block offloaded and readable (True), absent (False), or not yet readable
-  (None: a store or promotion is in flight, ask again next step)?
-* `prepare_load` / `complete_load` — pin blocks while the worker reads them, then release them.
-* `touch` — mark blocks recently used (also for blocks hit in the GPU prefix cache).
-* `prepare_store` / `complete_store` — reserve room (evicting if needed) for blocks the worker is
-  about to write, then make them readable (or drop them if the write failed).
-* `on_new_request` / `on_request_finished` — request lifecycle hooks.
-* `take_events` — stored/removed notifications for KV-aware routing.
-* `reset_cache` / `shutdown` — drop everything / release resources.
+* `lookup` - is one block offloaded and readable (HIT), absent (MISS), present but not yet
+  readable (HIT_PENDING), or unknown for now (RETRY: ask again next step)?
+* `prepare_load` / `complete_load` - protect blocks from eviction while the worker reads them.
+* `touch` - mark blocks recently used (also blocks hit in the GPU prefix cache, never loaded).
+* `prepare_store` / `complete_store` - reserve room for blocks the worker is about to write,
+  evicting if needed, then make them loadable (or drop them if the write failed).
+* `on_new_request` / `on_request_finished` / `on_schedule_end` - the request and step lifecycle.
+* `take_events`, `get_stats`, `config_info` - what the engine publishes.
+* `reset_cache` then `on_reset_flushed`, `shutdown`.
 
-Every `keys` parameter is a `Collection[OffloadKey]`: callers may pass a list, a tuple, a set or
-a dict view, and implementations may iterate it more than once and take its `len`, but must not
-index it.
+Exclusion: `lock` guards a manager's whole state (the manager, every tier it composes and their
+front ends). Callers hold it around every call but `shutdown`, and across calls that depend on
+each other - a `lookup` HIT and the `prepare_load` that pins it must not be separated by another
+thread's eviction. Managers never take it themselves. The default is a no-op context manager;
+a manager entered from a second thread of its own returns a real lock.
 
-Where the parts live: this module holds the keys, the request context and the manager contract;
-the load/store specs are in `kvref.specs` and the statistics in `kvref.stats`, and are exported
-from here too.
+Keys: every `keys` parameter is a `Collection[OffloadKey]`. Callers pass a list, tuple, set or
+dict view; implementations may iterate it more than once and take its `len`, never index it.
+
+The worker side (`OffloadingWorker`) runs in each worker process and moves the bytes of one
+offloaded medium, over the canonical KV caches of `kvref.canonical`. An `OffloadingSpec` builds
+the two sides of one offloading configuration.
 """
 
 from __future__ import annotations
 
-import enum
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, NewType, TypeVar
+from collections.abc import Collection, Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from enum import Enum, auto
+from typing import Any, NamedTuple
 
+from kvref.cache_hit_source import CacheHitSource
+from kvref.config import OffloadingConfig
+from kvref.request import (
+    MAX_OFFLOAD_KEY_POSITION,
+    Locality,
+    Medium,
+    OffloadKey,
+    ReqContext,
+    TierFilter,
+    TierMatcher,
+    check_key_collection,
+    get_offload_block_hash,
+    get_offload_group_idx,
+    make_offload_key,
+)
 from kvref.specs import BlockIDsLoadStoreSpec, GPULoadStoreSpec, LoadStoreSpec
-from kvref.stats import OffloadingStats, TierStats
+from kvref.stats import (
+    ConfigInfo,
+    ConfigInfoMapping,
+    OffloadingConnectorStats,
+    OffloadingCounterMetadata,
+    OffloadingGaugeMetadata,
+    OffloadingHistogramMetadata,
+    OffloadingMetricMetadata,
+)
+from kvref.transfer import (
+    CanonicalKVCacheRef,
+    CanonicalKVCaches,
+    CanonicalKVCacheTensor,
+    CanonicalPageMapping,
+    CopyRun,
+    OffloadingWorker,
+    TransferResult,
+)
 
 __all__ = [
     "OffloadKey",
     "make_offload_key",
     "get_offload_block_hash",
     "get_offload_group_idx",
-    "MAX_OFFLOAD_KEY_POSITION",
-    "ReqContext",
     "check_key_collection",
-    "LoadStoreSpec",
-    "BlockIDsLoadStoreSpec",
-    "GPULoadStoreSpec",
-    "PrepareStoreOutput",
-    "OffloadingEvent",
+    "MAX_OFFLOAD_KEY_POSITION",
+    "Medium",
+    "Locality",
+    "TierMatcher",
+    "TierFilter",
+    "ReqContext",
+    "LookupResult",
     "OffloadPolicy",
     "RequestOffloadingContext",
-    "OffloadingStats",
-    "TierStats",
+    "ScheduleEndContext",
+    "LoadStoreSpec",
+    "PrepareStoreOutput",
+    "OffloadingEvent",
+    "OffloadingMetricMetadata",
+    "OffloadingCounterMetadata",
+    "OffloadingGaugeMetadata",
+    "OffloadingHistogramMetadata",
+    "OffloadingKVEventsConfig",
+    "ConfigInfoMapping",
+    "ConfigInfo",
+    "CacheHitSource",
+    "OffloadingConnectorStats",
     "OffloadingManager",
+    "BlockIDsLoadStoreSpec",
+    "GPULoadStoreSpec",
+    "CanonicalKVCacheTensor",
+    "CopyRun",
+    "CanonicalPageMapping",
+    "CanonicalKVCacheRef",
+    "CanonicalKVCaches",
+    "TransferResult",
+    "OffloadingWorker",
+    "OffloadingSpec",
 ]
 
-OffloadKey = NewType("OffloadKey", bytes)
-"""One offloaded block of one KV-cache group: the block hash followed by 4 bytes of group index.
+class LookupResult(Enum):
+    """What `OffloadingManager.lookup` says of one block."""
 
-Raw bytes rather than a tuple: bytes are hashed once and cached, and are not tracked by the GC.
-"""
-
-_GROUP_IDX_BYTES = 4
-_GROUP_IDX_LIMIT = 1 << (8 * _GROUP_IDX_BYTES)
-
-
-def make_offload_key(block_hash: bytes, group_idx: int) -> OffloadKey:
-    """Build the key of `block_hash` in KV-cache group `group_idx`.
-
-    Args:
-        block_hash: the (chained) prefix hash of the last hash block the offloaded block covers.
-        group_idx: the KV-cache group, 0 <= group_idx < 2**32.
-
-    Returns:
-        `block_hash` followed by `group_idx` as 4 big-endian unsigned bytes.
-    """
-    if not 0 <= group_idx < _GROUP_IDX_LIMIT:
-        raise ValueError(f"group_idx must be in [0, 2**32), got {group_idx}")
-    return OffloadKey(bytes(block_hash) + group_idx.to_bytes(_GROUP_IDX_BYTES, "big"))
+    MISS = auto()
+    """Not offloaded (or not servable: the request recomputes it)."""
+    HIT = auto()
+    """Offloaded and readable now: `prepare_load` may pin it."""
+    HIT_PENDING = auto()
+    """Offloaded, not yet readable (its store or promotion is in flight): ask again later."""
+    RETRY = auto()
+    """Not known yet (an asynchronous lookup is pending, a tier is busy): ask again later."""
 
 
-def get_offload_block_hash(key: OffloadKey) -> bytes:
-    """Return the block hash part of `key` (all but its last 4 bytes)."""
-    return key[:-_GROUP_IDX_BYTES]
+class OffloadPolicy(Enum):
+    """Which chunks of a request the connector offers to `prepare_store`."""
 
-
-def get_offload_group_idx(key: OffloadKey) -> int:
-    """Return the KV-cache group index encoded in the last 4 bytes of `key`."""
-    return int.from_bytes(key[-_GROUP_IDX_BYTES:], "big")
-
-
-_T = TypeVar("_T")
-
-MAX_OFFLOAD_KEY_POSITION = (1 << 40) - 1
-"""The largest end-token position `ReqContext.set_offload_key_position` accepts (about 10**12)."""
+    CHUNK_LEVEL = "chunk_level"
+    """Only newly computed chunks; prefix hits were offloaded by an earlier request."""
+    REQUEST_LEVEL = "request_level"
+    """Every chunk of the request, prefix hits included (tiers that keep whole requests)."""
 
 
 @dataclass
-class ReqContext:
-    """Per-request context passed to every manager call: one object per request.
+class RequestOffloadingContext:
+    """A manager's answer to `on_new_request`."""
 
-    Managers and policies keep per-request state in it (`set_state`/`get_state`), and the
-    scheduler records where each of the request's keys ends in its token sequence
-    (`set_offload_key_position`), so that a policy can order a request's blocks head to tail
-    even when they are stored out of order. Reusing one context for several requests merges
-    them into one as far as recency goes.
+    policy: OffloadPolicy = OffloadPolicy.CHUNK_LEVEL
+
+
+class ScheduleEndContext(NamedTuple):
+    """What one scheduler step did, passed to `on_schedule_end`.
 
     Attributes:
-        req_id: the engine's request id.
-        kv_transfer_params: the request's free-form `kv_transfer_params`, if any.
+        new_req_ids: requests scheduled for the first time this step.
+        preempted_req_ids: requests preempted this step.
     """
 
-    req_id: str
-    kv_transfer_params: dict[str, Any] | None = None
-    # Scratch space keyed by the value's type, so each component keeps one record per request.
-    _state: dict[type, Any] = field(default_factory=dict[type, Any], repr=False, init=False, compare=False)
-    _offload_key_positions: dict[OffloadKey, int] = field(
-        default_factory=dict[OffloadKey, int], repr=False, init=False, compare=False
-    )
-
-    def set_state(self, value: object) -> None:
-        """Keep `value` as this request's record of type `type(value)` (replacing any)."""
-        self._state[type(value)] = value
-
-    def get_state(self, cls: type[_T]) -> _T | None:
-        """Return this request's record of type `cls`, or None."""
-        return self._state.get(cls)
-
-    def set_offload_key_position(self, key: OffloadKey, end_token: int) -> None:
-        """Record that `key` covers this request's tokens up to `end_token` (exclusive).
-
-        Args:
-            key: one of the request's offload keys.
-            end_token: the number of tokens up to and including the key's block, in
-                [0, MAX_OFFLOAD_KEY_POSITION].
-
-        Raises:
-            ValueError: `end_token` is out of range.
-        """
-        if not 0 <= end_token <= MAX_OFFLOAD_KEY_POSITION:
-            raise ValueError(
-                f"end_token must be in [0, {MAX_OFFLOAD_KEY_POSITION}], got {end_token!r}"
-            )
-        self._offload_key_positions[key] = end_token
-
-    def get_offload_key_position(self, key: OffloadKey) -> int | None:
-        """Return the end-token position recorded for `key`, or None."""
-        return self._offload_key_positions.get(key)
-
-    @property
-    def offload_key_positions(self) -> Mapping[OffloadKey, int]:
-        """Every recorded key position (read-only use; for loops that look up many keys)."""
-        return self._offload_key_positions
-
-
-def check_key_collection(keys: object, operation: str) -> None:
-    """Refuse a single key where a collection of keys is expected.
-
-    `bytes` is itself a collection (of ints): without this check its bytes would be taken as
-    keys, one slot each.
-
-    Args:
-        keys: the argument given as `keys`.
-        operation: the manager method, named in the error.
-
-    Raises:
-        TypeError: `keys` is a bytes-like object or a str.
-    """
-    if isinstance(keys, _SINGLE_KEY_TYPES):
-        raise TypeError(
-            f"{operation}: keys must be a collection of OffloadKey, got a single "
-            f"{type(keys).__name__} (wrap one key in a list)"
-        )
-
-
-# Collections whose items are not keys, however they iterate.
-_SINGLE_KEY_TYPES: tuple[type, ...] = (bytes, bytearray, memoryview, str)
+    new_req_ids: Collection[str]
+    preempted_req_ids: Collection[str]
 
 
 @dataclass
@@ -194,87 +171,109 @@ class PrepareStoreOutput:
 
 @dataclass
 class OffloadingEvent:
-    """Blocks stored on, or removed from, a medium.
+    """Chunks stored on, or removed from, a medium (for KV-aware routing).
 
     Attributes:
-        keys: the blocks concerned.
-        medium: the medium that owns them ("CPU", or a secondary tier's name).
+        keys: the chunks.
+        medium: the medium that owns them.
         removed: True for a removal, False for a completed store.
+        locality: where the storage is, if the tier says.
+        ownership: the secondary tier that emitted the event; None for the primary.
+        removal_expected: the removal was announced in advance.
+        metadata_only: a failed allocation released the keys; no stored chunk was removed.
     """
 
     keys: list[OffloadKey]
-    medium: str
+    medium: Medium
     removed: bool
-
-
-class OffloadPolicy(enum.Enum):
-    """Which blocks of a request a manager wants offered to `prepare_store`."""
-
-    BLOCK_LEVEL = "block_level"
-    """Only newly computed blocks; blocks that were prefix hits are already offloaded."""
-    REQUEST_LEVEL = "request_level"
-    """Every block of the request, prefix hits included (tiers that need whole requests)."""
+    locality: Locality | None = None
+    ownership: str | None = None
+    removal_expected: bool = False
+    metadata_only: bool = False
 
 
 @dataclass(frozen=True)
-class RequestOffloadingContext:
-    """A manager's answer to `on_new_request`."""
+class OffloadingKVEventsConfig:
+    """Whether offloading publishes KV events.
 
-    policy: OffloadPolicy = field(default=OffloadPolicy.BLOCK_LEVEL)
+    Attributes:
+        enable_kv_cache_events: the engine publishes KV events at all (otherwise
+            `take_events` is never drained, and tiers should capture nothing).
+        self_describing_kv_events: stored events carry what a consumer needs without the
+            engine's configuration (only with `enable_kv_cache_events`).
+    """
+
+    enable_kv_cache_events: bool
+    self_describing_kv_events: bool
 
 
 class OffloadingManager(ABC):
-    """Scheduler-side bookkeeping of offloaded KV blocks (see the module docstring).
+    """Scheduler-side bookkeeping of offloaded KV chunks (see the module docstring).
 
-    Abstract: `lookup`, `prepare_load`, `prepare_store`, `on_new_request`. Every other method has
-    a no-op default, so a minimal manager overrides four methods.
+    Abstract: `lookup`, `prepare_load`, `prepare_store`, `on_new_request`; every other method has
+    a no-op default.
     """
 
-    @abstractmethod
-    def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
-        """Say whether one block is offloaded and ready to be loaded.
+    @property
+    def lock(self) -> AbstractContextManager[Any]:
+        """The context manager that grants exclusive access to this manager's state.
 
-        Lookup does not change recency (use `touch`) and does not protect the block.
+        Every caller of a manager method but `shutdown` holds it, across as many calls as its
+        reasoning needs (a `lookup` HIT and the `prepare_load` that pins it). Managers never
+        enter it themselves, and callers never re-enter it: a real lock need not be reentrant.
+
+        Returns:
+            A no-op context manager by default (a manager only ever entered from one thread).
+        """
+        return nullcontext()
+
+    @abstractmethod
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        """Say whether one chunk is offloaded and ready to be read.
+
+        Does not change recency (that is `touch`) and does not protect the chunk.
 
         Args:
-            key: the block.
+            key: the chunk.
             req_context: the request asking.
 
         Returns:
-            True if the block can be loaded now, False if it is not offloaded, and None if it
-            is present but not yet readable (its store or promotion is in flight): the caller
-            should ask again later rather than treat it as a miss.
+            HIT, MISS, HIT_PENDING or RETRY (see `LookupResult`).
         """
+
+    def get_load_source(self, key: OffloadKey, req_context: ReqContext) -> CacheHitSource:
+        """Return the tier that supplied a chunk `lookup` answered HIT for.
+
+        Composing managers keep the origin across a promotion into their primary tier, so a disk
+        hit is not counted as a host hit.
+
+        Returns:
+            EXTERNAL_UNSPECIFIED by default (an uninstrumented manager).
+        """
+        return CacheHitSource.EXTERNAL_UNSPECIFIED
 
     @abstractmethod
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
-        """Protect blocks from eviction while the worker reads them.
+        """Protect chunks from eviction while the worker reads them.
 
-        Each call must be matched by one `complete_load` of the same keys. Loads stack: a block
-        prepared twice needs two completions before it can be evicted again.
+        Each call is matched by one `complete_load` of the same keys; loads stack.
 
         Args:
-            keys: blocks that `lookup` reported as ready.
+            keys: chunks `lookup` answered HIT for.
             req_context: the loading request.
 
         Returns:
             A spec whose blocks are co-indexed with `keys` in iteration order.
-
-        Raises:
-            OffloadProtocolError: a key is absent or not ready; nothing was changed.
         """
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        """Mark blocks as recently used; absent keys are ignored.
+        """Mark chunks as recently used (an LRU's move to the most recent end).
 
-        Separate from `prepare_load` so that blocks hit in the GPU prefix cache, which are not
-        loaded, still refresh their recency here. Keys come in prefix order; the first key of a
-        request should end up the most recently used. Recency is logical: a touch counts even
-        for a block whose store is pending or that is being read, and finishing a store or a
-        load never counts as a use.
+        Separate from `prepare_load` so that chunks hit in the GPU prefix cache, which are not
+        loaded, still count as used.
 
         Args:
-            keys: the blocks, in request order.
+            keys: the chunks, in request order.
             req_context: the request using them.
         """
         return None
@@ -285,64 +284,51 @@ class OffloadingManager(ABC):
         Args:
             keys: the keys given to `prepare_load`.
             req_context: the loading request.
-
-        Raises:
-            OffloadProtocolError: a key has no load in progress; nothing was changed.
         """
         return None
 
     @abstractmethod
-    def prepare_store(
-        self, keys: Collection[OffloadKey], req_context: ReqContext
-    ) -> PrepareStoreOutput | None:
-        """Reserve room for blocks the worker is about to write.
+    def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
+        """Reserve room for chunks the worker is about to write.
 
-        All or nothing: either every key that is not already present gets a slot (evicting idle
-        blocks if needed, never one of `keys`), or nothing changes. Reserved blocks answer None
-        to `lookup` and cannot be evicted until `complete_store`.
+        The reserved chunks are protected from eviction until `complete_store`.
 
         Args:
-            keys: candidate blocks; those already stored or in flight are skipped.
+            keys: candidate chunks; those already present are skipped.
             req_context: the storing request.
 
         Returns:
-            The keys to write, where, and what was evicted (an empty output when every key is
-            already present), or None when there is no room: nothing was changed.
+            Which chunks to write, where, and what was evicted to make room; None when they
+            cannot be stored (nothing was changed).
         """
 
-    def complete_store(
-        self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True
-    ) -> None:
-        """Finish the writes of blocks prepared by `prepare_store`.
-
-        Idempotent: keys already ready, and unknown keys, are ignored, so callers may pass a
-        superset of the prepared keys.
+    def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
+        """Finish the writes of chunks prepared by `prepare_store`; they become loadable.
 
         Args:
-            keys: blocks whose write finished.
+            keys: chunks whose write finished.
             req_context: the storing request.
-            success: False if the write failed: pending blocks are dropped and announced nowhere.
+            success: False if the write failed: chunks not yet stored are dropped.
         """
         return None
 
     @abstractmethod
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
-        """Called once, the first time the scheduler sees a request.
+        """Called once, when the scheduler first sees a request.
 
         Args:
             req_context: the new request.
 
         Returns:
-            How the connector should offer this request's blocks to `prepare_store`.
+            How the connector should offer this request's chunks to `prepare_store`.
         """
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         """Called once a request is done: no `prepare_*` call will name it again.
 
-        Completions of its in-flight jobs may still arrive afterwards. It says nothing about
-        persistence. Managers that rank a running request's blocks provisionally (vLLM's and
-        kvref's LRU and ARC) commit the request's recency here. A manager composed of others must delay its children's finish until no
-        more of the request's work can be submitted to them.
+        Completions (`complete_store`, `complete_load`) of its transfers may still arrive, and
+        nothing is implied about persistence. A manager that cascades to lower tiers delays
+        their `on_request_finished` until no more work can be submitted to them for it.
 
         Args:
             req_context: the finished request.
@@ -350,32 +336,101 @@ class OffloadingManager(ABC):
         return None
 
     def take_events(self) -> Iterable[OffloadingEvent]:
-        """Return the events buffered since the last call, and forget them.
+        """Return the events collected since the last call, and forget them.
 
-        A manager reports only storage it owns; composite managers aggregate their children's
-        events and never synthesize events for them.
+        A manager reports only storage it owns; a composing manager aggregates its children's
+        events and never makes one up for them.
 
         Returns:
             The events, oldest first.
         """
         return ()
 
-    def get_stats(self) -> OffloadingStats | None:
-        """Return this manager's counters (see `OffloadingStats`), or None if it keeps none.
+    def on_schedule_end(self, context: ScheduleEndContext) -> None:
+        """Called once at the end of each scheduler step, as the step's last manager call.
+
+        Managers flush here the work they deferred during the step (batched promotions, say).
+
+        Args:
+            context: what the step scheduled.
+        """
+        return None
+
+    def has_pending_work(self) -> bool:
+        """Whether the engine must keep stepping for this manager.
 
         Returns:
-            A snapshot; later calls are not affected by reading it.
+            True while work is in flight: `on_schedule_end` keeps being called even when no
+            request is scheduled. False by default.
         """
-        return None
+        return False
 
     def reset_cache(self) -> None:
-        """Forget every tracked block (sleep, weight update, prefix-cache reset).
+        """Evict every tracked chunk and reset internal state (sleep, weight update)."""
+        return None
 
-        The caller guarantees that no completion of a job submitted before the reset is
-        delivered afterwards.
+    def on_reset_flushed(self) -> None:
+        """Called once the workers have reported every job in flight at the last `reset_cache`:
+        the chunks it freed are no longer written by them."""
+        return None
+
+    def get_stats(self) -> OffloadingConnectorStats | None:
+        """Return the metric observations since the last call, or None if the manager keeps none."""
+        return None
+
+    def config_info(self) -> Sequence[ConfigInfoMapping]:
+        """Return the info-metric labels, one mapping per series (read once; see `ConfigInfo`).
+
+        Returns:
+            One empty mapping by default.
+        """
+        return [{}]
+
+    def shutdown(self) -> None:
+        """Release resources; the manager is unusable afterwards.
+
+        The one call made without holding `lock`: a manager with a thread of its own may need
+        the lock to stop it.
         """
         return None
 
-    def shutdown(self) -> None:
-        """Release resources (threads, files, shared memory); the manager is unusable after."""
-        return None
+
+class OffloadingSpec(ABC):
+    """One offloading configuration: builds the scheduler's manager and each worker's worker.
+
+    Args:
+        config: the normalized configuration.
+    """
+
+    @classmethod
+    def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, OffloadingMetricMetadata]:
+        """Return the metrics this spec's managers emit, by name."""
+        return {}
+
+    @classmethod
+    def config_info_keys(cls, extra_config: dict[str, Any]) -> tuple[str, ...]:
+        """Return the info-metric label names its manager fills (see `ConfigInfo`)."""
+        return ()
+
+    def __init__(self, config: OffloadingConfig) -> None:
+        self.config = config
+        self.extra_config = config.extra_config
+        self.replicated_layout: bool = False
+        self.kv_events_config = OffloadingKVEventsConfig(
+            enable_kv_cache_events=config.enable_kv_cache_events,
+            self_describing_kv_events=bool(self.extra_config.get("self_describing_kv_events", False)),
+        )
+        # Only prompt blocks are offloaded by default: generated tokens are often dropped before
+        # a conversation's next turn (reasoning models strip their thinking).
+        self.offload_prompt_only: bool = bool(self.extra_config.get("offload_prompt_only", True))
+        self.tokens_per_block = tuple(group.tokens_per_block for group in config.groups)
+        self.tokens_per_hash = config.cache.tokens_per_hash
+        self.blocks_per_chunk = config.cache.blocks_per_chunk
+
+    @abstractmethod
+    def get_manager(self) -> OffloadingManager:
+        """Return the manager the scheduler-side connector tracks offloaded chunks with."""
+
+    @abstractmethod
+    def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
+        """Return the worker that moves this spec's blocks over `kv_caches`."""

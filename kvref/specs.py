@@ -1,13 +1,12 @@
 """Load/store specs: what a worker needs to find blocks on one medium (part of `kvref.base`).
 
-A manager's `prepare_load` and `prepare_store` answer with a spec of their medium; the worker
-pairs it with the GPU side's `GPULoadStoreSpec` and routes the pair to the handler registered for
-those two mediums (`kvref.worker`). `kvref.base` exports every name here.
+A manager's `prepare_load` and `prepare_store` answer with the spec of its medium; the worker
+pairs it with the GPU side's `GPULoadStoreSpec` in `submit_store` / `submit_load`. Block ids are
+kept packed as int64 (`array('q')`): compact, and zero-copy into torch or numpy.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from array import array
 from collections.abc import Iterable, Sequence
 
@@ -16,34 +15,22 @@ from typing_extensions import override
 __all__ = ["BlockIDsLoadStoreSpec", "GPULoadStoreSpec", "LoadStoreSpec"]
 
 
-class LoadStoreSpec(ABC):
-    """Opaque metadata that lets a worker locate blocks on one medium."""
-
-    @staticmethod
-    @abstractmethod
-    def medium() -> str:
-        """Return the medium these blocks live on ("GPU", "CPU", ...)."""
+class LoadStoreSpec:
+    """Metadata that lets a worker load, and optionally also store, blocks of KV data."""
 
 
-class BlockIDsLoadStoreSpec(LoadStoreSpec, ABC):
-    """Blocks addressed by integer ids on their medium (co-indexed with the keys they serve).
+class BlockIDsLoadStoreSpec(LoadStoreSpec):
+    """Blocks addressed by integer ids on their medium, co-indexed with the keys they serve.
 
-    `block_ids` is an `array('q')`: packed int64, compact and zero-copy into torch/numpy.
+    What an id means is the subclass's: a GPU block for `GPULoadStoreSpec`, a CPU chunk (a
+    slot of the CPU tier) for `kvref.cpu.common.CPULoadStoreSpec`.
+
+    Args:
+        block_ids: the ids, in the order of the keys they serve.
     """
 
     def __init__(self, block_ids: Iterable[int]) -> None:
-        # array fills a sized array from a list, but grows one item at a time from an iterator.
-        self._ids: array[int] | list[int] = array(
-            "q", block_ids if isinstance(block_ids, list) else list(block_ids)
-        )
-
-    @property
-    def block_ids(self) -> array[int]:
-        """The block ids, packed (on first read, for a spec built from a list it owns)."""
-        ids = self._ids
-        if isinstance(ids, list):
-            ids = self._ids = array("q", ids)
-        return ids
+        self.block_ids: array[int] = array("q", block_ids)
 
     @override
     def __repr__(self) -> str:
@@ -59,13 +46,18 @@ class BlockIDsLoadStoreSpec(LoadStoreSpec, ABC):
 class GPULoadStoreSpec(BlockIDsLoadStoreSpec):
     """GPU blocks of one request, ordered by KV-cache group.
 
-    An offloaded block may span several GPU blocks (the block-size factor), so the first GPU
-    block of a group can sit mid-way into an offloaded block; `block_indices[g]` says where.
+    An offloaded chunk may span several GPU blocks, so the first GPU block of a group can sit
+    mid-way into a chunk; `block_indices[g]` says where group `g` starts, so the worker can skip
+    the part of the first chunk that precedes it.
 
     Args:
         block_ids: GPU block ids, group 0's first, then group 1's, ...
         group_sizes: how many of `block_ids` belong to each group.
         block_indices: per group, the request-relative index (in GPU blocks) of its first block.
+
+    Raises:
+        ValueError: the sizes do not add up to the ids, or the two sequences differ in length
+            (vLLM asserts both).
     """
 
     def __init__(
@@ -82,15 +74,8 @@ class GPULoadStoreSpec(BlockIDsLoadStoreSpec):
                 f"group_sizes {list(group_sizes)} must be non-negative and sum to the "
                 f"{len(self.block_ids)} block ids"
             )
-        if any(index < 0 for index in block_indices):
-            raise ValueError(f"block_indices {list(block_indices)} must be non-negative")
-        self.group_sizes: tuple[int, ...] = tuple(group_sizes)
-        self.block_indices: tuple[int, ...] = tuple(block_indices)
-
-    @staticmethod
-    @override
-    def medium() -> str:
-        return "GPU"
+        self.group_sizes: Sequence[int] = tuple(group_sizes)
+        self.block_indices: Sequence[int] = tuple(block_indices)
 
     @override
     def __eq__(self, other: object) -> bool:

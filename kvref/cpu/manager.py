@@ -1,416 +1,471 @@
-"""The CPU offloading manager: a fixed pool of CPU blocks behind a `CachePolicy` (vLLM: `cpu/manager.py`).
+"""The CPU offloading manager: a fixed pool of CPU chunks behind a `CachePolicy` (vLLM 0.33:
+`cpu/manager.py`).
 
-The manager owns what every policy shares: slot allocation, reference counts, the count of idle
-blocks, events and protocol checks. The policy owns the key -> block mapping and decides which
-idle blocks to evict. Block states (kv-offload.md section 4):
+The manager owns what every policy shares: the chunk pool, reference counts, the admission
+filter, per-request access records, events and statistics. The policy owns the key -> chunk
+mapping and decides which idle chunks to evict. A chunk's states:
 
-    absent --prepare_store--> pending (ref_cnt -1) --complete_store--> idle (0) <--> reading (n > 0)
+    absent --prepare_store--> pending (ref_cnt -1) --complete_store--> idle (0) <--> read (n > 0)
       ^                          | complete_store(success=False): dropped, slot freed
-      +---- evicted (idle and not named by the evicting prepare_store) <----+
+      +------- evicted by a prepare_store that needs its slot (idle, not named by it)
 
-Like vLLM 0.33's manager, it also keeps one access record per request (in the request's
-`ReqContext`): the keys the request loaded or offered to store, grouped by KV-cache group, which
-it stored and which it reused. The policy sees a request's first access to each key
-(`on_request_access`), its store misses once (`on_store_miss`), and the whole record when the
-request finishes (`on_request_finished`), which is where LRU and ARC commit its recency.
+Each request's accesses are recorded in its `ReqContext`: the keys it loaded or offered to
+store, per KV-cache group, which it stored and which it reused. The policy sees a request's
+first access to each key (`on_request_access`), its store misses once (`on_store_miss`) and the
+whole record when the request finishes (`on_request_finished`), where LRU and ARC commit it.
 
-This module holds the calls, in the order a request makes them; what they read and update (the
-block pool, the fast paths bound to the policy, the access records, statistics, events, protocol
-errors) is the manager's base class, `ManagerBookkeeping` in `kvref.cpu.bookkeeping`.
+Where kvref differs from vLLM (docs/VLLM_DIFFERENCES.md): misuse raises `OffloadProtocolError`
+and changes nothing where vLLM asserts; a key offered twice in one `prepare_store` takes one
+chunk; a single key passed as `keys` is a `TypeError`.
 """
 
 from __future__ import annotations
 
-import operator
-from collections.abc import Callable, Collection
-from itertools import filterfalse, repeat
-from typing import cast
+from collections import OrderedDict
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 
 from typing_extensions import override
 
 from kvref.base import (
+    CacheHitSource,
+    ConfigInfoMapping,
+    LookupResult,
+    Medium,
+    OffloadingConnectorStats,
     OffloadingEvent,
+    OffloadingManager,
     OffloadKey,
     PrepareStoreOutput,
     ReqContext,
     RequestOffloadingContext,
     check_key_collection,
+    get_offload_group_idx,
 )
-from kvref.cpu.bookkeeping import ManagerBookkeeping, RequestAccess, describe_block
-from kvref.cpu.common import CPULoadStoreSpec
-from kvref.cpu.policies.base import BlockStatus, CachePolicy
+from kvref.cpu.common import CPULoadStoreSpec, CPUOffloadingInfo, CPUOffloadingMetrics
+from kvref.cpu.policies.base import CachePolicy, ChunkStatus
+from kvref.cpu.policies.factory import CachePolicyFactory
+from kvref.errors import OffloadProtocolError
 
-__all__ = ["CPUOffloadingManager", "describe_block"]
-
-# What check_key_collection refuses; tested inline first, so a valid call costs no extra frame.
-# Callers test `keys.__class__ is not list` before it: an isinstance test against this tuple
-# fails slowly, type by type, and a list (what the connector passes) is never one of them.
-_SINGLE_KEY_TYPES = (bytes, bytearray, memoryview, str)
-# C-level accessors for the per-key loops: a key's 4-byte KV-cache group suffix, a block's
-# fields, the halves of an eviction's (key, block) pairs.
-_GROUP_SUFFIX = operator.itemgetter(slice(-4, None))
-_REF_CNT = operator.attrgetter("ref_cnt")
-_BLOCK_ID = operator.attrgetter("block_id")
-_FIRST = operator.itemgetter(0)
-_SECOND = operator.itemgetter(1)
-# on_new_request's answer, the same for every request (frozen: one instance serves them all).
-_BLOCK_LEVEL = RequestOffloadingContext()
+__all__ = ["CPUOffloadingManager"]
 
 
-def _make_touch(
-    policy_touch: Callable[[Collection[OffloadKey]], None],
-) -> Callable[[Collection[OffloadKey], ReqContext], None]:
-    """Return a manager's touch: refuse a single key, then pass the keys to the policy (a
-    closure, as the lookup is: see `make_lookup`)."""
+@dataclass(slots=True)
+class _RequestCacheAccess:
+    """The cache keys one request named, grouped in prefix order."""
 
-    def touch(keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        if keys.__class__ is not list and isinstance(keys, _SINGLE_KEY_TYPES):
-            check_key_collection(keys, "touch")
-        policy_touch(keys)
+    owner: object
+    cache_generation: int
+    key_groups: dict[int, list[OffloadKey]] = field(default_factory=dict[int, list[OffloadKey]])
+    seen_keys: set[OffloadKey] = field(default_factory=set[OffloadKey])
+    inserted_keys: set[OffloadKey] = field(default_factory=set[OffloadKey])
+    reused_keys: set[OffloadKey] = field(default_factory=set[OffloadKey])
+    store_miss_keys: set[OffloadKey] = field(default_factory=set[OffloadKey])
+    finished: bool = False
 
-    return touch
 
-
-class CPUOffloadingManager(ManagerBookkeeping):
-    """Offloads blocks to `num_blocks` CPU slots, evicting idle blocks as the policy chooses.
+class CPUOffloadingManager(OffloadingManager):
+    """Offloads chunks to `num_chunks` CPU slots, evicting idle chunks as the policy chooses.
 
     Args:
-        num_blocks: how many CPU blocks (slots) there are, >= 1.
-        cache_policy: which idle blocks to evict first: "lru" or "arc" (or a name given to
-            `register_cache_policy`).
-        enable_events: buffer stored/removed events for `take_events` (off: none are kept).
+        num_chunks: how many CPU chunk slots there are.
+        cache_policy: the policy's registered name ("lru", "arc"), or the class name of an
+            out-of-tree policy in `cache_policy_module_path`.
+        cache_policy_module_path: the module to import an unregistered policy from.
+        enable_events: collect stored/removed events for `take_events`.
+        store_threshold: how many times a chunk must be offered to `prepare_store` before it is
+            stored (the reuse filter; below 2, every offer is stored).
+        max_tracker_size: how many chunks the reuse filter counts offers for (least recently
+            offered forgotten first).
+        info: the static facts `config_info` publishes.
 
     Raises:
-        ValueError: `num_blocks` is not an integer >= 1 or `cache_policy` is not a known
-            policy.
-
-    Speed: lookups and completions read blocks straight from the policy's `block_maps` (no
-    policy call per key), hooks a policy declares no-ops are not called, and each slot keeps
-    one `BlockStatus` for its lifetime (reused, not reallocated, when the slot is).
+        ValueError: `num_chunks` < 0, `max_tracker_size` < 1, or an unknown `cache_policy`.
     """
 
-    @override
-    def _bind_policy(self, policy: CachePolicy) -> None:
-        super()._bind_policy(policy)
-        # Instance attributes: callers reach the closures without binding a method, on the two
-        # calls made per block and step. Set through setattr, not vars(): vars() turns the
-        # instance's inline attribute values into a dict, which makes every later attribute
-        # access of the manager slower. A subclass that overrides a call keeps its method.
-        if type(self).lookup is CPUOffloadingManager.lookup:
-            object.__setattr__(self, "lookup", self._lookup)
-        if type(self).touch is CPUOffloadingManager.touch:
-            object.__setattr__(self, "touch", _make_touch(policy.touch))
+    def __init__(
+        self,
+        num_chunks: int,
+        cache_policy: str = "lru",
+        cache_policy_module_path: str | None = None,
+        enable_events: bool = False,
+        store_threshold: int = 1,
+        max_tracker_size: int = 64_000,
+        info: CPUOffloadingInfo | None = None,
+    ) -> None:
+        if num_chunks < 0:
+            raise ValueError(f"num_chunks must be >= 0, got {num_chunks}")
+        if max_tracker_size < 1:
+            raise ValueError(f"max_tracker_size must be >= 1, got {max_tracker_size}")
+        self.medium: Medium = Medium.CPU
+        self._num_chunks: int = num_chunks
+        self._config_info: ConfigInfoMapping = info.as_config_info() if info is not None else {}
+        self._num_allocated_chunks: int = 0
+        self._free_list: list[int] = []
+        self.events: list[OffloadingEvent] | None = [] if enable_events else None
+        policy_cls = CachePolicyFactory.get_cache_policy_cls(cache_policy, cache_policy_module_path)
+        self._policy: CachePolicy = policy_cls(cache_capacity=num_chunks)
+        # Chunks that are idle (ref_cnt 0) and chunks with a store in flight (ref_cnt -1).
+        self._num_evictable_cache_chunks: int = 0
+        self._num_write_pending_chunks: int = 0
+        self.store_threshold: int = store_threshold
+        self.max_tracker_size: int = max_tracker_size
+        self.stores_skipped_in_current_batch: int = 0
+        self.allocation_sizes_in_current_batch: list[int] = []
+        self._cache_generation = 0
+        # The reuse filter: offers per chunk, least recently offered first.
+        self.counts: OrderedDict[OffloadKey, int] | None = OrderedDict() if store_threshold >= 2 else None
+
+    @property
+    def num_chunks(self) -> int:
+        """The CPU chunk slots."""
+        return self._num_chunks
+
+    # --- chunk pool ---
+
+    def _get_num_free_chunks(self) -> int:
+        return len(self._free_list) + self._num_chunks - self._num_allocated_chunks
+
+    def _allocate_chunks(self, keys: list[OffloadKey]) -> list[ChunkStatus]:
+        """Give each key a slot: never-used slots first, in order, then freed ones, last freed
+        first."""
+        num_fresh = min(len(keys), self._num_chunks - self._num_allocated_chunks)
+        num_reused = len(keys) - num_fresh
+        assert len(self._free_list) >= num_reused, "the chunk pool is short of free slots"
+        chunks = [ChunkStatus(chunk_id) for chunk_id in range(self._num_allocated_chunks, self._num_allocated_chunks + num_fresh)]
+        self._num_allocated_chunks += num_fresh
+        chunks.extend(ChunkStatus(self._free_list.pop()) for _ in range(num_reused))
+        return chunks
+
+    def _free_chunk(self, chunk: ChunkStatus) -> None:
+        self._free_list.append(chunk.chunk_id)
+
+    def _get_load_store_spec(self, keys: Iterable[OffloadKey], chunks: Iterable[ChunkStatus]) -> CPULoadStoreSpec:
+        return CPULoadStoreSpec([chunk.chunk_id for chunk in chunks])
+
+    # --- the reuse filter ---
+
+    def _record_accesses(self, keys: Collection[OffloadKey]) -> None:
+        """Count one offer of each key, forgetting the least recently offered untracked ones
+        when the tracker is full, never a key of this offer."""
+        assert self.counts is not None
+        counts = self.counts
+        protected: set[OffloadKey] = set()
+        for key in keys:
+            if key in counts:
+                counts.move_to_end(key)
+                counts[key] += 1
+                protected.add(key)
+        num_unprotected = len(counts) - len(protected)
+        for key in keys:
+            if key in counts:
+                continue
+            if len(counts) >= self.max_tracker_size:
+                if num_unprotected == 0:
+                    continue
+                counts.popitem(last=False)
+                num_unprotected -= 1
+            counts[key] = 1
+
+    # --- per-request access records ---
+
+    def _get_request_cache_access(self, req_context: ReqContext) -> _RequestCacheAccess:
+        state = req_context.get_state(_RequestCacheAccess)
+        if state is None or state.owner is not self or state.cache_generation != self._cache_generation:
+            state = _RequestCacheAccess(owner=self, cache_generation=self._cache_generation)
+            req_context.set_state(state)
+        return state
+
+    def _check_not_finished(self, operation: str, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
+        """Refuse a request that names a key it never named before after it finished (vLLM
+        asserts); nothing has changed yet when this raises."""
+        state = req_context.get_state(_RequestCacheAccess)
+        if state is None or state.owner is not self or state.cache_generation != self._cache_generation:
+            return
+        if state.finished and any(key not in state.seen_keys for key in keys):
+            raise OffloadProtocolError(operation, None, "finished", f"request {req_context.req_id!r} already finished")
+
+    def _record_request_cache_access(
+        self,
+        keys: Iterable[OffloadKey],
+        req_context: ReqContext,
+        inserted_keys: Iterable[OffloadKey] = (),
+        reused_keys: Iterable[OffloadKey] = (),
+    ) -> None:
+        state = self._get_request_cache_access(req_context)
+        new_keys: list[OffloadKey] = []
+        for key in keys:
+            if key in state.seen_keys:
+                continue
+            state.key_groups.setdefault(get_offload_group_idx(key), []).append(key)
+            state.seen_keys.add(key)
+            new_keys.append(key)
+        if new_keys:
+            self._policy.on_request_access(new_keys, req_context)
+        state.inserted_keys.update(inserted_keys)
+        # Re-reading a chunk this request inserted is an internal transfer (a tiering cascade,
+        # say), not a second cache access.
+        state.reused_keys.update(key for key in reused_keys if key not in state.inserted_keys)
 
     # --- OffloadingManager interface ---
 
     @override
-    def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
-        # Instances call the closure directly (see make_lookup); this serves subclasses' super().
-        return self._lookup(key, req_context)
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        self._get_request_cache_access(req_context)
+        return RequestOffloadingContext()
+
+    @override
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        chunk = self._policy.get(key)
+        if chunk is None:
+            return LookupResult.MISS
+        if not chunk.is_ready:
+            return LookupResult.HIT_PENDING
+        return LookupResult.HIT
+
+    @override
+    def get_load_source(self, key: OffloadKey, req_context: ReqContext) -> CacheHitSource:
+        return CacheHitSource.HOST
 
     @override
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> CPULoadStoreSpec:
-        if keys.__class__ is not list and isinstance(keys, _SINGLE_KEY_TYPES):
-            check_key_collection(keys, "prepare_load")
-        found = list(map(self._get_block, keys))
-        if None in found:
-            get_other = self._get_other_block
-            if get_other is not None:
-                # The second map's blocks, with the first's as defaults (the maps are disjoint):
-                # one more probe per key, in C.
-                found = list(map(get_other, keys, found))
-            if None in found:
-                self._refuse_load(keys, found)
-        blocks = cast(list[BlockStatus], found)
-        pinned = 0
-        if self._hook_non_evictable:
-            # A hook to call per pinned key: every block is checked before the first call.
-            if min(map(_REF_CNT, blocks), default=0) < 0:
-                self._refuse_load(keys, found)
-            hook = self._the_policy.mark_non_evictable
-            for key, block in zip(keys, blocks):
-                if block.ref_cnt == 0:
-                    pinned += 1
-                    hook(key)
-                block.ref_cnt += 1
-        else:
-            # One pass: pin, count the blocks that were idle (a key listed twice pins once),
-            # and stop at a pending block, whose pins are then undone.
-            for block in blocks:
-                count = block.ref_cnt
-                if count <= 0:
-                    if count:
-                        for pinned_block in blocks:
-                            if pinned_block is block:
-                                break
-                            pinned_block.ref_cnt -= 1
-                        self._refuse_load(keys, found)
-                    pinned += 1
-                block.ref_cnt = count + 1
-        named = dict.fromkeys(keys)
-        self._num_idle_blocks -= pinned
-        self._blocks_loaded += len(blocks)
-        state = req_context.get_state(RequestAccess)
-        if state is None or state.owner is not self or state.generation != self._generation:
-            state = self._request_access(req_context)
-        self._record_access(state, named, req_context, reused_keys=keys)
-        return CPULoadStoreSpec.from_id_list(list(map(_BLOCK_ID, blocks)))
+        """See `OffloadingManager.prepare_load`.
+
+        Raises:
+            OffloadProtocolError: a key is absent or its store is pending; nothing changed.
+        """
+        return self._prepare_load(keys, req_context, record_access=True)
+
+    def _prepare_load(
+        self, keys: Collection[OffloadKey], req_context: ReqContext, *, record_access: bool
+    ) -> CPULoadStoreSpec:
+        check_key_collection(keys, "prepare_load")
+        chunks = [self._readable_chunk(key) for key in keys]  # every key checked before any pin
+        if record_access:
+            self._check_not_finished("prepare_load", keys, req_context)
+        for key, chunk in zip(keys, chunks):
+            if chunk.ref_cnt == 0:
+                self._policy.mark_non_evictable(key)
+                self._num_evictable_cache_chunks -= 1  # ref_cnt 0 -> 1
+            chunk.ref_cnt += 1
+        if record_access:
+            self._record_request_cache_access(keys, req_context, reused_keys=keys)
+        return self._get_load_store_spec(keys, chunks)
+
+    def _readable_chunk(self, key: OffloadKey) -> ChunkStatus:
+        chunk = self._policy.get(key)
+        if chunk is None:
+            raise OffloadProtocolError("prepare_load", key, "absent")
+        if not chunk.is_ready:
+            raise OffloadProtocolError("prepare_load", key, "pending", "its store has not completed")
+        return chunk
 
     @override
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        # Instances call _make_touch's closure directly; this serves subclasses' super().
-        if keys.__class__ is not list and isinstance(keys, _SINGLE_KEY_TYPES):
-            check_key_collection(keys, "touch")
-        self._policy_touch(keys)
+        check_key_collection(keys, "touch")
+        self._policy.touch(keys, req_context)
 
     @override
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        if keys.__class__ is not list and isinstance(keys, _SINGLE_KEY_TYPES):
-            check_key_collection(keys, "complete_load")
-        found = list(map(self._get_block, keys))
-        if None in found:
-            if self._get_other_block is not None:
-                found = list(map(self._get_other_block, keys, found))  # see prepare_load
-            if None in found:
-                self._refuse_release(keys, found)
-        blocks = cast(list[BlockStatus], found)
-        # Finishing a load is not a use: the block becomes evictable with the recency it has.
-        released = 0
-        unloaded = False
-        for block in blocks:
-            count = block.ref_cnt - 1
-            block.ref_cnt = count
-            if count <= 0:
-                if count:
-                    unloaded = True
-                else:
-                    released += 1
-        if unloaded:
-            # A block with no load in progress (or fewer than its key is listed): undo, name it.
-            for block in blocks:
-                block.ref_cnt += 1
-            self._refuse_release(keys, found)
-        self._num_idle_blocks += released
-        if self._hook_evictable:
-            mark_evictable = self._the_policy.mark_evictable
-            for key, block in dict(zip(keys, blocks)).items():  # a key listed twice, once
-                if block.ref_cnt == 0:
-                    mark_evictable(key)
+        """See `OffloadingManager.complete_load`.
+
+        Raises:
+            OffloadProtocolError: a key is absent or has no load in progress (or fewer than it
+                is listed); nothing changed.
+        """
+        check_key_collection(keys, "complete_load")
+        chunks = [self._policy.get(key) for key in keys]
+        loads: dict[int, int] = {}  # id(chunk) -> loads this call releases
+        for key, chunk in zip(keys, chunks):
+            if chunk is None:
+                raise OffloadProtocolError("complete_load", key, "absent")
+            loads[id(chunk)] = loads.get(id(chunk), 0) + 1
+            if chunk.ref_cnt < loads[id(chunk)]:
+                raise OffloadProtocolError("complete_load", key, f"read by {max(chunk.ref_cnt, 0)} loads")
+        for key, chunk in zip(keys, chunks):
+            assert chunk is not None
+            chunk.ref_cnt -= 1
+            if chunk.ref_cnt == 0:
+                self._num_evictable_cache_chunks += 1  # ref_cnt 1 -> 0
+                self._policy.mark_evictable(key)
 
     @override
-    def prepare_store(
-        self, keys: Collection[OffloadKey], req_context: ReqContext
-    ) -> PrepareStoreOutput | None:
+    def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
         """See `OffloadingManager.prepare_store`.
 
-        As in vLLM, the request's access is recorded (and ARC learns from ghost hits) before
-        room is sought, so a refused store (None) still counts as the request naming the keys;
-        no block, slot or event changes.
+        All or nothing: every key not already present gets a slot (evicting idle chunks, never
+        one of `keys`), or None is returned. The request's access is recorded either way, as
+        in vLLM, so a refused store still counts as the request naming the keys.
+
+        Raises:
+            OffloadProtocolError: the request already finished; nothing changed.
         """
-        if keys.__class__ is not list and isinstance(keys, _SINGLE_KEY_TYPES):
-            check_key_collection(keys, "prepare_store")
-        # dict.fromkeys drops repeated keys (each needs one slot) and gives a set view for free.
-        requested = dict.fromkeys(keys)
-        keys_to_store = list(filterfalse(self._blocks.__contains__, requested))
-        other_blocks = self._other_blocks
-        if other_blocks is not None and keys_to_store:
-            keys_to_store = list(filterfalse(other_blocks.__contains__, keys_to_store))
-        if keys_to_store and self._one_group:
-            first_group = self._first_group
-            if first_group is None:
-                first_group = self._first_group = frozenset([_GROUP_SUFFIX(keys_to_store[0])])
-            self._one_group = first_group.issuperset(map(_GROUP_SUFFIX, keys_to_store))
-        # Keys the request names here, in the order given: absent and ready ones, not pending.
-        named: dict[OffloadKey, None]
-        ready_keys: list[OffloadKey]
-        if len(keys_to_store) == len(requested):
-            named, ready_keys = requested, []
-        else:
-            found = self._find(requested)
-            ready_keys = [key for key, block in zip(requested, found) if block is not None and block.ref_cnt >= 0]
-            named = dict.fromkeys([key for key, block in zip(requested, found) if block is None or block.ref_cnt >= 0])
+        check_key_collection(keys, "prepare_store")
+        keys = list(dict.fromkeys(keys))  # a key offered twice takes one chunk
+        self._check_not_finished("prepare_store", keys, req_context)
+        if self.counts is not None:
+            self._record_accesses(keys)
+        # Ready resident chunks are reuses even if the tracker forgot them; the threshold
+        # applies to new store candidates only.
+        keys_to_store: list[OffloadKey] = []
+        ready_existing_keys: list[OffloadKey] = []
+        for key in keys:
+            chunk = self._policy.get(key)
+            if chunk is None:
+                keys_to_store.append(key)
+            elif chunk.is_ready:
+                ready_existing_keys.append(key)
+        if self.counts is not None:
+            num_store_candidates = len(keys_to_store)
+            keys_to_store = [key for key in keys_to_store if self.counts.get(key, 0) >= self.store_threshold]
+            self.stores_skipped_in_current_batch += num_store_candidates - len(keys_to_store)
 
-        state = req_context.get_state(RequestAccess)
-        if state is None or state.owner is not self or state.generation != self._generation:
-            state = self._request_access(req_context)
-        new_misses: list[OffloadKey] = []
-        if keys_to_store and self._hook_store_miss and not state.finished:
-            inserted, refused = state.inserted_keys, state.refused_misses
-            if inserted.isdisjoint(keys_to_store) and not refused:
-                new_misses = keys_to_store  # the common case, checked in C
-            else:
-                new_misses = [key for key in keys_to_store if key not in inserted and key not in refused]
-            if new_misses:
-                # ARC learns from b1/b2 before insert removes the ghost entries; once per request.
-                self._the_policy.on_store_miss(new_misses, req_context)
-        self._record_access(state, named, req_context, reused_keys=ready_keys)
+        state = self._get_request_cache_access(req_context)
+        new_store_misses = [key for key in keys_to_store if key not in state.store_miss_keys]
+        if new_store_misses:
+            # ARC learns from b1/b2 before insert() drops the ghost entry; once per request.
+            self._policy.on_store_miss(new_store_misses, req_context)
+            state.store_miss_keys.update(new_store_misses)
+        # Recorded before any early return; candidates count as insertions only once allocated.
+        recorded_keys = set(keys_to_store).union(ready_existing_keys)
+        self._record_request_cache_access(
+            (key for key in keys if key in recorded_keys), req_context, reused_keys=ready_existing_keys
+        )
         if not keys_to_store:
-            return PrepareStoreOutput([], CPULoadStoreSpec(()), [])
+            return PrepareStoreOutput(keys_to_store=[], store_spec=self._get_load_store_spec([], []), evicted_keys=[])
 
-        evicted_keys: list[OffloadKey] = []
-        free_list = self._free_list
-        num_wanted = len(keys_to_store)
-        num_to_evict = num_wanted - (len(free_list) + self._num_blocks - self._num_allocated_blocks)
-        if num_to_evict > 0:
-            # Keys named by this call must survive it, stored ones included.
-            protected = requested.keys()
-            evicted = (
-                self._the_policy.evict(num_to_evict, protected)
-                if num_to_evict <= self._num_idle_blocks
-                else None
-            )
-            # The policy's answer is checked in C (the right count, every block idle, none
-            # protected); _valid_eviction repeats the checks only to report and undo a bad one.
+        self.allocation_sizes_in_current_batch.append(len(keys_to_store))
+        num_chunks_to_evict = len(keys_to_store) - self._get_num_free_chunks()
+        to_evict: list[OffloadKey] = []
+        if num_chunks_to_evict > 0:
+            if num_chunks_to_evict > self._num_evictable_cache_chunks:
+                return None
+            # A chunk named by this call must still be there after it, stored ones included.
+            evicted = self._policy.evict(num_chunks_to_evict, set(keys))
             if evicted is None:
-                return self._refuse_store(state, new_misses)
-            evicted_keys = list(map(_FIRST, evicted))
-            evicted_blocks = list(map(_SECOND, evicted))
-            if not (
-                len(evicted) == num_to_evict
-                and not any(map(_REF_CNT, evicted_blocks))
-                and protected.isdisjoint(evicted_keys)
-            ) and not self._valid_eviction(evicted, num_to_evict, protected):
-                return self._refuse_store(state, new_misses)
-            self._num_idle_blocks -= num_to_evict
-            self._blocks_evicted += num_to_evict
-            free_list.extend(evicted_blocks)
-            if self._events is not None:
-                self._emit(evicted_keys, removed=True)
+                return None
+            self._num_evictable_cache_chunks -= len(evicted)
+            for key, chunk in evicted:
+                self._free_chunk(chunk)
+                to_evict.append(key)
+        if to_evict and self.events is not None:
+            self.events.append(OffloadingEvent(keys=to_evict, medium=self.medium, removed=True))
 
-        if self._num_allocated_blocks == self._num_blocks:
-            # Every slot was handed out once: all come from the free list, last freed first.
-            new_blocks = free_list[-num_wanted:]
-            del free_list[-num_wanted:]
-            new_blocks.reverse()
-            for block in new_blocks:
-                block.ref_cnt = -1
-        else:
-            new_blocks = self._allocate_blocks(num_wanted)
-        self._the_policy.insert_for_request(keys_to_store, new_blocks, req_context)
+        chunks = self._allocate_chunks(keys_to_store)
+        for key, chunk in zip(keys_to_store, chunks):
+            self._policy.insert(key, chunk, req_context)
+        self._num_write_pending_chunks += len(keys_to_store)
         state.inserted_keys.update(keys_to_store)
         return PrepareStoreOutput(
-            keys_to_store, CPULoadStoreSpec.from_id_list(list(map(_BLOCK_ID, new_blocks))), evicted_keys
+            keys_to_store=keys_to_store,
+            store_spec=self._get_load_store_spec(keys_to_store, chunks),
+            evicted_keys=to_evict,
         )
 
     @override
-    def complete_store(
-        self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True
-    ) -> None:
-        if keys.__class__ is not list and isinstance(keys, _SINGLE_KEY_TYPES):
-            check_key_collection(keys, "complete_store")
-        get, get_other = self._get_block, self._get_other_block
-        # Keys already stored or never prepared are ignored (the call is idempotent): a call
-        # that names no pending block ends here, having built nothing. A block is looked for
-        # in the second map (if any) only when the first lacks it.
-        for key in keys:
-            block = get(key)
-            if block is None and get_other is not None:
-                block = get_other(key)
-            if block is not None and block.ref_cnt < 0:
-                break
-        else:
-            return
-        if not success:
-            policy = self._the_policy
-            for key in keys:
-                block = get(key)
-                if block is None and get_other is not None:
-                    block = get_other(key)
-                if block is not None and block.ref_cnt < 0:
-                    policy.remove(key)
-                    self._free_list.append(block)
-            return
-        # Finishing a store is not a use: the block becomes evictable with the recency it has.
-        stored_keys: list[OffloadKey] = []
-        for key in keys:
-            block = get(key)
-            if block is None and get_other is not None:
-                block = get_other(key)
-            if block is not None and block.ref_cnt < 0:
-                block.ref_cnt = 0
-                stored_keys.append(key)
-        if self._hook_evictable:
-            mark_evictable = self._the_policy.mark_evictable
-            for key in stored_keys:
-                mark_evictable(key)
-        self._num_idle_blocks += len(stored_keys)
-        self._blocks_stored += len(stored_keys)
-        if self._events is not None:
-            self._emit(stored_keys, removed=False)
+    def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
+        """See `OffloadingManager.complete_store`.
 
-    @override
-    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
-        self._request_access(req_context)
-        return _BLOCK_LEVEL
+        Idempotent: keys already stored, and keys never prepared, are ignored.
+        """
+        check_key_collection(keys, "complete_store")
+        stored_keys: list[OffloadKey] = []
+        removed_keys: list[OffloadKey] = []
+        for key in keys:
+            chunk = self._policy.get(key)
+            if chunk is None or chunk.is_ready:
+                continue
+            self._num_write_pending_chunks -= 1
+            if success:
+                chunk.ref_cnt = 0
+                self._num_evictable_cache_chunks += 1
+                self._policy.mark_evictable(key)
+                stored_keys.append(key)
+            else:
+                self._policy.remove(key)
+                self._free_chunk(chunk)
+                removed_keys.append(key)
+        if self.events is not None:
+            if removed_keys:
+                self.events.append(
+                    OffloadingEvent(keys=removed_keys, medium=self.medium, removed=True, metadata_only=True)
+                )
+            if stored_keys:
+                self.events.append(OffloadingEvent(keys=stored_keys, medium=self.medium, removed=False))
 
     @override
     def on_request_finished(self, req_context: ReqContext) -> None:
-        """Commit the request's access to the policy (once; later calls do nothing).
-
-        The keys of each KV-cache group are passed head to tail: by recorded token position
-        when every key has one, else in the order the request first named them.
-        """
-        state = req_context.get_state(RequestAccess)
+        state = req_context.get_state(_RequestCacheAccess)
         if (
             state is None
             or state.owner is not self
-            or state.generation != self._generation
+            or state.cache_generation != self._cache_generation
             or state.finished
         ):
             return
         state.finished = True
-        seen = state.seen_keys
-        recorded = req_context.offload_key_positions
-        key_groups: list[list[OffloadKey]]
-        if (
-            self._one_group
-            or not seen
-            or all(map(bytes.endswith, seen, repeat(_GROUP_SUFFIX(next(iter(seen))))))
-        ):
-            key_groups = [list(seen)]  # one KV-cache group: the common case
-        else:
-            groups: dict[bytes, list[OffloadKey]] = {}
-            for key, suffix in zip(seen, map(_GROUP_SUFFIX, seen)):
-                group = groups.get(suffix)
-                if group is None:
-                    groups[suffix] = [key]
-                else:
-                    group.append(key)
-            # The group suffix is big-endian, so sorting the bytes sorts by group index.
-            key_groups = [groups[suffix] for suffix in sorted(groups)]
-        if recorded:
-            for keys in key_groups:
-                try:
-                    # list.sort computes every key first: a missing position changes nothing.
-                    keys.sort(key=recorded.__getitem__)
-                except KeyError:
-                    pass
-        self._the_policy.on_request_finished(
-            tuple(key_groups),
-            state.inserted_keys - state.reused_keys,
-            state.reused_keys,
-            req_context,
+        key_groups: list[Sequence[OffloadKey]] = []
+        for group_idx in sorted(state.key_groups):
+            keys = state.key_groups[group_idx]
+            positions = {
+                key: position for key in keys if (position := req_context.get_offload_key_position(key)) is not None
+            }
+            if len(positions) == len(keys):
+                keys = sorted(keys, key=positions.__getitem__)
+            key_groups.append(tuple(keys))
+        self._policy.on_request_finished(
+            tuple(key_groups), state.inserted_keys - state.reused_keys, state.reused_keys, req_context
         )
 
     @override
-    def take_events(self) -> list[OffloadingEvent]:
-        if not self._events:
-            return []
-        events, self._events = self._events, []
-        return events
+    def reset_cache(self) -> None:
+        """Drop every chunk, whatever its state.
+
+        The scheduler guarantees that no completion of a job from before the reset arrives
+        after it, and flushes loads in flight to the workers before new stores begin, so freed
+        slots are not raced for.
+        """
+        self._policy.clear()
+        self._cache_generation += 1
+        self._num_evictable_cache_chunks = 0
+        self._num_write_pending_chunks = 0
+        self._free_list.clear()
+        self._num_allocated_chunks = 0
 
     @override
-    def reset_cache(self) -> None:
-        """Drop every block, and every buffered event; the statistics counters are kept.
+    def take_events(self) -> Iterator[OffloadingEvent]:
+        if self.events is None:
+            return
+        # Detached first, so a drain abandoned half-way cannot replay a metadata-only removal
+        # against a key a retry has since allocated again.
+        events, self.events = self.events, []
+        for event in events:
+            if event.metadata_only:
+                keys = [key for key in event.keys if self._policy.get(key) is None]
+                if not keys:
+                    continue
+                event = replace(event, keys=keys)
+            yield event
 
-        Like vLLM, no removal event is emitted: the engine announces a reset itself (vLLM's
-        `AllBlocksCleared`), and events still buffered would describe blocks that no longer exist,
-        so they are dropped rather than delivered after the reset.
-        """
-        self._the_policy.clear()
-        self._generation += 1
-        self._num_idle_blocks = 0
-        self._free_list.clear()
-        self._num_allocated_blocks = 0
-        if self._events is not None:
-            self._events = []
+    @override
+    def config_info(self) -> Sequence[ConfigInfoMapping]:
+        """The facts of the one cache this manager holds."""
+        return [self._config_info]
+
+    @override
+    def get_stats(self) -> OffloadingConnectorStats:
+        stats = OffloadingConnectorStats()
+        num_used = self._num_allocated_chunks - len(self._free_list) - self._num_evictable_cache_chunks
+        capacity = max(self._num_chunks, 1)  # a manager of no chunks reports 0.0
+        usage = num_used / capacity
+        stats.set_gauge(CPUOffloadingMetrics.CPU_CACHE_USAGE_PERC, usage)
+        for allocation_size in self.allocation_sizes_in_current_batch:
+            stats.observe_histogram(CPUOffloadingMetrics.CPU_ALLOCATION_SIZE, allocation_size)
+        self.allocation_sizes_in_current_batch.clear()
+        write_usage = self._num_write_pending_chunks / capacity
+        stats.set_gauge(CPUOffloadingMetrics.CPU_CACHE_WRITE_USAGE_PERC, write_usage)
+        stats.set_gauge(CPUOffloadingMetrics.CPU_CACHE_READ_USAGE_PERC, max(usage - write_usage, 0.0))
+        if self.store_threshold >= 2:
+            stats.increase_counter(CPUOffloadingMetrics.STORES_SKIPPED, self.stores_skipped_in_current_batch)
+            self.stores_skipped_in_current_batch = 0
+        return stats

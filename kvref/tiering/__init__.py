@@ -1,50 +1,46 @@
 """Multi-tier offloading: a CPU primary tier in front of secondary tiers (memory, filesystem, Redis).
 
-See `kvref.tiering.base` for the design principles and the secondary-tier contract, and
-`kvref.tiering.manager` for the data flow and how the end of a scheduler step is signalled.
+See `kvref.tiering.base` for the data flow and the secondary-tier contract, and
+`kvref.tiering.manager` for the tiering manager. Names are imported on first use (PEP 562).
 """
 
 from __future__ import annotations
 
-from kvref.tiering.base import (
-    JobId,
-    JobMetadata,
-    JobResult,
-    PrimaryBlocks,
-    SecondaryTierManager,
-    TierStats,
-)
-from kvref.tiering.factory import (
-    TierFactory,
-    create_secondary_tier,
-    register_tier,
-    registered_tier_types,
-)
-from kvref.tiering.fs import FileSystemSecondaryTier, TierRootError
-from kvref.tiering.manager import (
-    CPUPrimaryTierOffloadingManager,
-    TieringOffloadingManager,
-    create_tiering_manager,
-)
-from kvref.tiering.memory import InMemorySecondaryTier
-from kvref.tiering.redis import RedisSecondaryTier
+from typing import TYPE_CHECKING
+
+from kvref._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from kvref.tiering.base import (
+        JobId,
+        JobResult,
+        ParentManager,
+        PrimaryBlocks,
+        SecondaryTierManager,
+        TransferJob,
+    )
+    from kvref.tiering.manager import CPUPrimaryTierOffloadingManager, TieringOffloadingManager
+
+_EXPORTS: dict[str, str] = {
+    "JobId": "kvref.tiering.base",
+    "JobResult": "kvref.tiering.base",
+    "ParentManager": "kvref.tiering.base",
+    "PrimaryBlocks": "kvref.tiering.base",
+    "SecondaryTierManager": "kvref.tiering.base",
+    "TransferJob": "kvref.tiering.base",
+    "CPUPrimaryTierOffloadingManager": "kvref.tiering.manager",
+    "TieringOffloadingManager": "kvref.tiering.manager",
+}
+if not TYPE_CHECKING:
+    __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = [
     "JobId",
-    "JobMetadata",
     "JobResult",
+    "ParentManager",
     "PrimaryBlocks",
     "SecondaryTierManager",
-    "TierStats",
-    "InMemorySecondaryTier",
-    "FileSystemSecondaryTier",
-    "RedisSecondaryTier",
-    "TierRootError",
-    "TierFactory",
-    "register_tier",
-    "registered_tier_types",
-    "create_secondary_tier",
+    "TransferJob",
     "CPUPrimaryTierOffloadingManager",
     "TieringOffloadingManager",
-    "create_tiering_manager",
 ]

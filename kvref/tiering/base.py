@@ -1,303 +1,347 @@
-"""Secondary tiers: the contract between the tiering manager and one non-primary medium.
+"""Secondary tiers: the contract between the tiering manager and one non-primary tier (vLLM 0.33:
+`tiering/base.py`).
 
-Data flow (vLLM: `vllm/v1/kv_offload/tiering`):
+Data flow:
 
-    store:  GPU --store--> CPU primary --write (cascade)--> every secondary tier
-    load:   GPU <--load--- CPU primary <--read (promotion)-- first secondary tier holding it
+    store:  GPU --store--> CPU primary --cascade (submit_store)--> every secondary tier
+    load:   GPU <--load--- CPU primary <--promotion (submit_load)-- first secondary tier holding it
 
-Design principles:
+Vocabulary: load/store move chunks between the GPU and the primary; read/write are seen from
+the primary and move chunks between it and a secondary tier. A tier addresses the primary
+through a zero-copy memoryview whose first dimension is the chunk (`PrimaryBlocks` hands out
+its rows).
 
-1. Always offload to all tiers: a block that completes its store into the primary is cascaded
-   to every secondary tier.
-2. The primary (CPU) tier is the only gateway to GPU memory.
-3. Staged promotion: a block found only in a secondary tier is first copied into the primary;
-   the GPU loads it from there.
-4. Transparent retry: `lookup` answers None ("ask again") while a block is being promoted.
-5. Reference counts protect primary blocks while a secondary tier copies from or into them.
-
-Vocabulary: *load/store* move blocks between the GPU and the CPU primary; *read/write* are
-seen from the primary and move blocks between it and a secondary tier. A cascade is a
-secondary's `submit_store` (it reads the primary); a promotion is its `submit_load` (it writes
-the primary).
-
-A secondary tier addresses the primary through a zero-copy, C-contiguous memoryview whose first
-dimension is the block, of any format (bytes, or e.g. a float16/uint16 view exported by torch or
-numpy); `PrimaryBlocks` wraps it and hands out one row of `strides[0]` bytes per block id.
+Threads: every method runs in the scheduler process under the tiering manager's lock, so never
+two at once, but not always on the same thread: a tier that sets `tolerates_off_thread_polling`
+is also served from the manager's tier-poll thread, and any tier can be reached from there
+through `ParentManager`. Methods return quickly and never block on I/O: `submit_*` start jobs,
+`get_finished_jobs` reports them.
 """
 
 from __future__ import annotations
 
-import pickle
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from typing_extensions import override
+from kvref.base import (
+    CacheHitSource,
+    ConfigInfoMapping,
+    Locality,
+    LookupResult,
+    Medium,
+    OffloadingConnectorStats,
+    OffloadingEvent,
+    OffloadingMetricMetadata,
+    OffloadKey,
+    ReqContext,
+    RequestOffloadingContext,
+    ScheduleEndContext,
+)
+from kvref.tiering.backpressure import BackpressureDetector
+from kvref.tiering.primary_blocks import PrimaryBlocks
 
-from kvref.base import OffloadingEvent, OffloadKey, ReqContext, TierStats
+if TYPE_CHECKING:
+    from kvref.base import OffloadingSpec
 
 __all__ = [
+    "TIER_LABEL",
     "JobId",
-    "JobMetadata",
     "JobResult",
+    "ParentManager",
     "PrimaryBlocks",
     "SecondaryTierManager",
-    "TierStats",
+    "TieringOffloadingMetrics",
+    "TransferJob",
 ]
 
 JobId = int
+"""A transfer job's id, unique per tiering manager."""
+
+TIER_LABEL = "tier"
+"""The label that tells the tiers' metric series apart (the manager adds it; tiers never do)."""
 
 
-@dataclass(frozen=True)
-class JobMetadata:
+class TieringOffloadingMetrics:
+    """Names of the metrics `TieringOffloadingManager` reports."""
+
+    LOOKUP_SYNC_DELAY = "vllm:kv_offload_tiering_lookup_sync_delay_seconds"
+    LOOKUP_ASYNC_DELAY = "vllm:kv_offload_tiering_lookup_async_delay_seconds"
+    READ_BYTES = "vllm:kv_offload_tiering_read_bytes"
+    READ_TIME = "vllm:kv_offload_tiering_read_time"
+    WRITE_BYTES = "vllm:kv_offload_tiering_write_bytes"
+    WRITE_TIME = "vllm:kv_offload_tiering_write_time"
+    PROMOTION_JOB_FAILURES = "vllm:kv_offload_tiering_promotion_job_failures"
+    CASCADE_JOB_FAILURES = "vllm:kv_offload_tiering_cascade_job_failures"
+    CHUNK_QUERIES = "vllm:kv_offload_tiering_chunk_queries"
+    CHUNK_HITS = "vllm:kv_offload_tiering_chunk_hits"
+    PRIMARY_WRITE_USAGE_PERC = "vllm:kv_offload_tiering_primary_write_usage_perc"
+    PRIMARY_READ_USAGE_PERC = "vllm:kv_offload_tiering_primary_read_usage_perc"
+    PROMOTION_ALLOCATION_FAILURES = "vllm:kv_offload_tiering_promotion_allocation_failures"
+    ACTIVE_PROMOTION_JOBS = "vllm:kv_offload_tiering_active_promotion_jobs"
+    ACTIVE_CASCADE_JOBS = "vllm:kv_offload_tiering_active_cascade_jobs"
+    BACKPRESSURE_STORE_LATENCY_EMA = "vllm:kv_offload_tiering_backpressure_store_latency_ema"
+    BACKPRESSURE_STORES_DROPPED = "vllm:kv_offload_tiering_backpressure_stores_dropped"
+    BACKPRESSURE_BLOCKS_DROPPED = "vllm:kv_offload_tiering_backpressure_blocks_dropped"
+    PROMOTION_LATENCY = "vllm:kv_offload_tiering_promotion_latency_seconds"
+
+
+@dataclass
+class TransferJob:
     """One transfer between the primary and a secondary tier.
 
     Attributes:
-        job_id: unique per tiering manager; reported back in the `JobResult`.
-        keys: the blocks, co-indexed with `block_ids`.
-        block_ids: the primary slots: read by a store, written by a load. The tiering manager
-            keeps them pinned until the job is reported finished.
-        is_promotion: True for a load (secondary -> primary), False for a store (cascade).
+        job_id: reported back in the job's `JobResult`.
+        keys: the chunks, co-indexed with `chunk_ids`.
+        chunk_ids: the primary slots: read by a cascade, written by a promotion. They stay
+            pinned until the job is reported finished.
+        is_promotion: True for a load into the primary, False for a cascade out of it.
         req_context: the request the job serves.
+        submit_time: `time.monotonic()` when the job was made (for back-pressure).
     """
 
     job_id: JobId
-    keys: Sequence[OffloadKey]
-    block_ids: Sequence[int]
+    keys: Collection[OffloadKey]
+    chunk_ids: Sequence[int]
     is_promotion: bool
     req_context: ReqContext
-
-    def __post_init__(self) -> None:
-        if len(self.keys) != len(self.block_ids):
-            raise ValueError(
-                f"job {self.job_id}: keys ({len(self.keys)}) and block_ids "
-                f"({len(self.block_ids)}) must be co-indexed"
-            )
+    submit_time: float = field(default_factory=time.monotonic)
 
 
-@dataclass(frozen=True)
+@dataclass
 class JobResult:
-    """The outcome of one job (vLLM: `tiering.base.JobResult`).
+    """The outcome of one job.
 
     Attributes:
         job_id: the job's id.
-        success: True when every block of the job was moved; False when any failed.
-        successful_keys: for a failed promotion, the blocks that were nevertheless written into
-            their primary slots completely and verified (the manager keeps them and releases
-            only the others); None when every block shares the fate `success` says. Always a
-            subset of the job's keys.
-        transfer_time: seconds the tier spent moving the job's blocks (None if not measured);
-            a measurement, so results compare equal without it.
-        transfer_bytes: bytes the tier moved for the job (None if not measured).
+        success: True if every chunk of the job was moved.
+        successful_keys: for a failed promotion, the chunks that were nevertheless written
+            completely (the manager keeps them and releases the others); None when every chunk
+            shares the fate `success` says. Always a subset of the job's keys.
+        transfer_time: seconds the tier spent, if measured.
+        transfer_bytes: bytes the tier moved, if measured.
     """
 
     job_id: JobId
     success: bool
-    successful_keys: tuple[OffloadKey, ...] | None = None
-    transfer_time: float | None = field(default=None, compare=False)
-    transfer_bytes: int | None = field(default=None, compare=False)
+    successful_keys: Collection[OffloadKey] | None = None
+    transfer_time: float | None = None
+    transfer_bytes: int | None = None
 
 
-class PrimaryBlocks:
-    """Rows of the primary tier's memory, as seen by a secondary tier.
+class ParentManager(ABC):
+    """How a secondary tier calls back into the tiering manager (`serve_external_requests`).
 
-    Args:
-        primary_kv_view: a C-contiguous memoryview of at least two dimensions whose first one
-            is the block (vLLM's `SharedOffloadRegion.create_kv_memoryview()` is
-            `(num_blocks, row_bytes)` bytes; a float16 view of the same memory, or one shaped
-            `(num_blocks, layers, items)`, serves as well). A row is `strides[0]` bytes.
+    The calls leave the calling tier out of every fan-out. For each request a tier serves for
+    someone else (a peer engine):
 
-    Raises:
-        ValueError: the view has fewer than two dimensions or is not C-contiguous.
+        1. on_new_request(req_context)
+        2. lookup(key, req_context), per chunk
+        3. create_store_job(keys, req_context): pin the chunks and get a job to copy them out
+        4. on_request_finished(req_context), even if nothing was found
+
+    Steps 2 and 3 may interleave.
     """
 
-    def __init__(self, primary_kv_view: memoryview[Any]) -> None:
-        if primary_kv_view.ndim < 2 or not primary_kv_view.c_contiguous:
-            raise ValueError(
-                "primary_kv_view must be a C-contiguous memoryview (num_blocks, row_items, ...),"
-                f" got ndim={primary_kv_view.ndim}, c_contiguous={primary_kv_view.c_contiguous}"
-            )
-        shape, strides = primary_kv_view.shape, primary_kv_view.strides
-        assert shape is not None and strides is not None
-        self.num_blocks: int = shape[0]
-        self.block_bytes: int = strides[0]
-        self._flat: memoryview = _flat_bytes(primary_kv_view)
+    @abstractmethod
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        """Start serving a request."""
 
-    def row(self, block_id: int) -> memoryview:
-        """Return the bytes of primary block `block_id` (zero-copy, writable when the view is).
+    @abstractmethod
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        """Look a chunk up in the primary and the other tiers (a promotion may start)."""
 
-        Raises:
-            IndexError: `block_id` is out of range.
+    @abstractmethod
+    def create_store_job(self, keys: Collection[OffloadKey], req_context: ReqContext) -> TransferJob:
+        """Pin HIT chunks in the primary and return a tracked job that reads them.
+
+        The caller copies them and reports the job through `get_finished_jobs`.
         """
-        if not 0 <= block_id < self.num_blocks:
-            raise IndexError(f"block id {block_id} not in [0, {self.num_blocks})")
-        start = block_id * self.block_bytes
-        return self._flat[start : start + self.block_bytes]
 
-    def release(self) -> None:
-        """Release this object's hold on the primary's memory (rows handed out stay valid)."""
-        self._flat.release()
-
-    @override
-    def __repr__(self) -> str:
-        return f"PrimaryBlocks(num_blocks={self.num_blocks}, block_bytes={self.block_bytes})"
-
-
-def _flat_bytes(view: memoryview[Any]) -> memoryview:
-    """A flat, zero-copy byte view of a C-contiguous view of any format."""
-    try:
-        # Shares the view's buffer without exporting it, so the owner can release it later.
-        return view.cast("B")
-    except (TypeError, ValueError):
-        # cast refuses formats it does not know (numpy's float16 "e" on Python 3.11);
-        # PickleBuffer.raw() takes any contiguous buffer, holding an export until released.
-        return pickle.PickleBuffer(view).raw()
+    @abstractmethod
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        """Stop serving a request."""
 
 
 class SecondaryTierManager(ABC):
-    """One non-primary tier, driven by the tiering manager.
+    """One non-primary offloading tier (see the module docstring).
 
-    Every method runs on the scheduler's thread and must return quickly without blocking on I/O:
-    copying happens elsewhere (I/O threads, a DMA engine, ...) or, for a trivial tier, when the
-    results are collected in `get_finished_jobs`. Every submitted job is reported exactly once
-    by `get_finished_jobs`, successful or not; a tier never raises to report a failed transfer.
+    Class attributes:
+        medium: the tier's storage medium, if it has one.
+        cache_hit_source: what a hit served from this tier counts as (derived from `medium`
+            unless a subclass sets it).
+        tolerates_off_thread_polling: the tiering manager may also call `get_finished_jobs`
+            and `serve_external_requests` from its tier-poll thread, between steps (a tier that
+            answers a remote peer). Overriding `serve_external_requests` alone does not opt in.
 
-    Attributes:
-        medium: the name this tier uses in its `OffloadingEvent`s.
+    Args:
+        offloading_spec: the offloading configuration.
+        primary_kv_view: the primary's memory, one row per chunk.
+        tier_type: the tier's registered type.
+        backpressure_detector: watches the tier's stores, if any.
+
+    Raises:
+        ValueError: `primary_kv_view` has no strides.
     """
 
-    medium: str = "secondary"
+    medium: ClassVar[Medium | None] = None
+    cache_hit_source: ClassVar[CacheHitSource] = CacheHitSource.EXTERNAL_UNSPECIFIED
+    tolerates_off_thread_polling: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "cache_hit_source" not in cls.__dict__ and cls.medium is not None:
+            cls.cache_hit_source = {Medium.CPU: CacheHitSource.HOST, Medium.STORAGE: CacheHitSource.DISK}[cls.medium]
+
+    def __init__(
+        self,
+        offloading_spec: OffloadingSpec,
+        primary_kv_view: memoryview,
+        tier_type: str,
+        backpressure_detector: BackpressureDetector | None = None,
+    ) -> None:
+        if primary_kv_view.strides is None:
+            raise ValueError("primary_kv_view has no strides: it must be (num_chunks, ...) memory")
+        self._offloading_spec = offloading_spec
+        self._primary_kv_view: memoryview = primary_kv_view
+        self._block_size_bytes: int = primary_kv_view.strides[0]
+        self.tier_type = tier_type
+        self.locality: Locality | None = None
+        self._bp_detector = backpressure_detector
+
+    @property
+    def block_size_bytes(self) -> int:
+        """The bytes of one primary chunk (one row of the primary's view)."""
+        return self._block_size_bytes
+
+    @property
+    def bp_detector(self) -> BackpressureDetector | None:
+        """The tier's back-pressure detector, if it has one."""
+        return self._bp_detector
 
     @abstractmethod
-    def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
-        """Say whether the tier holds a block, without blocking.
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        """Say whether the tier holds a chunk, without blocking.
 
         Args:
-            key: the block.
+            key: the chunk.
             req_context: the request asking.
 
         Returns:
-            True if the block can be read (promoted) now, False if the tier does not hold it
-            (or knows it cannot serve it), None if that is not known yet (its write is in
-            flight, or an asynchronous lookup is pending): ask again in a later step.
-        """
-
-    def contains(self, keys: Sequence[OffloadKey]) -> list[bool]:
-        """Say whether the tier holds each block now, asking the medium itself; may block.
-
-        For callers off the scheduler thread (vLLM's asynchronous lookups run it on a thread of
-        their own while the scheduler thread keeps using the tier): one such caller at a time
-        is safe. A block whose store is still in flight is not held yet.
-
-        Args:
-            keys: the blocks.
-
-        Returns:
-            One answer per key, in order. A tier that cannot reach its medium answers False.
-
-        Raises:
-            NotImplementedError: the tier does not offer blocking existence checks (the default).
-        """
-        raise NotImplementedError(f"{type(self).__name__} offers no blocking existence check")
-
-    @abstractmethod
-    def submit_store(self, job: JobMetadata) -> None:
-        """Start copying primary blocks into the tier (a cascade).
-
-        The primary slots `job.block_ids` stay pinned and unchanged until the job is reported
-        finished. The tier itself skips blocks it already holds, evicts to make room and
-        allocates space.
-
-        Args:
-            job: the blocks to copy (`job.is_promotion` is False).
+            HIT if the chunk can be promoted now, MISS if the tier does not hold it (or knows it
+            cannot serve it), RETRY if that is not known yet (its write is in flight, or an
+            asynchronous lookup is pending).
         """
 
     @abstractmethod
-    def submit_load(self, job: JobMetadata) -> None:
-        """Start copying blocks from the tier into already reserved primary slots (a promotion).
+    def submit_store(self, job_metadata: TransferJob) -> None:
+        """Start copying primary chunks into the tier (a cascade); do not copy on this thread.
 
-        If any block is missing or unreadable the job fails; a block that failed this way must
-        answer False to later lookups, so it is not promoted again and again. The blocks of a
-        failed job that were written completely and verified are listed in its result's
-        `successful_keys`; no other slot is ever reported as loaded.
+        The primary slots `job_metadata.chunk_ids` stay pinned and unchanged until the job is
+        reported. The tier skips chunks it already holds, evicts to make room and allocates
+        space itself.
 
         Args:
-            job: the blocks to copy (`job.is_promotion` is True).
+            job_metadata: the chunks to copy (`is_promotion` is False).
+        """
+
+    @abstractmethod
+    def submit_load(self, job_metadata: TransferJob) -> None:
+        """Start copying chunks from the tier into reserved primary slots (a promotion).
+
+        The job fails if any chunk is missing or unreadable; the chunks that were nevertheless
+        written completely are its result's `successful_keys`, and no other slot is ever
+        reported as loaded.
+
+        Args:
+            job_metadata: the chunks to copy (`is_promotion` is True).
         """
 
     @abstractmethod
     def get_finished_jobs(self) -> Iterable[JobResult]:
-        """Return the jobs that finished since the last call, and forget them.
-
-        Returns:
-            One result per finished job.
-        """
+        """Return every job (cascade or promotion) that finished since the last call, once."""
 
     def has_pending_work(self) -> bool:
-        """Whether the tier has work of its own in flight (beyond the jobs the manager tracks).
-
-        While True the engine keeps stepping, so `get_finished_jobs` keeps being called.
+        """Whether the engine must keep stepping for this tier (work beyond its reported jobs).
 
         Returns:
-            False by default: a tier whose only work is its submitted jobs needs nothing more.
+            False by default.
         """
         return False
 
-    def num_evicted_blocks(self) -> int:
-        """Return how many blocks the tier evicted since it started (for `TierStats`).
-
-        Returns:
-            0 by default (a tier that never evicts, or does not count).
-        """
-        return 0
-
-    def usage(self) -> float | None:
-        """Return the fraction of the tier's capacity in use (for `TierStats`).
-
-        Returns:
-            None by default (unbounded, or unknown).
-        """
-        return None
+    def take_events(self) -> Iterable[OffloadingEvent]:
+        """Return the events of storage this tier owns, collected since the last call."""
+        return ()
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        """Mark blocks recently used (the tiering manager forwards every `touch`).
+        """Mark chunks recently used (the tiering manager forwards every `touch`).
 
         Args:
-            keys: the blocks, in request order; absent keys are ignored.
+            keys: the chunks, in request order; absent keys are ignored.
             req_context: the request using them.
         """
         return None
 
-    def on_request_finished(self, req_context: ReqContext) -> None:
-        """The request is done and no job will be submitted for it any more.
-
-        Jobs already submitted for it may still be running.
-
-        Args:
-            req_context: the finished request.
-        """
-        return None
-
-    def take_events(self) -> Iterable[OffloadingEvent]:
-        """Return the events of storage this tier owns, buffered since the last call.
+    @abstractmethod
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        """Called when the scheduler first sees a request.
 
         Returns:
-            The events, oldest first (none unless the tier was built with events enabled).
+            How this tier wants the request's chunks offered (REQUEST_LEVEL for tiers that keep
+            whole requests).
         """
-        return ()
 
-    def drain_jobs(self) -> None:
-        """Block until every submitted job has finished (its result is then ready).
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        """Called once no `submit_*` or `touch` will name the request again.
 
-        Used by `reset_cache`, never on a hot path. A copy is never aborted midway. Tiers whose
-        jobs complete inside `get_finished_jobs` have nothing to wait for (the default).
+        Jobs already submitted for it may still be running: release per-request bookkeeping.
         """
         return None
+
+    def serve_external_requests(self, parent: ParentManager) -> None:
+        """Serve requests that originate elsewhere (a peer), through `parent`.
+
+        Called once per step before the step's promotions are submitted, and once per tier-poll
+        round for a tier that sets `tolerates_off_thread_polling` (a promotion started from a
+        round is then submitted at the next step's end). `parent` is valid only during the call,
+        and the manager's lock is held throughout, so a `lookup` HIT stays valid until this call
+        pins it; never release the lock part-way. The default serves nothing.
+        """
+        return None
+
+    def on_schedule_end(self, context: ScheduleEndContext) -> None:
+        """Called once at the end of each scheduler step."""
+        return None
+
+    @abstractmethod
+    def drain_jobs(self) -> None:
+        """Block until every submitted job has finished or failed.
+
+        Afterwards no tier I/O touches the primary's memory, and every job's result is available
+        from `get_finished_jobs`. Used by `reset_cache`. A copy in progress is never aborted (it
+        would corrupt one side); queued jobs may be cancelled, their failure still reported.
+        """
 
     def shutdown(self) -> None:
-        """Stop the tier: wait for copies in progress, fail queued jobs, release resources.
-
-        The tiering manager calls it before the primary's memory is released.
-        """
+        """Release the tier's resources (threads, connections, files)."""
         return None
+
+    @classmethod
+    def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, OffloadingMetricMetadata]:
+        """Return the metrics this tier emits, by name."""
+        return {}
+
+    def get_stats(self) -> OffloadingConnectorStats | None:
+        """Return the tier's metric observations since the last call, or None."""
+        return None
+
+    @classmethod
+    def config_info_keys(cls, tier_config: dict[str, Any]) -> tuple[str, ...]:
+        """Return the tier's info-metric label names (never `TIER_LABEL`, which the spec adds)."""
+        return ()
+
+    def config_info(self) -> ConfigInfoMapping:
+        """Return the tier's info-metric labels, for its one series (the manager adds `TIER_LABEL`)."""
+        return {}

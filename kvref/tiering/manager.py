@@ -1,440 +1,667 @@
-"""Multi-tier offloading: a CPU primary tier in front of any number of secondary tiers.
+"""`TieringOffloadingManager`: a CPU primary tier in front of any number of secondary tiers
+(vLLM 0.33: `tiering/manager.py`).
 
-`TieringOffloadingManager` is the `OffloadingManager` the connector talks to. The GPU only ever
-exchanges blocks with the primary (`CPUPrimaryTierOffloadingManager`, over a
-`SharedOffloadRegion`); secondary tiers copy blocks out of and into the primary's memory.
+1. Every tier gets every chunk: a chunk whose store into the primary completes is cascaded to
+   all secondary tiers.
+2. The primary is the gateway: secondary tiers never touch GPU memory; data flows through it.
+3. Staged promotion: a chunk found only in a secondary tier is copied into the primary first,
+   and `lookup` answers HIT_PENDING meanwhile ("ask again").
+4. Reference counts protect primary chunks while a tier copies from or into them.
 
-    store:   prepare_store/complete_store (GPU -> primary), then a cascade: one
-             `submit_store` per secondary tier, each holding one read reference on the blocks
-             until that tier reports the job finished.
-    lookup:  primary, then each secondary tier in order. A secondary hit reserves a primary slot
-             at once (so the block is promoted only once, whoever asks) and answers None
-             ("retry"); at the end of the step the reservations are submitted, one `submit_load`
-             per (tier, request). When the promotion finishes the block is loadable from the
-             primary; when it fails the slot is freed and the tier is not asked for that block
-             again (until it stores it anew), so lookups miss instead of retrying forever.
-
-End of step: the connector signals it by calling `end_step()` once per scheduler step, after the
-step's lookups and prepare calls (vLLM: `on_schedule_end`). `take_events()` calls `end_step()`
-first, so a connector of the vLLM era, which calls `take_events()` once per step, needs nothing
-else. Finished jobs are collected at most once per step: by the step's first `lookup`,
-`prepare_load` or `prepare_store` (so that cascades that finished release their references
-before any eviction decision of that step), or else by `end_step()` itself, so an idle engine
-that only keeps stepping still sees its cascades release their blocks and its promotions
-complete, and `has_pending_work()` turns False. Then `end_step()` submits the promotions staged
-during the step and re-opens the poll for the next step.
-
-Statistics: `get_stats()` returns the primary's `OffloadingStats` with every tier's cumulative
-`TierStats` (primary first) in its `tiers`; `tier_stats()` returns those alone.
+Promotions found during a step are submitted at its end (`on_schedule_end`), one
+`submit_load` per (tier, request). Finished jobs are collected at most once per step by the
+first `lookup`, and always before `prepare_store` decides what to evict.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-from collections.abc import Collection, Iterable, Mapping, Sequence
-from types import MappingProxyType
-from typing import Any, cast
+import threading
+import time
+from collections import Counter
+from collections.abc import Collection, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from typing_extensions import override
 
 from kvref.base import (
+    CacheHitSource,
+    ConfigInfoMapping,
+    LookupResult,
+    OffloadingConnectorStats,
     OffloadingEvent,
     OffloadingManager,
-    OffloadingStats,
     OffloadKey,
+    OffloadPolicy,
     PrepareStoreOutput,
     ReqContext,
     RequestOffloadingContext,
+    ScheduleEndContext,
+    check_key_collection,
 )
 from kvref.cpu.common import CPULoadStoreSpec
-from kvref.cpu.manager import describe_block
-from kvref.cpu.policies.factory import CachePolicyName
-from kvref.cpu.shared_region import SharedOffloadRegion
 from kvref.errors import OffloadProtocolError
-from kvref.tiering._options import check_bool
-from kvref.tiering.base import SecondaryTierManager, TierStats
-from kvref.tiering.factory import create_secondary_tier
-from kvref.tiering.jobs import TierJobs
+from kvref.tiering.base import TIER_LABEL, JobId, JobResult, ParentManager, SecondaryTierManager, TransferJob
+from kvref.tiering.metrics import TieringMetricsTracker
+from kvref.tiering.poll_thread import DEFAULT_TIER_POLL_INTERVAL_S, JOIN_TIMEOUT_S, TierPollThread
 from kvref.tiering.primary import CPUPrimaryTierOffloadingManager
 
-__all__ = [
-    "CPUPrimaryTierOffloadingManager",
-    "TieringOffloadingManager",
-    "create_tiering_manager",
-]
+__all__ = ["JobMetadata", "PendingPromotion", "RequestState", "TieringOffloadingManager"]
 
 logger = logging.getLogger(__name__)
 
 
-class TieringOffloadingManager(OffloadingManager):
-    """Offloads to a CPU primary tier and cascades every stored block to secondary tiers.
+@dataclass
+class PendingPromotion:
+    """Chunks of one (tier, request) waiting for the step's end to be submitted."""
 
-    See the module docstring for the data flow and how the end of a step is signalled.
+    req_context: ReqContext
+    keys: list[OffloadKey] = field(default_factory=list[OffloadKey])
+    chunk_ids: list[int] = field(default_factory=list[int])
+
+
+@dataclass(slots=True)
+class RequestState:
+    """What the manager tracks of one request until every tier has been told it finished.
+
+    Attributes:
+        pending_primary_stores: `prepare_store`s with chunks whose `complete_store` (which may
+            still cascade) has not come.
+        request_level_tiers: the tiers that asked for the request's every chunk.
+        pending_cascade_keys: chunks a request-level cascade waits on (their primary write is
+            in flight).
+    """
+
+    req_context: ReqContext
+    pending_primary_stores: int = 0
+    is_finished: bool = False
+    request_level_tiers: set[int] | None = None
+    pending_cascade_keys: list[OffloadKey] = field(default_factory=list[OffloadKey])
+
+
+class JobMetadata(NamedTuple):
+    """A job in flight and the tier doing it."""
+
+    transfer_job: TransferJob
+    tier_idx: int
+
+
+class _SecondaryTierFacingParent(ParentManager):
+    """The `ParentManager` one tier is given: the manager, with that tier left out."""
+
+    __slots__ = ("_m", "_origin_idx")
+
+    def __init__(self, manager: TieringOffloadingManager, tier_idx: int) -> None:
+        self._m = manager
+        self._origin_idx = tier_idx
+
+    @override
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        return self._m.on_new_request(req_context, exclude_tier_idx=self._origin_idx)
+
+    @override
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        return self._m.lookup(key, req_context, exclude_tier_idx=self._origin_idx)
+
+    @override
+    def create_store_job(self, keys: Collection[OffloadKey], req_context: ReqContext) -> TransferJob:
+        return self._m.create_store_job(keys, req_context, self._origin_idx)
+
+    @override
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        self._m.on_request_finished(req_context, exclude_tier_idx=self._origin_idx)
+
+
+class TieringOffloadingManager(OffloadingManager):
+    """Offloads to a CPU primary tier and cascades every stored chunk to the secondary tiers.
+
+    Its `lock` is a real lock: the tier-poll thread (started when a tier sets
+    `tolerates_off_thread_polling`) enters the manager too.
 
     Args:
-        primary: the CPU tier (the only one the GPU exchanges blocks with).
+        primary_tier: the CPU tier, the only one the GPU exchanges chunks with.
         secondary_tiers: the other tiers, in lookup order (fastest first).
-        failed_promotion_memory: per tier, how many blocks whose promotion failed are
-            remembered (and not asked for again) even if the tier still claims them.
-        drain_timeout_s: how long `reset_cache` waits for the tiers' jobs to finish.
-
-    Raises:
-        ValueError: `failed_promotion_memory` < 0 or `drain_timeout_s` < 0.
+        tier_poll_interval_s: the pause between tier-poll rounds; zero or less: no thread.
     """
 
     def __init__(
         self,
-        primary: CPUPrimaryTierOffloadingManager,
-        secondary_tiers: Sequence[SecondaryTierManager] = (),
-        *,
-        failed_promotion_memory: int = 65_536,
-        drain_timeout_s: float = 60.0,
+        primary_tier: CPUPrimaryTierOffloadingManager,
+        secondary_tiers: list[SecondaryTierManager] | None = None,
+        tier_poll_interval_s: float = DEFAULT_TIER_POLL_INTERVAL_S,
     ) -> None:
-        if failed_promotion_memory < 0:
-            raise ValueError(f"failed_promotion_memory must be >= 0, got {failed_promotion_memory}")
-        if drain_timeout_s < 0:
-            raise ValueError(f"drain_timeout_s must be >= 0, got {drain_timeout_s}")
-        self._primary = primary
-        self._tiers: tuple[SecondaryTierManager, ...] = tuple(secondary_tiers)
-        self._drain_timeout_s = drain_timeout_s
-        self._jobs = TierJobs(primary, self._tiers, failed_promotion_memory)
-        # GPU -> primary stores prepared and not completed: key -> request id.
-        self._pending_stores: dict[OffloadKey, str] = {}
-        self._pending_stores_per_request: dict[str, int] = {}
-        # Requests finished while they still had pending stores or staged promotions.
-        self._deferred_finishes: dict[str, ReqContext] = {}
-        # GPU loads prepared through this manager and not completed: key -> count. The primary's
-        # reference counts also include the cascades' reads, which must not absorb a caller's
-        # stray complete_load.
-        self._gpu_loads: dict[OffloadKey, int] = {}
-        self._closed = False
-        self._stats = [TierStats(primary.medium), *self._jobs.stats]  # the same objects
-
-    # --- introspection ---
-
-    @property
-    def primary(self) -> CPUPrimaryTierOffloadingManager:
-        """The CPU primary tier."""
-        return self._primary
-
-    @property
-    def secondary_tiers(self) -> tuple[SecondaryTierManager, ...]:
-        """The secondary tiers, in lookup order."""
-        return self._tiers
-
-    @property
-    def num_inflight_jobs(self) -> int:
-        """Jobs submitted to secondary tiers and not yet reported finished."""
-        return len(self._jobs)
-
-    def has_pending_work(self) -> bool:
-        """True while jobs are in flight, promotions are staged, or a tier has work of its own.
-
-        While True the engine should keep stepping (and calling `end_step`) even with no
-        request scheduled: each step end collects what finished.
-        """
-        return (
-            bool(self._jobs)
-            or self._jobs.any_staged
-            or any(tier.has_pending_work() for tier in self._tiers)
+        # Guards this manager and every tier, the primary included (which has no lock of its own).
+        self._lock = threading.Lock()
+        self.primary_tier = primary_tier
+        self.secondary_tiers: list[SecondaryTierManager] = list(secondary_tiers or [])
+        self._job_id_counter: JobId = 0
+        # Every job in flight; TransferJob.is_promotion tells the direction.
+        self._jobs: dict[JobId, JobMetadata] = {}
+        # Set by reset_cache() until on_reset_flushed(); see lookup().
+        self._promotions_held = False
+        primary_view = primary_tier.get_kv_memoryview()
+        assert primary_view.strides is not None
+        self._metrics = TieringMetricsTracker(
+            tier_types=[tier.tier_type for tier in self.secondary_tiers],
+            num_primary_chunks=primary_tier.num_chunks,
+            primary_chunk_size=primary_view.strides[0],
         )
+        # Promotions staged by lookup(), by tier index, then request id.
+        self._pending_load_submissions: dict[int, dict[str, PendingPromotion]] = {}
+        # Set once the step's jobs were collected; cleared at the step's end.
+        self._processed_jobs_this_step = False
+        self._req_state: dict[str, RequestState] = {}
+        # The tier each promoted chunk came from, per request, so that a disk hit served from
+        # the primary after its promotion still counts as a disk hit.
+        self._request_load_sources: dict[str, dict[OffloadKey, CacheHitSource]] = {}
+        # GPU loads prepared through this manager and not completed: the primary's reference
+        # counts also hold the cascades' reads, which a stray complete_load must not release.
+        self._gpu_loads: Counter[OffloadKey] = Counter()
+        self._tier_parents = {tier: _SecondaryTierFacingParent(self, idx) for idx, tier in enumerate(self.secondary_tiers)}
+        self._tier_index = {tier: idx for idx, tier in enumerate(self.secondary_tiers)}
+        self._polled_tiers = [tier for tier in self.secondary_tiers if tier.tolerates_off_thread_polling]
+        self._tier_poll_thread: TierPollThread | None = None
+        if self._polled_tiers and tier_poll_interval_s > 0:
+            self._tier_poll_thread = TierPollThread(
+                self.poll_tiers, self._lock, tier_poll_interval_s, name="kvref_offload_tier_poll"
+            )
+
+    @property
+    @override
+    def lock(self) -> threading.Lock:
+        return self._lock
+
+    def poll_tiers(self) -> None:
+        """One tier-poll round: collect the polled tiers' finished jobs and let them serve.
+
+        The caller holds `lock` throughout. The step's batching points (promotions, parked
+        cascades) stay at the step's end. The once-per-step poll gate is held shut for the
+        round and put back as it was, so a lookup made while serving neither polls every tier
+        off-thread nor makes the next step skip its poll.
+        """
+        gate = self._processed_jobs_this_step
+        self._processed_jobs_this_step = True
+        try:
+            self._process_finished_jobs(self._polled_tiers)
+            for tier in self._polled_tiers:
+                tier.serve_external_requests(self._tier_parents[tier])
+        finally:
+            self._processed_jobs_this_step = gate
+
+    # --- jobs ---
+
+    def _next_job_id(self) -> JobId:
+        job_id = self._job_id_counter
+        self._job_id_counter += 1
+        return job_id
+
+    def _register_job(self, transfer_job: TransferJob, tier_idx: int) -> None:
+        job_metadata = JobMetadata(transfer_job, tier_idx)
+        self._jobs[transfer_job.job_id] = job_metadata
+        self._metrics.on_job_registered(job_metadata)
+
+    def _maybe_process_finished_jobs(self) -> None:
+        """Collect finished jobs, at most once per step."""
+        if not self._processed_jobs_this_step:
+            self._processed_jobs_this_step = True
+            self._process_finished_jobs()
+
+    def _process_finished_jobs(self, tiers: Sequence[SecondaryTierManager] | None = None) -> None:
+        """Collect the finished jobs of `tiers` (default: all): a finished cascade releases its
+        read of the primary; a finished promotion makes its chunks loadable (or frees them)."""
+        for tier in self.secondary_tiers if tiers is None else tiers:
+            tier_idx = self._tier_index[tier]
+            for completed_job in tier.get_finished_jobs():
+                job_metadata = self._jobs.pop(completed_job.job_id, None)
+                assert job_metadata is not None, f"tier #{tier_idx} ({tier.tier_type}) finished unknown job {completed_job.job_id}"
+                assert job_metadata.tier_idx == tier_idx, (
+                    f"job {completed_job.job_id} reported by tier #{tier_idx} belongs to tier #{job_metadata.tier_idx}"
+                )
+                self._metrics.on_job_finished(job_metadata, completed_job)
+                transfer_job = job_metadata.transfer_job
+                if transfer_job.is_promotion:
+                    self._complete_promotion(job_metadata, completed_job)
+                else:
+                    self.primary_tier.complete_read(transfer_job.keys, transfer_job.req_context)
+                    self._update_backpressure(tier, job_metadata, completed_job)
+
+    def _complete_promotion(self, job_metadata: JobMetadata, completed_job: JobResult) -> None:
+        transfer_job = job_metadata.transfer_job
+        successful_keys: Collection[OffloadKey]
+        failed_keys: Collection[OffloadKey]
+        if completed_job.success:
+            successful_keys, failed_keys = transfer_job.keys, ()
+        elif completed_job.successful_keys:
+            successful_keys = completed_job.successful_keys
+            failed = set(transfer_job.keys)
+            assert failed.issuperset(successful_keys), f"promotion {completed_job.job_id} reported unknown keys"
+            failed_keys = failed.difference(successful_keys)
+        else:
+            successful_keys, failed_keys = (), transfer_job.keys
+        load_sources = self._request_load_sources.get(transfer_job.req_context.req_id)
+        if load_sources is not None:
+            source = self.secondary_tiers[job_metadata.tier_idx].cache_hit_source
+            for key in failed_keys:
+                if load_sources.get(key) == source:
+                    del load_sources[key]
+        if successful_keys:
+            self.primary_tier.complete_write(successful_keys, transfer_job.req_context, True)
+        if failed_keys:
+            self.primary_tier.complete_write(failed_keys, transfer_job.req_context, False)
+
+    def _should_store_to_tier(self, tier: SecondaryTierManager, num_blocks: int) -> bool:
+        detector = tier.bp_detector
+        return detector is None or detector.should_store(num_blocks)
+
+    def _update_backpressure(self, tier: SecondaryTierManager, job_metadata: JobMetadata, completed_job: JobResult) -> None:
+        detector = tier.bp_detector
+        if detector is None:
+            return
+        was_under_pressure = detector.is_under_pressure()
+        if completed_job.success:
+            transfer_job = job_metadata.transfer_job
+            num_bytes = completed_job.transfer_bytes
+            if num_bytes is None:
+                num_bytes = len(transfer_job.keys) * tier.block_size_bytes
+            detector.update(transfer_job.submit_time, num_bytes)
+        else:
+            detector.on_store_failed()
+        if detector.is_under_pressure() != was_under_pressure:
+            logger.info(
+                "Tier #%d (%s) back-pressure %s (stats=%s)",
+                self._tier_index[tier],
+                tier.tier_type,
+                "activated" if detector.is_under_pressure() else "cleared",
+                detector.stats,
+            )
+
+    # --- lookups and promotions ---
 
     @override
-    def get_stats(self) -> OffloadingStats:
-        """Return the primary tier's counters with every tier's `TierStats` in `tiers`.
+    def lookup(self, key: OffloadKey, req_context: ReqContext, *, exclude_tier_idx: int | None = None) -> LookupResult:
+        """Ask the primary, then each secondary tier in order; a secondary HIT starts a promotion.
 
-        The top-level counters are the CPU primary's (what the GPU stored into and loaded
-        from it); `tiers` holds `tier_stats()`: the primary first, then each secondary tier.
-        """
-        primary = self._primary.get_stats()
-        return dataclasses.replace(primary, tiers=MappingProxyType(self.tier_stats()))
-
-    def tier_stats(self) -> dict[str, TierStats]:
-        """Return a snapshot of each tier's cumulative counters, primary first.
+        Args:
+            key: the chunk.
+            req_context: the request asking.
+            exclude_tier_idx: a tier to leave out (the one serving a peer's request).
 
         Returns:
-            Tier name -> its `TierStats` (a copy). The primary is named by its medium ("CPU");
-            a secondary tier by its medium, suffixed with "#<index>" if two tiers share a name.
+            HIT: ready in the primary. HIT_PENDING: its write into the primary is in flight (a
+            promotion started now, or earlier). RETRY: a tier does not know yet. MISS: in no
+            tier; or the primary has no room for a promotion; or promotions are held after a
+            reset (see `reset_cache`).
         """
-        primary = self._primary
-        snapshot: dict[str, TierStats] = {}
-        for index, stats in enumerate(self._stats):
-            copy = dataclasses.replace(stats)
-            if index == 0:
-                used = primary.num_blocks - primary.num_free_blocks
-                copy.usage = used / primary.num_blocks if primary.num_blocks else None
-            else:
-                tier = self._tiers[index - 1]
-                copy.blocks_evicted = tier.num_evicted_blocks()
-                copy.usage = tier.usage()
-            name = copy.name if copy.name not in snapshot else f"{copy.name}#{index}"
-            snapshot[name] = copy
-        return snapshot
-
-    @override
-    def __repr__(self) -> str:
-        return (
-            f"TieringOffloadingManager(primary={self._primary!r}, tiers="
-            f"{[tier.medium for tier in self._tiers]}, inflight_jobs={len(self._jobs)})"
+        # First, so that a promotion finished since is a HIT now, and chunks freed by finished
+        # jobs are evictable in time for a promotion this lookup may start.
+        self._maybe_process_finished_jobs()
+        start_time = time.monotonic()
+        primary_result = self.primary_tier.lookup(key, req_context)
+        self._metrics.on_lookup(
+            req_context, key, self._metrics.primary_tier_label, primary_result, time.monotonic() - start_time
         )
-
-    # --- steps and jobs ---
-
-    def end_step(self) -> None:
-        """Signal the end of a scheduler step (also done by `take_events`).
-
-        Collects finished jobs unless a call of this step already did (an idle step makes
-        progress too), submits the promotions staged during the step, one `submit_load` per
-        (tier, request), and re-opens the poll for the next step.
-        """
-        self._jobs.poll_once()
-        self._jobs.next_step()
-        for req_id in self._jobs.submit_staged():
-            self._maybe_finish_request(req_id)
-
-    # --- OffloadingManager interface ---
+        if primary_result is LookupResult.HIT or primary_result is LookupResult.HIT_PENDING:
+            return primary_result
+        if self._promotions_held:
+            return LookupResult.MISS
+        any_retry = False
+        for tier_idx, tier in enumerate(self.secondary_tiers):
+            if tier_idx == exclude_tier_idx or not req_context.load_tier_filter.allows(tier.medium, tier.locality):
+                continue
+            start_time = time.monotonic()
+            result = tier.lookup(key, req_context)
+            duration = time.monotonic() - start_time
+            self._metrics.on_lookup(req_context, key, self._metrics.tier_label(tier_idx), result, duration)
+            if result is LookupResult.HIT:
+                promoted = self._initiate_promotion(tier_idx, key, req_context)
+                return LookupResult.HIT_PENDING if promoted else LookupResult.MISS
+            any_retry = any_retry or result is LookupResult.RETRY
+        return LookupResult.RETRY if any_retry else LookupResult.MISS
 
     @override
-    def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
-        self._jobs.poll_once()
-        found = self._primary.lookup(key, req_context)
-        stats = self._stats
-        stats[0].lookups += 1
-        if found is not False:
-            if found:
-                stats[0].hits += 1
-            return found
-        stats[0].misses += 1
-        busy = False
-        for tier_index, tier in enumerate(self._tiers):
-            if self._jobs.failed_before(tier_index, key):
-                continue
-            found = tier.lookup(key, req_context)
-            tier_stats = stats[tier_index + 1]
-            tier_stats.lookups += 1
-            if found:
-                tier_stats.hits += 1
-                return self._jobs.stage_promotion(tier_index, key, req_context)
-            if found is None:
-                busy = True
-            else:
-                tier_stats.misses += 1
-        return None if busy else False
+    def get_load_source(self, key: OffloadKey, req_context: ReqContext) -> CacheHitSource:
+        load_sources = self._request_load_sources.get(req_context.req_id)
+        if load_sources is not None and key in load_sources:
+            return load_sources[key]
+        return self.primary_tier.get_load_source(key, req_context)
+
+    def _initiate_promotion(self, tier_idx: int, key: OffloadKey, req_context: ReqContext) -> bool:
+        """Reserve a primary slot for `key` now, and stage its `submit_load` for the step's end.
+
+        Reserved at once, so that later lookups of the step see the chunk in flight and do not
+        promote it twice.
+
+        Returns:
+            False when the primary has no room (the chunk is then treated as unavailable).
+        """
+        result = self.primary_tier.prepare_write([key], req_context)
+        if result is None:
+            self._metrics.on_promotion_allocation_failure()
+            return False
+        store_spec = result.store_spec
+        assert isinstance(store_spec, CPULoadStoreSpec)
+        source = self.secondary_tiers[tier_idx].cache_hit_source
+        load_sources = self._request_load_sources.setdefault(req_context.req_id, {})
+        for promoted_key in result.keys_to_store:
+            load_sources[promoted_key] = source
+        pending = self._pending_load_submissions.setdefault(tier_idx, {})
+        entry = pending.setdefault(req_context.req_id, PendingPromotion(req_context=req_context))
+        entry.keys.extend(result.keys_to_store)
+        entry.chunk_ids.extend(store_spec.chunk_ids)
+        return True
+
+    def _flush_pending_promotions(self) -> None:
+        """Submit the step's staged promotions: one `submit_load` per (tier, request)."""
+        for tier_idx, pending_by_request in self._pending_load_submissions.items():
+            tier = self.secondary_tiers[tier_idx]
+            for entry in pending_by_request.values():
+                transfer_job = TransferJob(
+                    job_id=self._next_job_id(),
+                    keys=entry.keys,
+                    chunk_ids=entry.chunk_ids,
+                    is_promotion=True,
+                    req_context=entry.req_context,
+                )
+                self._register_job(transfer_job, tier_idx)
+                tier.submit_load(transfer_job)
+        self._pending_load_submissions.clear()
+
+    # --- GPU loads ---
 
     @override
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> CPULoadStoreSpec:
-        self._jobs.poll_once()
-        spec = self._primary.prepare_load(keys, req_context)
-        loads = self._gpu_loads
-        for key in keys:
-            loads[key] = loads.get(key, 0) + 1
-        self._stats[0].blocks_loaded += len(keys)
+        """Pin chunks `lookup` answered HIT for in the primary, for the GPU to read."""
+        spec = self.primary_tier.prepare_load(keys, req_context)
+        self._gpu_loads.update(keys)
         return spec
 
     @override
-    def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        """Release GPU loads prepared by `prepare_load`.
-
-        Raises:
-            OffloadProtocolError: a key (counted with repetition) has no GPU load prepared
-                through this manager in progress; nothing was changed. A cascade's read of the
-                same block does not count: it belongs to the tier copying it.
-        """
-        loads = self._gpu_loads
-        releases: dict[OffloadKey, int] = {}
-        for key in keys:
-            releases[key] = releases.get(key, 0) + 1
-        for key, count in releases.items():
-            in_progress = loads.get(key, 0)
-            if in_progress < count:
-                state = describe_block(self._primary.policy.get(key))
-                detail = (
-                    f"{in_progress} GPU loads of it in progress, {count} released; "
-                    "only loads prepared by prepare_load can be completed"
-                )
-                raise OffloadProtocolError("complete_load", key, state, detail)
-        self._primary.complete_load(keys, req_context)
-        for key, count in releases.items():
-            remaining = loads[key] - count
-            if remaining:
-                loads[key] = remaining
-            else:
-                del loads[key]
-
-    @override
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        self._primary.touch(keys, req_context)
-        for tier in self._tiers:
+        """Mark chunks recently used in every tier."""
+        self.primary_tier.touch(keys, req_context)
+        for tier in self.secondary_tiers:
             tier.touch(keys, req_context)
 
     @override
-    def prepare_store(
-        self, keys: Collection[OffloadKey], req_context: ReqContext
-    ) -> PrepareStoreOutput | None:
-        # Cascades that finished release their primary references before eviction is decided.
-        self._jobs.poll_once()
-        output = self._primary.prepare_store(keys, req_context)
-        if output is not None:
-            self._stats[0].blocks_evicted += len(output.evicted_keys)
-        if output is not None and output.keys_to_store:
-            req_id = req_context.req_id
-            for key in output.keys_to_store:
-                self._pending_stores[key] = req_id
-            self._pending_stores_per_request[req_id] = (
-                self._pending_stores_per_request.get(req_id, 0) + len(output.keys_to_store)
-            )
-        return output
+    def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        """Release the GPU's pins of a matching `prepare_load`.
+
+        Raises:
+            OffloadProtocolError: a key has no GPU load in progress (a cascade's read of it does
+                not count); nothing changed.
+        """
+        check_key_collection(keys, "complete_load")
+        needed = Counter(keys)
+        for key, count in needed.items():
+            if self._gpu_loads[key] < count:
+                raise OffloadProtocolError("complete_load", key, "not loaded by the GPU")
+        self.primary_tier.complete_load(keys, req_context)
+        self._gpu_loads.subtract(needed)
+        for key in needed:
+            if self._gpu_loads[key] == 0:
+                del self._gpu_loads[key]
+
+    # --- GPU stores and cascades ---
 
     @override
-    def complete_store(
-        self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True
+    def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
+        """Reserve primary slots for chunks the GPU is about to store.
+
+        Finished jobs are collected first, unconditionally, so that evictions see every cascade
+        that released its chunks and every promotion that completed. For request-level tiers,
+        chunks already in the primary are cascaded now.
+        """
+        self._processed_jobs_this_step = True
+        self._process_finished_jobs()
+        result = self.primary_tier.prepare_store(keys, req_context)
+        if result is None:
+            return None
+        state = self._req_state[req_context.req_id]
+        if result.keys_to_store:
+            state.pending_primary_stores += 1
+        if state.request_level_tiers:
+            to_store = set(result.keys_to_store)
+            already_in_primary = tuple(key for key in keys if key not in to_store)
+            if already_in_primary:
+                self._cascade_existing_chunks_to_request_level_tiers(
+                    already_in_primary, req_context, state.request_level_tiers
+                )
+        return result
+
+    def _cascade_existing_chunks_to_request_level_tiers(
+        self, keys: Sequence[OffloadKey], req_context: ReqContext, request_level_tiers: set[int]
     ) -> None:
-        # Only keys this manager prepared for a GPU store: a key pending because it is being
-        # promoted must not be marked written by a caller passing a superset.
-        completed: list[OffloadKey] = []
-        requests: set[str] = set()
-        for key in dict.fromkeys(keys):
-            req_id = self._pending_stores.pop(key, None)
-            if req_id is not None:
-                completed.append(key)
-                requests.add(req_id)
-                self._pending_stores_per_request[req_id] -= 1
-        if not completed:
+        """Cascade chunks already in the primary to the tiers that keep whole requests.
+
+        A chunk whose primary write is in flight (HIT_PENDING) is parked and retried at the
+        step's end: the scheduler will not offer it again. A MISS is dropped (nothing to read).
+        The primary answers every chunk it holds, so RETRY cannot come here.
+        """
+        state = self._req_state[req_context.req_id]
+        ready_keys: list[OffloadKey] = []
+        for key in keys:
+            result = self.primary_tier.lookup(key, req_context)
+            if result is LookupResult.HIT:
+                ready_keys.append(key)
+            elif result is LookupResult.HIT_PENDING:
+                state.pending_cascade_keys.append(key)
+            else:
+                assert result is LookupResult.MISS, f"primary tier returned {result} for a cascade key"
+        if not ready_keys:
             return
-        self._primary.complete_store(completed, req_context, success)
+        for tier_idx in request_level_tiers:
+            tier = self.secondary_tiers[tier_idx]
+            if self._should_store_to_tier(tier, len(ready_keys)):
+                tier.submit_store(self.create_store_job(ready_keys, req_context, tier_idx))
+
+    def _flush_pending_cascades(self) -> None:
+        """Retry the parked request-level cascades; a parked chunk always resolves (HIT or MISS)."""
+        for req_id, state in list(self._req_state.items()):
+            if not state.pending_cascade_keys:
+                continue
+            assert state.request_level_tiers
+            keys, state.pending_cascade_keys = state.pending_cascade_keys, []
+            self._cascade_existing_chunks_to_request_level_tiers(keys, state.req_context, state.request_level_tiers)
+            self._maybe_finalize_request(req_id)
+
+    @override
+    def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
+        """Finish a GPU store into the primary and, if it succeeded, cascade it to every tier
+        (each cascade pins the chunks until that tier reports its job)."""
+        self.primary_tier.complete_store(keys, req_context, success)
         if success:
-            self._stats[0].blocks_stored += len(completed)
-        else:
-            self._stats[0].failed_jobs += 1
-        if success:
-            self._jobs.cascade(tuple(completed), req_context)
-        for req_id in requests:
-            if self._pending_stores_per_request[req_id] == 0:
-                del self._pending_stores_per_request[req_id]
-            self._maybe_finish_request(req_id)
+            for tier_idx, tier in enumerate(self.secondary_tiers):
+                if self._should_store_to_tier(tier, len(keys)):
+                    tier.submit_store(self.create_store_job(keys, req_context, tier_idx))
+        state = self._req_state[req_context.req_id]
+        assert state.pending_primary_stores > 0, f"request {req_context.req_id!r} has no store pending"
+        state.pending_primary_stores -= 1
+        self._maybe_finalize_request(req_context.req_id)
+
+    def create_store_job(self, keys: Collection[OffloadKey], req_context: ReqContext, tier_idx: int = 0) -> TransferJob:
+        """Pin chunks in the primary and register a cascade job to tier `tier_idx`.
+
+        The caller starts the copy; the tier reports the job through `get_finished_jobs`.
+        """
+        spec = self.primary_tier.prepare_read(keys, req_context)
+        transfer_job = TransferJob(
+            job_id=self._next_job_id(), keys=keys, chunk_ids=spec.chunk_ids, is_promotion=False, req_context=req_context
+        )
+        self._register_job(transfer_job, tier_idx)
+        return transfer_job
+
+    # --- requests and steps ---
 
     @override
-    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
-        return self._primary.on_new_request(req_context)
+    def on_new_request(self, req_context: ReqContext, *, exclude_tier_idx: int | None = None) -> RequestOffloadingContext:
+        """Ask every tier how it wants the request offered; REQUEST_LEVEL if any tier does."""
+        state = RequestState(req_context=req_context)
+        self._metrics.on_new_request(req_context)
+        for tier_idx, tier in enumerate(self.secondary_tiers):
+            if tier_idx != exclude_tier_idx and tier.on_new_request(req_context).policy == OffloadPolicy.REQUEST_LEVEL:
+                state.request_level_tiers = (state.request_level_tiers or set()) | {tier_idx}
+        self._req_state[req_context.req_id] = state
+        policy = OffloadPolicy.REQUEST_LEVEL if state.request_level_tiers else OffloadPolicy.CHUNK_LEVEL
+        return RequestOffloadingContext(policy=policy)
 
     @override
-    def on_request_finished(self, req_context: ReqContext) -> None:
-        """Finish the request in the primary now, in the secondary tiers once nothing more can be
-        submitted to them for it (its pending stores completed, its staged promotions sent)."""
-        self._primary.on_request_finished(req_context)
-        self._deferred_finishes[req_context.req_id] = req_context
-        self._maybe_finish_request(req_context.req_id)
+    def on_request_finished(self, req_context: ReqContext, *, exclude_tier_idx: int | None = None) -> None:
+        self.primary_tier.on_request_finished(req_context)
+        self._req_state[req_context.req_id].is_finished = True
+        self._maybe_finalize_request(req_context.req_id, exclude_tier_idx)
 
-    def _maybe_finish_request(self, req_id: str) -> None:
-        if req_id not in self._deferred_finishes or req_id in self._pending_stores_per_request:
+    def _maybe_finalize_request(self, req_id: str, exclude_tier_idx: int | None = None) -> None:
+        """Tell the tiers a finished request is over, once no cascade can be submitted for it."""
+        state = self._req_state[req_id]
+        if not state.is_finished or state.pending_primary_stores or state.pending_cascade_keys:
             return
-        if self._jobs.staged_for(req_id):
-            return
-        req_context = self._deferred_finishes.pop(req_id)
-        for tier in self._tiers:
-            tier.on_request_finished(req_context)
+        for tier_idx, tier in enumerate(self.secondary_tiers):
+            if tier_idx != exclude_tier_idx:
+                tier.on_request_finished(state.req_context)
+        self._metrics.on_request_finished(state.req_context)
+        self._request_load_sources.pop(req_id, None)
+        del self._req_state[req_id]
 
     @override
-    def take_events(self) -> list[OffloadingEvent]:
-        """End the step (see `end_step`), then return the primary's and the tiers' events."""
-        self.end_step()
-        events = list(self._primary.take_events())
-        for tier in self._tiers:
-            events.extend(tier.take_events())
-        return events
+    def on_schedule_end(self, context: ScheduleEndContext) -> None:
+        """The step's end: collect jobs, let tiers serve, submit promotions, retry parked
+        cascades, and re-open the poll gate for the next step."""
+        self._maybe_process_finished_jobs()  # also on steps that made no lookup
+        for tier in self.secondary_tiers:
+            tier.serve_external_requests(self._tier_parents[tier])
+        # Re-opened only now, so that lookups while serving skip a second poll.
+        self._processed_jobs_this_step = False
+        self._flush_pending_promotions()
+        self._flush_pending_cascades()
+        for tier in self.secondary_tiers:
+            tier.on_schedule_end(context)
+        for req_id in context.new_req_ids:
+            state = self._req_state.get(req_id)
+            if state is not None:
+                self._metrics.on_request_allocated(state.req_context)
+
+    @override
+    def has_pending_work(self) -> bool:
+        return (
+            bool(self._jobs)
+            or any(state.pending_cascade_keys for state in self._req_state.values())
+            or any(tier.has_pending_work() for tier in self.secondary_tiers)
+        )
+
+    @override
+    def take_events(self) -> Iterator[OffloadingEvent]:
+        """The primary's events, then each tier's."""
+        yield from self.primary_tier.take_events()
+        for tier in self.secondary_tiers:
+            yield from tier.take_events()
+
+    # --- reset, metrics, shutdown ---
 
     @override
     def reset_cache(self) -> None:
-        """Empty the primary; secondary tiers keep their blocks.
+        """Empty the primary, after every tier has drained its jobs.
 
-        Order: staged promotions are dropped unsubmitted; every tier is drained and its results
-        applied (no job may touch a primary slot after the reset); requests waiting to finish
-        are finished in the tiers; then the primary is reset.
+        A stuck tier blocks here, visibly, rather than let a copy still in flight corrupt a
+        reused slot. Secondary tiers keep their data. Running requests keep their state;
+        finished ones are finalized. Promotions are then held until `on_reset_flushed`: a
+        worker may still write a freed slot for a job in flight at the reset, so no promotion
+        may fill one meanwhile; a chunk missing from the primary is a MISS until then.
         """
-        # Their reserved slots vanish with the primary's reset below.
-        self._jobs.drop_staged()
-        self._jobs.drain(self._drain_timeout_s)
-        self._pending_stores.clear()
-        self._pending_stores_per_request.clear()
+        for tier in self.secondary_tiers:
+            tier.drain_jobs()
+        self._process_finished_jobs()
+        assert not self._jobs, "a tier did not report every job after drain_jobs"
+        # Staged promotions reserved slots the reset frees; none was submitted.
+        self._pending_load_submissions.clear()
+        self._request_load_sources.clear()
         self._gpu_loads.clear()
-        for req_id in list(self._deferred_finishes):
-            self._maybe_finish_request(req_id)
-        self._primary.reset_cache()
-        self._jobs.next_step()
+        self._metrics.assert_idle()
+        finished_req_ids: list[str] = []
+        for req_id, state in self._req_state.items():
+            state.pending_primary_stores = 0
+            state.pending_cascade_keys.clear()
+            if state.is_finished:
+                for tier in self.secondary_tiers:
+                    tier.on_request_finished(state.req_context)
+                self._metrics.on_request_finished(state.req_context)
+                finished_req_ids.append(req_id)
+        self.primary_tier.reset_cache()
+        for req_id in finished_req_ids:
+            del self._req_state[req_id]
+        self._processed_jobs_this_step = False
+        for tier in self.secondary_tiers:
+            if tier.bp_detector is not None:
+                tier.bp_detector.reset()
+        self._promotions_held = bool(self.secondary_tiers)
+
+    @override
+    def on_reset_flushed(self) -> None:
+        self._promotions_held = False
+
+    @override
+    def get_stats(self) -> OffloadingConnectorStats | None:
+        """The primary's observations, the tiering's own, and each tier's."""
+        stats: OffloadingConnectorStats | None = self.primary_tier.get_stats()
+        if stats.is_empty():
+            stats = None
+        self._metrics.record_backpressure(self.secondary_tiers)
+        parts = [self._metrics.take_stats(), *(tier.get_stats() for tier in self.secondary_tiers)]
+        for part in parts:
+            if part is None or part.is_empty():
+                continue
+            stats = part if stats is None else stats.aggregate(part)
+        return stats
+
+    @override
+    def config_info(self) -> Sequence[ConfigInfoMapping]:
+        """One mapping per tier, the primary's first, each with its `TIER_LABEL`.
+
+        Raises:
+            ValueError: the primary returned more than one mapping.
+        """
+        (primary_info,) = self.primary_tier.config_info()
+        tier_infos = [{**primary_info, TIER_LABEL: self._metrics.primary_tier_label[0]}]
+        for tier in self.secondary_tiers:
+            label = self._metrics.tier_label(self._tier_index[tier])[0]
+            tier_infos.append({**tier.config_info(), TIER_LABEL: label})
+        return tier_infos
 
     @override
     def shutdown(self) -> None:
-        """Shut the secondary tiers down (they stop copying), then the primary (its memory)."""
-        if self._closed:
-            return
-        self._closed = True
-        self._jobs.drop_staged()
-        for tier in self._tiers:
+        """Stop the tier-poll thread, shut every tier down, then release the primary.
+
+        Call it without holding `lock`: it takes the lock itself if the thread will not stop, so
+        as never to tear a tier down under a running round. If a tier fails to shut down, the
+        primary's memory is kept (the tier may still use it) and the error is raised.
+
+        Raises:
+            RuntimeError: the thread still runs and the lock cannot be had.
+        """
+        poller = self._tier_poll_thread
+        if poller is not None:
+            poller.stop()
+            if poller.running:
+                if not self._lock.acquire(timeout=JOIN_TIMEOUT_S):
+                    raise RuntimeError(
+                        "KV offload tier-poll thread is still running and the manager lock is unavailable; "
+                        "secondary tiers were not shut down. shutdown() must be called without holding manager.lock."
+                    )
+                try:
+                    self._shutdown_tiers()
+                finally:
+                    self._lock.release()
+                return
+        self._shutdown_tiers()
+
+    def _shutdown_tiers(self) -> None:
+        shutdown_error: Exception | None = None
+        for tier_idx, tier in enumerate(self.secondary_tiers):
             try:
                 tier.shutdown()
-            except Exception:
-                logger.exception("secondary tier %s failed to shut down", tier.medium)
-        self._jobs.abandon()
-        self._primary.shutdown()
-
-
-def create_tiering_manager(
-    region: SharedOffloadRegion,
-    secondary_tiers: Iterable[Mapping[str, Any]] = (),
-    *,
-    cache_policy: CachePolicyName = "lru",
-    enable_events: bool = False,
-) -> TieringOffloadingManager:
-    """Build a primary tier over `region` and the secondary tiers the configs describe.
-
-    Args:
-        region: the shared memory of the primary tier (owned by the manager from now on).
-        secondary_tiers: one config per tier, in lookup order, e.g.
-            `{"type": "fs", "root_dir": "/mnt/nvme/kv"}` (see `create_secondary_tier`).
-        cache_policy: the primary's eviction policy, "lru" or "arc".
-        enable_events: enable stored/removed events in the primary and every tier.
-
-    Returns:
-        The manager.
-
-    Raises:
-        ValueError: an argument or a tier config is invalid (the message names the field);
-            everything built so far was shut down and the region cleaned up.
-        OSError: a tier's storage is unusable (e.g. `TierRootError` for an fs root); cleaned
-            up the same way.
-    """
-    configs = _check_tier_configs(secondary_tiers)
-    events = check_bool("enable_events", enable_events)
-    primary = CPUPrimaryTierOffloadingManager(region, cache_policy, events)
-    tiers: list[SecondaryTierManager] = []
-    overrides: dict[str, Any] = {"enable_events": True} if events else {}
-    try:
-        for config in configs:
-            tiers.append(create_secondary_tier(config, primary.get_kv_memoryview(), **overrides))
-    except BaseException:
-        for tier in tiers:
-            tier.shutdown()
-        primary.shutdown()
-        raise
-    return TieringOffloadingManager(primary, tiers)
-
-
-def _check_tier_configs(secondary_tiers: object) -> list[Mapping[str, Any]]:
-    # A single mapping (or a string) where a list of them is expected is a common slip: iterating
-    # it would yield its keys.
-    kind = type(secondary_tiers).__name__
-    if isinstance(secondary_tiers, (Mapping, str, bytes)) or not isinstance(
-        secondary_tiers, Iterable
-    ):
-        raise ValueError(
-            f"secondary_tiers must be a list of tier configs (mappings), got {kind}"
-        )
-    configs: list[Mapping[str, Any]] = []
-    for index, config in enumerate(cast(Iterable[object], secondary_tiers)):
-        if not isinstance(config, Mapping):
-            raise ValueError(
-                f"secondary_tiers[{index}] must be a mapping with a 'type', got {config!r}"
-            )
-        configs.append(cast(Mapping[str, Any], config))
-    return configs
+            except Exception as error:
+                shutdown_error = error
+                logger.exception("Failed to shut down secondary tier #%d (%s, %s)", tier_idx, tier.tier_type, type(tier).__name__)
+        if shutdown_error is not None:
+            raise shutdown_error
+        self.primary_tier.shutdown()

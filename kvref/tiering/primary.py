@@ -1,81 +1,94 @@
-"""`CPUPrimaryTierOffloadingManager`: the CPU tier of a tiering setup, in the secondary tiers' words.
+"""`CPUPrimaryTierOffloadingManager`: the CPU tier of a tiering setup, in the secondary tiers'
+words (vLLM 0.33: in `tiering/manager.py`).
 
-A `CPUOffloadingManager` over a `SharedOffloadRegion`, with the vocabulary of the tiers below it
-(a secondary tier *reads* the primary to store a block and *writes* it to promote one) and the
-memoryview through which they copy. `kvref.tiering.manager` drives it.
+A `CPUOffloadingManager` over a shared memory region. The inherited prepare/complete
+load/store are the GPU-facing interface; read/write name the same operations as a secondary
+tier sees them (it *reads* the primary to store a chunk, and *writes* it to promote one), so
+that the tiering manager never calls `prepare_load` inside a store path.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
+from typing import Protocol
 
 from typing_extensions import override
 
 from kvref.base import OffloadKey, PrepareStoreOutput, ReqContext
-from kvref.cpu.common import CPULoadStoreSpec
+from kvref.cpu.common import CPULoadStoreSpec, CPUOffloadingInfo
 from kvref.cpu.manager import CPUOffloadingManager
-from kvref.cpu.policies.factory import CachePolicyName
-from kvref.cpu.shared_region import SharedOffloadRegion
-from kvref.errors import KVRefError
 
-__all__ = ["CPUPrimaryTierOffloadingManager"]
+__all__ = ["CPUPrimaryTierOffloadingManager", "KVMemoryRegion"]
+
+
+class KVMemoryRegion(Protocol):
+    """The memory of the primary tier: `kvref.cpu.shared_region.SharedOffloadRegion`, or any
+    region that hands out one view of its chunks and cleans up after itself."""
+
+    def create_kv_memoryview(self) -> memoryview:
+        """Return a (num_chunks, row_bytes) view of the chunks."""
+        ...
+
+    def cleanup(self) -> None:
+        """Release the memory (unlinking it if this process created it)."""
+        ...
 
 
 class CPUPrimaryTierOffloadingManager(CPUOffloadingManager):
     """The CPU tier of a tiering setup: a `CPUOffloadingManager` over a shared region.
 
-    Adds the secondary tiers' vocabulary (a secondary tier *reads* the primary to store a block,
-    and *writes* it to promote one) and the memoryview through which they copy.
-
     Args:
-        region: the shared memory holding the blocks (one per row); the manager owns it from now
-            on and cleans it up in `shutdown`.
-        cache_policy: "lru" or "arc".
-        enable_events: buffer stored/removed events of the CPU medium.
+        num_chunks: the chunk slots (rows of `mmap_region`).
+        mmap_region: the chunks' memory; the manager owns it and cleans it up in `shutdown`.
+        cache_policy, cache_policy_module_path, enable_events, info: as `CPUOffloadingManager`.
     """
 
     def __init__(
         self,
-        region: SharedOffloadRegion,
-        cache_policy: CachePolicyName = "lru",
+        num_chunks: int,
+        mmap_region: KVMemoryRegion,
+        cache_policy: str = "lru",
+        cache_policy_module_path: str | None = None,
         enable_events: bool = False,
+        info: CPUOffloadingInfo | None = None,
     ) -> None:
-        super().__init__(region.num_blocks, cache_policy, enable_events)
-        self.region = region
-        self._kv_view: memoryview | None = region.create_kv_memoryview()
+        super().__init__(
+            num_chunks=num_chunks,
+            cache_policy=cache_policy,
+            cache_policy_module_path=cache_policy_module_path,
+            enable_events=enable_events,
+            info=info,
+        )
+        self._mmap_region = mmap_region
+        self._kv_memoryview = mmap_region.create_kv_memoryview()
 
     def prepare_read(self, keys: Collection[OffloadKey], req_context: ReqContext) -> CPULoadStoreSpec:
-        """`prepare_load` for a secondary tier that is about to copy the blocks out."""
-        return self.prepare_load(keys, req_context)
+        """Pin chunks for a copy out to a secondary tier.
+
+        A cascade's read is the tiering's own business, not a request's access: it does not
+        change recency.
+        """
+        return self._prepare_load(keys, req_context, record_access=False)
 
     def complete_read(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         """`complete_load` once a secondary tier's copy out finished."""
         self.complete_load(keys, req_context)
 
-    def prepare_write(
-        self, keys: Collection[OffloadKey], req_context: ReqContext
-    ) -> PrepareStoreOutput | None:
-        """`prepare_store` for blocks a secondary tier is about to copy in (a promotion)."""
+    def prepare_write(self, keys: Collection[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
+        """`prepare_store` for chunks a secondary tier is about to copy in (a promotion)."""
         return self.prepare_store(keys, req_context)
 
-    def complete_write(
-        self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True
-    ) -> None:
+    def complete_write(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
         """`complete_store` once a secondary tier's copy in finished (or failed)."""
         self.complete_store(keys, req_context, success)
 
     def get_kv_memoryview(self) -> memoryview:
-        """Return the `(num_blocks, row_bytes)` view secondary tiers copy through.
-
-        Raises:
-            KVRefError: the manager was shut down.
-        """
-        if self._kv_view is None:
-            raise KVRefError("the primary tier was shut down; its memory is released")
-        return self._kv_view
+        """Return the (num_chunks, row_bytes) view over the primary's memory: a secondary tier
+        addresses chunk c as `view[c]`."""
+        return self._kv_memoryview
 
     @override
     def shutdown(self) -> None:
-        """Release the view and clean up the region (unlinking it if this process created it)."""
-        self._kv_view = None
-        self.region.cleanup()
+        super().shutdown()
+        self._kv_memoryview.release()
+        self._mmap_region.cleanup()

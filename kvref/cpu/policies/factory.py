@@ -1,88 +1,73 @@
-"""Cache policies by name (vLLM: `cpu/policies/factory.py`).
+"""Cache policies by name (vLLM 0.33: `cpu/policies/factory.py`).
 
-The built-in names are "lru" and "arc". Out-of-tree policies register a `CachePolicy` subclass
-under a new name with `register_cache_policy`. The registry behaves like the tier registry
-(`kvref.tiering.factory`): `register_X(name, factory, *, replace=False)`, `registered_X()`
-returning sorted names, and unknown names failing with a ValueError that lists the registered ones.
+The built-in names are "lru" and "arc". An out-of-tree policy either registers a short name up
+front (`register_cache_policy`) or needs no registration at all: the manager is given the
+class name and the module to import it from (`cache_policy_module_path`), so a configuration
+can name it without a fork of kvref.
 """
 
 from __future__ import annotations
 
-from typing import TypeAlias, cast
+import importlib
+import logging
+from collections.abc import Callable
 
-from kvref.cpu.policies.arc import ARCCachePolicy
 from kvref.cpu.policies.base import CachePolicy
-from kvref.cpu.policies.lru import LRUCachePolicy
 
-__all__ = [
-    "CachePolicyName",
-    "registered_cache_policies",
-    "get_cache_policy_class",
-    "create_cache_policy",
-    "register_cache_policy",
-]
+__all__ = ["CachePolicyFactory"]
 
-CachePolicyName: TypeAlias = str
-"""A name registered with `register_cache_policy` (a str, not a Literal, so that registered
-policies type-check too; names are validated against the registry when used)."""
-
-_POLICIES: dict[str, type[CachePolicy]] = {}
+logger = logging.getLogger(__name__)
 
 
-def registered_cache_policies() -> list[str]:
-    """Return the registered policy names, sorted."""
-    return sorted(_POLICIES)
+class CachePolicyFactory:
+    """Registry of `CachePolicy` classes, resolved by name and imported on first use."""
+
+    _registry: dict[str, Callable[[], type[CachePolicy]]] = {}
+
+    @classmethod
+    def register_cache_policy(cls, name: str, module_path: str, class_name: str) -> None:
+        """Register the policy class `class_name` of `module_path` as `name`, imported lazily.
+
+        Raises:
+            ValueError: `name` is already registered.
+        """
+        if name in cls._registry:
+            raise ValueError(f"Cache policy '{name}' is already registered.")
+
+        def loader() -> type[CachePolicy]:
+            return _policy_class(module_path, class_name)
+
+        cls._registry[name] = loader
+
+    @classmethod
+    def get_cache_policy_cls(cls, name: str, module_path: str | None = None) -> type[CachePolicy]:
+        """Return the policy class registered as `name`, or else the class `name` of
+        `module_path`.
+
+        Raises:
+            ValueError: `name` is not registered and no `module_path` is given.
+            ImportError: `module_path` does not import.
+            TypeError: what `module_path` holds under `name` is not a `CachePolicy` subclass.
+        """
+        if name in cls._registry:
+            return cls._registry[name]()
+        if module_path is None:
+            raise ValueError(
+                f"Unknown cache policy: {name!r}. Supported: {list(cls._registry)}. "
+                "For an out-of-tree policy, also set cache_policy_module_path."
+            )
+        logger.info("Loading out-of-tree cache policy %r from %r.", name, module_path)
+        return _policy_class(module_path, name)
 
 
-def get_cache_policy_class(cache_policy: str) -> type[CachePolicy]:
-    """Return the policy class registered as `cache_policy`.
-
-    Raises:
-        ValueError: no policy has that name (the message lists the registered names).
-    """
-    try:
-        return _POLICIES[cache_policy]
-    except (KeyError, TypeError):
-        raise ValueError(
-            f"cache_policy {cache_policy!r} is not registered; registered cache policies: "
-            f"{', '.join(registered_cache_policies())}"
-        ) from None
+def _policy_class(module_path: str, class_name: str) -> type[CachePolicy]:
+    # Checked rather than asserted (vLLM asserts): a configuration names it, and a wrong name
+    # should say which class it found.
+    found: object = getattr(importlib.import_module(module_path), class_name)
+    if not isinstance(found, type) or not issubclass(found, CachePolicy):
+        raise TypeError(f"{module_path}.{class_name} is not a CachePolicy subclass: {found!r}")
+    return found
 
 
-def create_cache_policy(cache_policy: str, cache_capacity: int) -> CachePolicy:
-    """Build an empty policy of the registered name for `cache_capacity` blocks."""
-    return get_cache_policy_class(cache_policy)(cache_capacity)
-
-
-def register_cache_policy(
-    name: str, policy_class: type[CachePolicy], *, replace: bool = False
-) -> None:
-    """Make `policy_class` available as `name`.
-
-    Args:
-        name: the name managers are built with (`cache_policy=`).
-        policy_class: a `CachePolicy` subclass, called as `policy_class(cache_capacity)`.
-        replace: allow replacing an existing registration.
-
-    Raises:
-        TypeError: `name` is not a str, or `policy_class` is not a `CachePolicy` subclass.
-        ValueError: `name` is empty, or already registered and `replace` is False.
-    """
-    # Callers without a type checker pass anything: check what arrives, not what is declared.
-    given_name = cast(object, name)
-    given_class = cast(object, policy_class)
-    if not isinstance(given_name, str):
-        raise TypeError(f"name must be a str, got {given_name!r}")
-    if not isinstance(given_class, type) or not issubclass(given_class, CachePolicy):
-        raise TypeError(f"policy_class must be a CachePolicy subclass, got {given_class!r}")
-    if not name:
-        raise ValueError("name must be a non-empty str")
-    if name in _POLICIES and not replace:
-        raise ValueError(
-            f"cache policy {name!r} is already registered; pass replace=True to replace it"
-        )
-    _POLICIES[name] = policy_class
-
-
-register_cache_policy("lru", LRUCachePolicy)
-register_cache_policy("arc", ARCCachePolicy)
+CachePolicyFactory.register_cache_policy("lru", "kvref.cpu.policies.lru", "LRUCachePolicy")
+CachePolicyFactory.register_cache_policy("arc", "kvref.cpu.policies.arc", "ARCCachePolicy")

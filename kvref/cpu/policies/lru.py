@@ -1,259 +1,220 @@
 """Least-recently-used replacement with logical recency (vLLM 0.33: `cpu/policies/lru.py`).
 
-Recency is logical: it is what requests did with a block, never when a transfer finished. A use
-is the first store of a block, a `touch`, or a request's access (committed when the request
-finishes). A touch re-ranks a block even while its store is pending or while it is being read;
-a block that becomes idle (its store or its last load completed) keeps the rank it had.
+Recency is what requests did with a chunk, never when a transfer finished. A use is a chunk's
+first store, a `touch`, or a request's access, committed when the request finishes. A touch
+re-ranks a chunk even while its store is pending or while it is being read, and a chunk that
+becomes idle keeps the rank it had.
 
-Ranks: a fresh use takes the next value of a counter. The blocks of a running request share one
-provisional rank, taken when the request first names a block, ordered by token position so that
-the request's tail is evicted before its head; `on_request_finished` then gives every key of the
-request a fresh rank, tail first, so its head ends most recent. A rank is vLLM's pair
-`(rank, -position)` (a fresh rank's position is 0), kept as two small ints: the counter value
-(the block's value in the order, or the bucket's) and, in a bucket, `-position`; equal ranks
-(one position in several KV-cache groups) are ordered by key, as in vLLM's heap.
+A rank is the pair (counter, -position), ties broken by key. A fresh use takes the next counter
+value with position 0. A running request takes one counter value when it first names a chunk
+(its provisional rank) and ranks its chunks by token position under it, tail before head, so
+its tail is evicted first; when it finishes, its chunks get fresh ranks tail first, so its head
+ends up the most recent.
 
-vLLM keeps idle blocks in a lazily invalidated heap. kvref keeps every block in one
-`OrderedDict` in rank order instead: a fresh rank is the highest, so it is a `move_to_end`; a
-request's provisional rank is a bucket of its blocks, one entry of the order. Eviction walks the
-order from the oldest end, skipping busy (usually recent) blocks: O(evicted + skipped).
+vLLM keeps idle chunks in a lazily invalidated heap, and a touch pushes one entry per chunk.
+Here every chunk sits in one `OrderedDict` in rank order instead: a fresh rank is the highest,
+so a use is a `move_to_end`. A request's provisional rank is one entry of that order, a
+`_RequestBucket` holding the request's chunks, placed when the rank is taken (it was the
+highest then). Eviction walks the order from the oldest end and skips busy chunks: O(evicted +
+skipped) rather than O(evicted * log n), and no heap entry per use.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Mapping, Sequence, Set
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from typing_extensions import override
 
 from kvref.base import OffloadKey, ReqContext
-from kvref.cpu.policies._lru_ranks import Bucket, PendingJoin, RequestRank, place_joined
-from kvref.cpu.policies.base import BlockStatus, CachePolicy, no_op_hook, order_request_keys
+from kvref.cpu.policies.base import CachePolicy, ChunkStatus, order_request_keys
 
 __all__ = ["LRUCachePolicy"]
 
 
-class LRUCachePolicy(CachePolicy):
-    """Evict the idle block whose last use is oldest (see the module docstring for "use").
+@dataclass(eq=False, slots=True)
+class _RequestBucket:
+    """The chunks holding one request's provisional rank (hashed by identity).
 
-    State:
-        blocks: every held block.
-        order: held blocks with a fresh rank (each with its rank counter value: one table to
-            probe per use), and request buckets (with theirs), oldest first.
-        _bucket_of: the bucket of each block that holds a request's provisional rank (its rank
-            is in the bucket).
-
-    A request's access (`on_request_access`) is applied by the next call: the connector
-    touches a request's blocks right after it loads them, giving them fresh ranks, which would
-    undo joining them to the request's bucket at once. `order` applies it before it answers.
+    Attributes:
+        rank: the request's counter value.
+        keys: each member's -position (the second half of its rank).
+        ordered: the members in eviction order, or None when a member joined since it was
+            sorted; members that left since are still listed (readers skip them).
     """
 
-    @override
+    rank: int
+    keys: dict[OffloadKey, int] = field(default_factory=dict[OffloadKey, int])
+    ordered: list[OffloadKey] | None = None
+
+    def in_eviction_order(self) -> list[OffloadKey]:
+        if self.ordered is None:
+            self.ordered = sorted(self.keys, key=lambda key: (self.keys[key], key))
+        return self.ordered
+
+
+@dataclass(slots=True)
+class _RequestRank:
+    """The provisional rank one policy gave one request (kept in the request's context)."""
+
+    owner: object
+    cache_generation: int
+    bucket: _RequestBucket
+
+
+class LRUCachePolicy(CachePolicy):
+    """Evict the idle chunk whose last use is oldest (see the module docstring).
+
+    Attributes:
+        chunks: every held chunk.
+    """
+
     def __init__(self, cache_capacity: int) -> None:
-        # cache_capacity is unused: the manager bounds the blocks; LRU keeps no ghosts.
-        self.blocks: dict[OffloadKey, BlockStatus] = {}
-        self._order: OrderedDict[OffloadKey | Bucket, int] = OrderedDict()
-        self._bucket_of: dict[OffloadKey, Bucket] = {}
+        super().__init__(cache_capacity)
+        self.chunks: dict[OffloadKey, ChunkStatus] = {}
+        # Fresh-ranked keys (value: their counter) and request buckets (value: their rank), in
+        # rank order, oldest first.
+        self._order: OrderedDict[OffloadKey | _RequestBucket, int] = OrderedDict()
+        self._bucket_of: dict[OffloadKey, _RequestBucket] = {}
         self._next_rank = 0
-        # Bumped by clear(), so ranks kept in request contexts from before are not reused.
-        self._generation = 0
-        self._pending_join: PendingJoin | None = None  # the last on_request_access, if not applied
+        self._cache_generation = 0
 
     @property
-    def order(self) -> OrderedDict[OffloadKey | Bucket, int]:
-        """Held blocks with a fresh rank and request buckets, oldest first (see State)."""
-        self._settle()
-        return self._order
+    def ranks(self) -> Mapping[OffloadKey, tuple[int, int]]:
+        """Each held chunk's rank pair (counter, -position); larger is more recent. A copy."""
+        ranks: dict[OffloadKey, tuple[int, int]] = {}
+        for entry, rank in self._order.items():
+            if isinstance(entry, _RequestBucket):
+                ranks.update((key, (rank, minus_position)) for key, minus_position in entry.keys.items())
+            else:
+                ranks[entry] = (rank, 0)
+        return ranks
 
-    def _request_bucket(self, req_context: ReqContext) -> Bucket:
-        state = req_context.get_state(RequestRank)
-        if state is None or state.owner is not self or state.generation != self._generation:
+    def _request_bucket(self, req_context: ReqContext) -> _RequestBucket:
+        state = req_context.get_state(_RequestRank)
+        # A bucket not in the order was dropped when its request finished: a request named
+        # again after that (which the manager refuses) takes a new rank.
+        if (
+            state is None
+            or state.owner is not self
+            or state.cache_generation != self._cache_generation
+            or state.bucket not in self._order
+        ):
             self._next_rank += 1
-            state = RequestRank(self, self._generation, Bucket(self._next_rank))
+            state = _RequestRank(self, self._cache_generation, _RequestBucket(self._next_rank))
             req_context.set_state(state)
-            self._order[state.bucket] = self._next_rank  # the newest rank: the order's end
-        # Once eviction has dropped it (empty), it comes back only when a key joins it
-        # (place_joined): a request whose blocks never join pays nothing per call.
+            # The newest rank: its place in the order is the end, now.
+            self._order[state.bucket] = self._next_rank
         return state.bucket
 
-    @property
-    def ranks(self) -> dict[OffloadKey, int]:
-        """The rank counter value of each block with a fresh rank (a copy, for inspection)."""
-        return {key: rank for key, rank in self.order.items() if not isinstance(key, Bucket)}
-
-    def _detach(self, key: OffloadKey) -> None:
-        """Take a held key out of the order (from its bucket, or its own entry)."""
+    def _take_out(self, key: OffloadKey) -> None:
+        """Remove a held key's rank (its own entry, or its place in a bucket)."""
         bucket = self._bucket_of.pop(key, None)
         if bucket is None:
             del self._order[key]
-            return
-        del bucket.keys[key]  # its stale place in bucket.ordered is skipped (see Bucket)
-        # An empty bucket stays in place while its request may still add blocks; eviction walks
-        # and on_request_finished drop it.
+        else:
+            del bucket.keys[key]  # its stale place in bucket.ordered is skipped
 
-    def _use(self, keys: Iterable[OffloadKey]) -> None:
+    def _use(self, keys: Iterator[OffloadKey]) -> None:
         """Give each held key a fresh rank, in iteration order (the last ends most recent)."""
-        blocks, order, bucket_of = self.blocks, self._order, self._bucket_of
-        to_end = order.move_to_end  # bound once, outside the per-key loop
-        rank = self._next_rank
         for key in keys:
-            if key in blocks:
-                rank += 1
-                if key in bucket_of:  # _detach, inlined: this loop runs per key per request
-                    del bucket_of.pop(key).keys[key]
-                    order[key] = rank
-                else:
-                    order[key] = rank
-                    to_end(key)
-        self._next_rank = rank
+            if key in self.chunks:
+                self._take_out(key)
+                self._next_rank += 1
+                self._order[key] = self._next_rank
 
     @override
-    def block_map(self) -> Mapping[OffloadKey, BlockStatus]:
-        return self.blocks  # the manager's lookups read it directly
+    def get(self, key: OffloadKey) -> ChunkStatus | None:
+        return self.chunks.get(key)
 
     @override
-    def get(self, key: OffloadKey) -> BlockStatus | None:
-        return self.blocks.get(key)
-
-    @override
-    def insert(self, key: OffloadKey, block: BlockStatus) -> None:
-        self._settle()
-        self._next_rank += 1
-        self.blocks[key] = block
-        self._order[key] = self._next_rank
-
-    @override
-    def insert_for_request(
-        self, keys: Sequence[OffloadKey], blocks: Sequence[BlockStatus], req_context: ReqContext
-    ) -> None:
-        if self._pending_join is not None:
-            self._settle()
-        positions = req_context.offload_key_positions
-        if not positions:  # the common case without positions: fresh ranks, inlined
-            rank, all_blocks, order = self._next_rank, self.blocks, self._order
-            for key, block in zip(keys, blocks):
-                rank += 1
-                all_blocks[key] = block
-                order[key] = rank
-            self._next_rank = rank
+    def insert(self, key: OffloadKey, chunk: ChunkStatus, req_context: ReqContext) -> None:
+        self.chunks[key] = chunk
+        position = req_context.get_offload_key_position(key)
+        if position is None:
+            self._next_rank += 1
+            self._order[key] = self._next_rank
             return
-        bucket: Bucket | None = None
-        all_blocks, bucket_of = self.blocks, self._bucket_of
-        for key, block in zip(keys, blocks):
-            end = positions.get(key)
-            if end is None:
-                self.insert(key, block)
-                continue
-            if bucket is None:
-                bucket = self._request_bucket(req_context)
-                bucket.ordered = None
-            all_blocks[key] = block
-            bucket_of[key] = bucket  # a new key: no fresh rank to drop
-            bucket.keys[key] = -end
-        if bucket is not None:
-            place_joined(self._order, bucket)
+        bucket = self._request_bucket(req_context)
+        bucket.keys[key] = -position
+        bucket.ordered = None
+        self._bucket_of[key] = bucket
 
     @override
     def remove(self, key: OffloadKey) -> None:
-        self._settle()
-        if self.blocks.pop(key, None) is not None:
-            self._detach(key)
+        del self.chunks[key]
+        self._take_out(key)
 
     @override
-    def touch(self, keys: Collection[OffloadKey]) -> None:
-        pending = self._pending_join
-        if pending is not None:
-            self._pending_join = None
-            # A fresh rank outranks any request's: the access matters only for untouched keys
-            # (and joining one key never changes another's rank, so the order of the two is free).
-            touched = keys if isinstance(keys, (set, frozenset)) else set(keys)
-            if not touched.issuperset(pending.keys):
-                pending.keys = [key for key in pending.keys if key not in touched]
-                pending.apply(self.blocks, self._bucket_of, self._order)
-                place_joined(self._order, pending.bucket)
-        # A list or tuple (what the manager passes) is reversed in place, not copied first.
-        self._use(reversed(keys) if isinstance(keys, (list, tuple)) else reversed(list(keys)))
-
-    @override
-    @no_op_hook
-    def on_store_miss(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
-        return None  # the keys are absent: the default's touch would change nothing
+    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        self._use(reversed(list(keys)))
 
     @override
     def on_request_access(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        if self._pending_join is not None:
-            self._settle()
         bucket = self._request_bucket(req_context)  # taken even if no key moves, as in vLLM
-        positions = req_context.offload_key_positions
-        if positions:
-            # Applied by the next call (see the class docstring); absent keys are skipped then.
-            self._pending_join = PendingJoin(bucket, list(filter(positions.__contains__, keys)), positions)
-
-    def _settle(self) -> None:
-        """Apply the last request access if it is still pending (see the class docstring)."""
-        pending, self._pending_join = self._pending_join, None
-        if pending is not None:
-            pending.apply(self.blocks, self._bucket_of, self._order)
-            place_joined(self._order, pending.bucket)
+        for key in keys:
+            position = req_context.get_offload_key_position(key)
+            if position is None or key not in self.chunks:
+                continue
+            # A rank only ever grows: skip a key already ranked at or above (bucket.rank, -position).
+            held = self._bucket_of.get(key)
+            if held is None:
+                if self._order[key] > bucket.rank:
+                    continue
+                del self._order[key]
+            elif held.rank > bucket.rank or (held is bucket and held.keys[key] >= -position):
+                continue
+            else:
+                del held.keys[key]
+            bucket.keys[key] = -position
+            bucket.ordered = None
+            self._bucket_of[key] = bucket
 
     @override
     def on_request_finished(
         self,
         key_groups: Sequence[Sequence[OffloadKey]],
-        insertion_only_keys: Set[OffloadKey],
-        reused_keys: Set[OffloadKey],
+        insertion_only_keys: set[OffloadKey],
+        reused_keys: set[OffloadKey],
         req_context: ReqContext,
     ) -> None:
-        if self._pending_join is not None:
-            self._settle()
-        # One group is already head to tail (the contract): only several need merging.
-        keys = key_groups[0] if len(key_groups) == 1 else order_request_keys(key_groups, req_context)
-        self._use(reversed(keys))
-        state = req_context.get_state(RequestRank)
+        self._use(reversed(order_request_keys(key_groups, req_context)))
+        state = req_context.get_state(_RequestRank)
         if state is not None and state.owner is self and not state.bucket.keys:
-            self._order.pop(state.bucket, None)
+            self._order.pop(state.bucket, None)  # an empty bucket ranks nothing
 
-    def _idle_in_order(self, protected: Set[OffloadKey], empty: list[Bucket]) -> Iterable[OffloadKey]:
-        blocks = self.blocks
+    def _idle_in_eviction_order(self, protected: set[OffloadKey]) -> Iterator[OffloadKey]:
         for entry in self._order:
-            if isinstance(entry, Bucket):
-                if not entry.keys:
-                    empty.append(entry)
-                keys = entry.keys
-                for key in entry.in_order():
-                    if key in keys and blocks[key].ref_cnt == 0 and key not in protected:
+            if isinstance(entry, _RequestBucket):
+                members = entry.keys
+                for key in entry.in_eviction_order():
+                    if key in members and self.chunks[key].ref_cnt == 0 and key not in protected:
                         yield key
-            elif blocks[entry].ref_cnt == 0 and entry not in protected:
+            elif self.chunks[entry].ref_cnt == 0 and entry not in protected:
                 yield entry
 
     @override
-    def evict(self, n: int, protected: Set[OffloadKey]) -> list[tuple[OffloadKey, BlockStatus]] | None:
-        if n <= 0:
+    def evict(self, n: int, protected: set[OffloadKey]) -> list[tuple[OffloadKey, ChunkStatus]] | None:
+        if n == 0:
             return []
-        if self._pending_join is not None:
-            self._settle()
         victims: list[OffloadKey] = []
-        empty: list[Bucket] = []
-        for key in self._idle_in_order(protected, empty):
+        for key in self._idle_in_eviction_order(protected):
             victims.append(key)
             if len(victims) == n:
                 break
-        for bucket in empty:  # dropping them changes no rank
-            del self._order[bucket]
-        if len(victims) < n:
+        else:
             return None
-        blocks = self.blocks
-        evicted: list[tuple[OffloadKey, BlockStatus]] = []
+        evicted: list[tuple[OffloadKey, ChunkStatus]] = []
         for key in victims:
-            self._detach(key)
-            evicted.append((key, blocks.pop(key)))
+            self._take_out(key)
+            evicted.append((key, self.chunks.pop(key)))
         return evicted
 
     @override
     def clear(self) -> None:
-        self._pending_join = None
-        self.blocks.clear()
+        self.chunks.clear()
         self._order.clear()
         self._bucket_of.clear()
         self._next_rank = 0
-        self._generation += 1
+        self._cache_generation += 1
