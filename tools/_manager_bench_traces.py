@@ -17,9 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvref.base import OffloadKey, ReqContext, make_offload_key
+from kvref.base import LookupResult, OffloadKey, ReqContext, make_offload_key
 from kvref.cpu.manager import CPUOffloadingManager
-from kvref.cpu.policies.factory import CachePolicyName
 from tools.compare_vllm_manager import VLLMKVOffload
 
 __all__ = [
@@ -109,20 +108,20 @@ class Side:
     """One implementation under test: how to build its manager and contexts, what a hit is."""
 
     name: str
-    make_manager: Callable[[int, CachePolicyName], Any]
+    make_manager: Callable[[int, str], Any]
     make_context: Callable[[str], Any]
     hit: object
 
 
 def kvref_side() -> Side:
-    """kvref's manager (lookup answers True for a ready block)."""
-    return Side("kvref", lambda n, policy: CPUOffloadingManager(n, policy), ReqContext, True)
+    """kvref's manager."""
+    return Side("kvref", lambda n, policy: CPUOffloadingManager(n, policy), ReqContext, LookupResult.HIT)
 
 
 def vllm_side(vllm: VLLMKVOffload) -> Side:
     """vLLM 0.33's manager, executed from the sdist."""
 
-    def make(n: int, policy: CachePolicyName) -> Any:
+    def make(n: int, policy: str) -> Any:
         return vllm.manager_class(num_chunks=n, cache_policy=policy)
 
     return Side("vllm", make, vllm.req_context_class, vllm.lookup_result.HIT)
@@ -219,7 +218,7 @@ def serve(
 
 
 def filled_managers(
-    sides: Sequence[Side], policy: CachePolicyName, num_blocks: int, seed: int
+    sides: Sequence[Side], policy: str, num_blocks: int, seed: int
 ) -> tuple[list[tuple[Any, Any]], list[OffloadKey]]:
     """Build each side's manager, fill it with the prefix trace, and give each a fresh context.
 

@@ -55,7 +55,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kvref.base import OffloadKey  # noqa: E402
-from kvref.cpu.policies.factory import CachePolicyName  # noqa: E402
 from tools._manager_bench_traces import (  # noqa: E402
     Shape,
     Side,
@@ -73,7 +72,7 @@ from tools.compare_vllm_manager import VLLM_SPEC, load_vllm_kv_offload  # noqa: 
 
 __all__ = ["CALL_PATTERNS", "Shape", "Side", "TRACES", "flatten", "main", "make_requests", "serve"]
 
-POLICIES: tuple[CachePolicyName, ...] = ("lru", "arc")
+POLICIES: tuple[str, ...] = ("lru", "arc")
 
 
 TRACES = ("prefix", "store", "lookup", "absent")
@@ -126,7 +125,7 @@ def _agreement(ours: Sequence[object], theirs: Sequence[object]) -> float:
     return sum(a == b for a, b in zip(ours, theirs)) / max(len(ours), 1)
 
 
-def bench_trace(sides: Sequence[Side], policy: CachePolicyName, shape: Shape, repeat_count: int) -> Result:
+def bench_trace(sides: Sequence[Side], policy: str, shape: Shape, repeat_count: int) -> Result:
     """Time one request trace on both sides; check their decisions on an untimed replay."""
     requests = flatten(make_requests(shape))
     groups = shape.num_groups
@@ -158,7 +157,7 @@ def bench_trace(sides: Sequence[Side], policy: CachePolicyName, shape: Shape, re
     )
 
 
-def bench_absent(sides: Sequence[Side], policy: CachePolicyName, num_blocks: int, repeat_count: int, seed: int) -> Result:
+def bench_absent(sides: Sequence[Side], policy: str, num_blocks: int, repeat_count: int, seed: int) -> Result:
     """Time lookups of keys the cache does not hold, on caches the prefix trace filled."""
     absent = absent_keys(num_blocks)
     filled, _ = filled_managers(sides, policy, num_blocks, seed)
@@ -220,7 +219,7 @@ class Calls:
 
 
 def bench_calls(
-    sides: Sequence[Side], policy: CachePolicyName, num_blocks: int, repeat_count: int, seed: int, pattern: str
+    sides: Sequence[Side], policy: str, num_blocks: int, repeat_count: int, seed: int, pattern: str
 ) -> list[Calls]:
     """Time one of CALL_PATTERNS per call, one row per batch size in CALL_BATCHES.
 
@@ -281,7 +280,7 @@ class Memory:
     vllm: float
 
 
-def bench_memory(sides: Sequence[Side], policy: CachePolicyName, num_blocks: int, seed: int) -> Memory:
+def bench_memory(sides: Sequence[Side], policy: str, num_blocks: int, seed: int) -> Memory:
     """Measure each side's memory per resident block (tracemalloc; keys, contexts excluded)."""
     shape = traces(num_blocks, seed)[0]
     requests = flatten(make_requests(shape))

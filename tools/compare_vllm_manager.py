@@ -38,9 +38,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kvref.base import OffloadKey, ReqContext, make_offload_key  # noqa: E402
+from kvref.base import LookupResult, OffloadKey, ReqContext, make_offload_key  # noqa: E402
 from kvref.cpu.manager import CPUOffloadingManager  # noqa: E402
-from kvref.cpu.policies.factory import CachePolicyName  # noqa: E402
 from tools._audit_corpus import fetch_corpus  # noqa: E402
 
 __all__ = ["VLLM_SPEC", "VLLMKVOffload", "load_vllm_kv_offload", "TraceShape", "Comparison", "compare", "main"]
@@ -265,7 +264,7 @@ def _make_requests(shape: TraceShape) -> list[list[list[OffloadKey]]]:
     return requests
 
 
-def compare(policy: CachePolicyName, shape: TraceShape, vllm: VLLMKVOffload) -> Comparison:
+def compare(policy: str, shape: TraceShape, vllm: VLLMKVOffload) -> Comparison:
     """Replay one trace into a kvref and a vLLM manager side by side and compare their stores."""
     ours = CPUOffloadingManager(shape.num_blocks, policy)
     theirs: Any = vllm.manager_class(num_chunks=shape.num_blocks, cache_policy=policy)
@@ -340,7 +339,7 @@ def _start(
     # disagreement can one side hold what the other lacks).
     hits = 0
     for block in keys:
-        if not all(ours.lookup(key, request.kvref_context) is True for key in block):
+        if not all(ours.lookup(key, request.kvref_context) is LookupResult.HIT for key in block):
             break
         if not all(theirs.lookup(key, theirs_context) is hit for key in block):
             break
@@ -362,7 +361,7 @@ class _Policies(enum.Enum):
     arc = "arc"
 
 
-def run(shape: TraceShape, policies: Sequence[CachePolicyName], vllm: VLLMKVOffload) -> list[Comparison]:
+def run(shape: TraceShape, policies: Sequence[str], vllm: VLLMKVOffload) -> list[Comparison]:
     """Compare every policy on `shape`'s trace."""
     return [compare(policy, shape, vllm) for policy in policies]
 

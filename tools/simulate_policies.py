@@ -33,13 +33,12 @@ from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kvref.base import OffloadKey, ReqContext, make_offload_key  # noqa: E402
+from kvref.base import LookupResult, OffloadKey, ReqContext, make_offload_key  # noqa: E402
 from kvref.cpu.manager import CPUOffloadingManager  # noqa: E402
-from kvref.cpu.policies.factory import CachePolicyName  # noqa: E402
 
 __all__ = ["TraceShape", "generate_trace", "read_trace", "hit_rate", "simulate", "main"]
 
-POLICIES: tuple[CachePolicyName, ...] = ("lru", "arc")
+POLICIES: tuple[str, ...] = ("lru", "arc")
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "docs" / "policy_hit_rates.png"
 
 
@@ -127,7 +126,7 @@ def _keys(requests: Sequence[list[str]]) -> list[list[OffloadKey]]:
     return result
 
 
-def hit_rate(policy: CachePolicyName, num_blocks: int, requests: Sequence[list[OffloadKey]]) -> float:
+def hit_rate(policy: str, num_blocks: int, requests: Sequence[list[OffloadKey]]) -> float:
     """Replay the requests into a fresh manager of `num_blocks`; return the share of blocks hit."""
     manager = CPUOffloadingManager(num_blocks, policy)
     hits = total = 0
@@ -138,7 +137,7 @@ def hit_rate(policy: CachePolicyName, num_blocks: int, requests: Sequence[list[O
         manager.on_new_request(context)
         hit = 0
         for key in keys:
-            if manager.lookup(key, context) is not True:
+            if manager.lookup(key, context) is not LookupResult.HIT:
                 break
             hit += 1
         hits += hit
@@ -158,14 +157,14 @@ def hit_rate(policy: CachePolicyName, num_blocks: int, requests: Sequence[list[O
 
 
 def simulate(
-    requests: Sequence[list[str]], sizes: Sequence[int], policies: Sequence[CachePolicyName] = POLICIES
-) -> dict[CachePolicyName, list[float]]:
+    requests: Sequence[list[str]], sizes: Sequence[int], policies: Sequence[str] = POLICIES
+) -> dict[str, list[float]]:
     """Return each policy's hit rate at each cache size."""
     keyed = _keys(requests)
     return {policy: [hit_rate(policy, size, keyed) for size in sizes] for policy in policies}
 
 
-def format_table(sizes: Sequence[int], rates: dict[CachePolicyName, list[float]]) -> str:
+def format_table(sizes: Sequence[int], rates: dict[str, list[float]]) -> str:
     """The hit rates as a markdown table, one row per cache size."""
     policies = list(rates)
     lines = [
@@ -191,7 +190,7 @@ def ceiling(requests: Sequence[list[str]]) -> float:
 
 
 def plot(
-    sizes: Sequence[int], rates: dict[CachePolicyName, list[float]], title: str, out: Path, limit: float | None = None
+    sizes: Sequence[int], rates: dict[str, list[float]], title: str, out: Path, limit: float | None = None
 ) -> None:
     """Draw the hit-rate curves to `out` (PNG) with matplotlib's Agg backend (and `limit`, the
     unbounded cache's hit rate, as a dashed line)."""
