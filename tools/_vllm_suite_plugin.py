@@ -4,7 +4,8 @@ Loaded as a top-level module from `tools/` because vLLM's sdist has `tests` and 
 of its own, which the run must import. It marks every test `skip_global_cleanup` (vLLM's marker
 for tests that need no GPU cleanup; its autouse cleanup otherwise costs a third of a second a
 test), and writes a JSON report into the file `$KVREF_VLLM_SUITE_REPORT` names: where
-`vllm.v1.kv_offload` was imported from (so the caller can tell which copy of vLLM ran) and each
+`vllm.v1.kv_offload` and its CPU manager were imported from (so the caller can tell which copy of
+vLLM, or kvref through `tests/vllm/kvref_vllm_shim.py`, ran) and each
 test's outcome by node id. At the end it deletes the `/dev/shm` region files this process's
 `SharedOffloadRegion`s created and left: vLLM's tests leave 17 a run (25 MB of memory each time)
 where no worker barrier unlinks them.
@@ -16,6 +17,7 @@ import importlib
 import json
 import multiprocessing
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +76,14 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         return
     package = importlib.import_module("vllm.v1.kv_offload")
     assert package.__file__ is not None
-    report = {"imported_from": str(Path(package.__file__).resolve().parent), "outcomes": _outcomes}
+    manager = sys.modules.get("vllm.v1.kv_offload.cpu.manager")
+    manager_file = getattr(manager, "__file__", None)
+    report = {
+        "imported_from": str(Path(package.__file__).resolve().parent),
+        # Where the CPU manager under test came from: vLLM's, or kvref's through the shim.
+        "manager_from": str(Path(manager_file).resolve()) if manager_file else None,
+        "outcomes": _outcomes,
+    }
     Path(destination).write_text(json.dumps(report, indent=1, sort_keys=True))
     # A test of vLLM's (its shared-region races, cpu/test_shared_offload_region.py) can leave
     # worker processes blocked on a queue when it fails under load; the interpreter's exit would

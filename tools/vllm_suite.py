@@ -50,11 +50,14 @@ class SuiteRun:
             "error" or "skipped".
         imported_from: the directory `vllm.v1.kv_offload` was imported from.
         exit_code: pytest's.
+        manager_from: the file the CPU manager under test came from (kvref's through the shim),
+            or None if no test imported it.
     """
 
     outcomes: dict[str, str]
     imported_from: Path
     exit_code: int
+    manager_from: Path | None = None
 
     def counts(self) -> Counter[str]:
         return Counter(self.outcomes.values())
@@ -106,7 +109,13 @@ def run_suite(
         if not report.is_file():
             raise RuntimeError(f"vLLM's suite did not run (exit {done.returncode}):\n{done.stdout}{done.stderr}")
         data = json.loads(report.read_text())
-        return SuiteRun(dict(data["outcomes"]), Path(data["imported_from"]), done.returncode)
+        manager_from = data.get("manager_from")
+        return SuiteRun(
+            dict(data["outcomes"]),
+            Path(data["imported_from"]),
+            done.returncode,
+            Path(manager_from) if manager_from else None,
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,7 +22,7 @@ chunk; a single key passed as `keys` is a `TypeError`.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from typing_extensions import override
@@ -433,7 +433,7 @@ class CPUOffloadingManager(OffloadingManager):
         self._num_allocated_chunks = 0
 
     @override
-    def take_events(self) -> Iterator[OffloadingEvent]:
+    def take_events(self) -> Iterable[OffloadingEvent]:
         if self.events is None:
             return
         # Detached first, so a drain abandoned half-way cannot replay a metadata-only removal

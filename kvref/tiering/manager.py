@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -550,7 +550,7 @@ class TieringOffloadingManager(OffloadingManager):
         )
 
     @override
-    def take_events(self) -> Iterator[OffloadingEvent]:
+    def take_events(self) -> Iterable[OffloadingEvent]:
         """The primary's events, then each tier's."""
         yield from self.primary_tier.take_events()
         for tier in self.secondary_tiers:

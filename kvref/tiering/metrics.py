@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from functools import cache
 from typing import Protocol
 
 from kvref.base import LookupResult, OffloadingConnectorStats, OffloadKey, ReqContext
@@ -63,10 +62,14 @@ class TieringMetricsTracker:
         self._request_states: dict[str, _RequestMetricsState] = {}
         self._tier_states = [_TierState() for _ in tier_types]
         self._stats = OffloadingConnectorStats()
-        self.tier_label = cache(self._tier_label)  # one tuple per tier, built once
+        self._tier_labels: dict[int, TierLabel] = {}
 
-    def _tier_label(self, tier_idx: int) -> TierLabel:
-        return (f"{tier_idx + 1}:{self._tier_types[tier_idx]}",)
+    def tier_label(self, tier_idx: int) -> TierLabel:
+        """The label of secondary tier `tier_idx`: "<index + 1>:<tier_type>" (built once)."""
+        label = self._tier_labels.get(tier_idx)
+        if label is None:
+            label = self._tier_labels[tier_idx] = (f"{tier_idx + 1}:{self._tier_types[tier_idx]}",)
+        return label
 
     @property
     def primary_tier_label(self) -> TierLabel:
