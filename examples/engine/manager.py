@@ -7,6 +7,8 @@ from collections.abc import Collection, Iterable
 from typing_extensions import override
 
 from kvref.base import (
+    LookupResult,
+    Medium,
     OffloadingEvent,
     OffloadingManager,
     OffloadKey,
@@ -15,7 +17,7 @@ from kvref.base import (
     RequestOffloadingContext,
 )
 from kvref.cpu.common import CPULoadStoreSpec
-from kvref.cpu.policies.base import BlockStatus, CachePolicy
+from kvref.cpu.policies.base import CachePolicy, ChunkStatus
 from kvref.errors import OffloadProtocolError
 
 from .policy import FifoPolicy
@@ -24,43 +26,41 @@ __all__ = ["DictOffloadingManager"]
 
 
 class DictOffloadingManager(OffloadingManager):
-    """Tracks up to `num_blocks` offloaded blocks; evicts with `policy` (FIFO by default)."""
+    """Tracks up to `num_chunks` offloaded chunks; evicts with `policy` (FIFO by default)."""
 
-    def __init__(self, num_blocks: int, policy: CachePolicy | None = None) -> None:
-        self.num_blocks = num_blocks
-        self.policy = policy if policy is not None else FifoPolicy(num_blocks)
-        self._free = list(range(num_blocks - 1, -1, -1))
+    def __init__(self, num_chunks: int, policy: CachePolicy | None = None) -> None:
+        self.num_chunks = num_chunks
+        self.policy = policy if policy is not None else FifoPolicy(num_chunks)
+        self._free = list(range(num_chunks - 1, -1, -1))
         self._events: list[OffloadingEvent] = []
 
     @override
-    def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
-        block = self.policy.get(key)
-        if block is None:
-            return False
-        return True if block.is_ready else None
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        chunk = self.policy.get(key)
+        if chunk is None:
+            return LookupResult.MISS
+        return LookupResult.HIT if chunk.is_ready else LookupResult.HIT_PENDING
 
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> CPULoadStoreSpec:
-        blocks: list[BlockStatus] = []
+        chunks: list[ChunkStatus] = []
         for key in keys:
-            block = self.policy.get(key)
-            if block is None or not block.is_ready:
-                state = "absent" if block is None else "pending"
+            chunk = self.policy.get(key)
+            if chunk is None or not chunk.is_ready:
+                state = "absent" if chunk is None else "pending"
                 raise OffloadProtocolError("prepare_load", key, state)
-            blocks.append(block)
-        for block in blocks:
-            block.ref_cnt += 1
-        return CPULoadStoreSpec(block.block_id for block in blocks)
+            chunks.append(chunk)
+        for chunk in chunks:
+            chunk.ref_cnt += 1
+        return CPULoadStoreSpec(chunk.chunk_id for chunk in chunks)
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         for key in keys:
-            block = self.policy.get(key)
-            if block is not None and block.ref_cnt > 0:
-                block.ref_cnt -= 1
+            chunk = self.policy.get(key)
+            if chunk is not None and chunk.ref_cnt > 0:
+                chunk.ref_cnt -= 1
 
     @override
-    def prepare_store(
-        self, keys: Collection[OffloadKey], req_context: ReqContext
-    ) -> PrepareStoreOutput | None:
+    def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
         new_keys = [key for key in keys if self.policy.get(key) is None]
         evicted: list[OffloadKey] = []
         need = len(new_keys) - len(self._free)
@@ -68,33 +68,31 @@ class DictOffloadingManager(OffloadingManager):
             victims = self.policy.evict(need, set(keys))
             if victims is None:
                 return None
-            for key, block in victims:
-                self._free.append(block.block_id)
+            for key, chunk in victims:
+                self._free.append(chunk.chunk_id)
                 evicted.append(key)
-            self._events.append(OffloadingEvent(evicted, "CPU", removed=True))
-        block_ids: list[int] = []
+            self._events.append(OffloadingEvent(evicted, Medium.CPU, removed=True))
+        chunk_ids: list[int] = []
         for key in new_keys:
-            block = BlockStatus(self._free.pop())
-            self.policy.insert(key, block)
-            block_ids.append(block.block_id)
-        return PrepareStoreOutput(new_keys, CPULoadStoreSpec(block_ids), evicted)
+            chunk = ChunkStatus(self._free.pop())
+            self.policy.insert(key, chunk, req_context)
+            chunk_ids.append(chunk.chunk_id)
+        return PrepareStoreOutput(new_keys, CPULoadStoreSpec(chunk_ids), evicted)
 
-    def complete_store(
-        self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True
-    ) -> None:
+    def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
         done: list[OffloadKey] = []
         for key in keys:
-            block = self.policy.get(key)
-            if block is None or block.is_ready:
+            chunk = self.policy.get(key)
+            if chunk is None or chunk.is_ready:
                 continue
             if success:
-                block.ref_cnt = 0
+                chunk.ref_cnt = 0
                 done.append(key)
             else:
                 self.policy.remove(key)
-                self._free.append(block.block_id)
+                self._free.append(chunk.chunk_id)
         if done:
-            self._events.append(OffloadingEvent(done, "CPU", removed=False))
+            self._events.append(OffloadingEvent(done, Medium.CPU, removed=False))
 
     @override
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:

@@ -1,14 +1,14 @@
-"""First-in first-out eviction for the CPU tier: the oldest idle block goes first."""
+"""First-in first-out eviction for the CPU tier: the oldest idle chunk goes first."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence, Set
+from collections.abc import Sequence
 
 from typing_extensions import override
 
-from kvref.base import OffloadKey
-from kvref.cpu.policies.base import BlockStatus, CachePolicy
+from kvref.base import OffloadKey, ReqContext
+from kvref.cpu.policies.base import CachePolicy, ChunkStatus
 
 __all__ = ["FifoPolicy"]
 
@@ -17,37 +17,33 @@ class FifoPolicy(CachePolicy):
     """Evicts in insertion order; `touch` does not change the order (that is FIFO)."""
 
     def __init__(self, cache_capacity: int) -> None:
-        self.cache_capacity = cache_capacity
-        self._blocks: OrderedDict[OffloadKey, BlockStatus] = OrderedDict()
+        super().__init__(cache_capacity)
+        self._chunks: OrderedDict[OffloadKey, ChunkStatus] = OrderedDict()
 
     @override
-    def get(self, key: OffloadKey) -> BlockStatus | None:
-        return self._blocks.get(key)
+    def get(self, key: OffloadKey) -> ChunkStatus | None:
+        return self._chunks.get(key)
 
     @override
-    def insert(self, key: OffloadKey, block: BlockStatus) -> None:
-        self._blocks[key] = block
+    def insert(self, key: OffloadKey, chunk: ChunkStatus, req_context: ReqContext) -> None:
+        self._chunks[key] = chunk
 
     def remove(self, key: OffloadKey) -> None:
-        self._blocks.pop(key, None)
+        self._chunks.pop(key, None)
 
     # The base takes Collection[OffloadKey]; Sequence rejects sets and dict views that the
     # manager is allowed to pass.
-    def touch(self, keys: Sequence[OffloadKey]) -> None:
+    def touch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         return None
 
-    def evict(self, n: int, protected: Set[OffloadKey]) -> list[tuple[OffloadKey, BlockStatus]] | None:
-        victims = [
-            (key, block)
-            for key, block in self._blocks.items()
-            if block.ref_cnt == 0 and key not in protected
-        ][:n]
+    def evict(self, n: int, protected: set[OffloadKey]) -> list[tuple[OffloadKey, ChunkStatus]] | None:
+        victims = [(key, chunk) for key, chunk in self._chunks.items() if chunk.ref_cnt == 0 and key not in protected][:n]
         if len(victims) < n:
             return None
         for key, _ in victims:
-            del self._blocks[key]
+            del self._chunks[key]
         return victims
 
     @override
     def clear(self) -> None:
-        self._blocks.clear()
+        self._chunks.clear()

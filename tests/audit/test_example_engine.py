@@ -37,8 +37,8 @@ def test_fixed_example_engine_imports_and_audits_clean(
     assert main([PACKAGE, "--fix", "--unsafe-fixes"]) == 0
     policy = (tmp_path / PACKAGE / "policy.py").read_text(encoding="utf-8")
     # Merged in isort's order; `Sequence` was used only by the rewritten annotation.
-    assert "from collections.abc import Collection, Set\n" in policy
-    assert "def touch(self, keys: Collection[OffloadKey]) -> None:" in policy
+    assert "from collections.abc import Collection\n" in policy
+    assert "def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:" in policy
     capsys.readouterr()
     assert main([PACKAGE, "--select", "ALL"]) == 0, capsys.readouterr().out
 
