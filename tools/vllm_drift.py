@@ -56,7 +56,8 @@ MODULES: dict[str, tuple[str, ...]] = {
     "vllm/v1/kv_offload/tiering/async_lookup.py": ("kvref/tiering/async_lookup.py",),
     "vllm/v1/kv_offload/tiering/metrics.py": ("kvref/tiering/metrics.py",),
     "vllm/v1/kv_offload/tiering/manager.py": (
-        "kvref/tiering/manager.py", "kvref/tiering/primary.py", "kvref/tiering/poll_thread.py",
+        "kvref/tiering/manager.py", "kvref/tiering/jobs.py", "kvref/tiering/primary.py",
+        "kvref/tiering/poll_thread.py",
     ),
 }  # fmt: skip
 """vLLM's module (relative to its sdist) -> the kvref modules that hold its counterparts."""

@@ -1,255 +1,216 @@
-"""`TierJobs`: the jobs between the CPU primary and the secondary tiers, for a tiering manager.
+"""The jobs between the primary tier and the secondary tiers (vLLM 0.33: in `tiering/manager.py`).
 
-Cascades (a secondary tier copying primary blocks out) and promotions (copying blocks in) are
-submitted here, collected at most once per step, and settled: a cascade drops the read reference
-it held on its blocks; a promotion completes the primary slots it reserved, the blocks the tier
-wrote right kept even when the job failed (vLLM's `successful_keys`), the others freed and
-remembered, so that tier is not asked for them again. Promotions are staged during a step and
-submitted at its end, one job per (tier, request). Every tier's counters are kept here too.
+`TieringJobs` is the part of `TieringOffloadingManager` that moves chunks between tiers, never
+to or from the GPU:
 
-The scheduler-facing rules (which calls poll, which requests may finish) are the manager's,
-`kvref.tiering.manager.TieringOffloadingManager`.
+* cascades: `create_store_job` pins chunks in the primary and registers a job that a tier's
+  `submit_store` copies out;
+* promotions: `_initiate_promotion` reserves a primary slot for a chunk a tier holds, and
+  `_flush_pending_promotions` submits the step's reservations, one `submit_load` per
+  (tier, request);
+* completion: `_process_finished_jobs` collects what the tiers report: a finished cascade
+  releases its pin (and feeds the tier's back-pressure detector), a finished promotion makes its
+  chunks loadable, or frees the slots of those that failed.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
-import time
-from array import array
-from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
-from kvref.base import OffloadKey, ReqContext
+from kvref.base import CacheHitSource, OffloadKey, ReqContext
 from kvref.cpu.common import CPULoadStoreSpec
-from kvref.tiering.base import JobId, JobMetadata, SecondaryTierManager, TierStats
+from kvref.tiering.base import JobId, JobResult, SecondaryTierManager, TransferJob
+from kvref.tiering.metrics import TieringMetricsTracker
 from kvref.tiering.primary import CPUPrimaryTierOffloadingManager
 
-__all__ = ["TierJobs"]
+__all__ = ["JobMetadata", "PendingPromotion", "TieringJobs"]
 
-logger = logging.getLogger("kvref.tiering.manager")
+logger = logging.getLogger(__name__)
 
 
 @dataclass
-class _StagedPromotion:
-    """Primary slots reserved this step for blocks one request promotes from one tier."""
+class PendingPromotion:
+    """Chunks of one (tier, request) waiting for the step's end to be submitted."""
 
     req_context: ReqContext
-    keys: list[OffloadKey] = field(default_factory=lambda: [])
-    block_ids: list[int] = field(default_factory=lambda: [])
+    keys: list[OffloadKey] = field(default_factory=list[OffloadKey])
+    chunk_ids: list[int] = field(default_factory=list[int])
 
 
-class TierJobs:
-    """The in-flight jobs of one tiering manager.
+class JobMetadata(NamedTuple):
+    """A job in flight and the tier doing it."""
+
+    transfer_job: TransferJob
+    tier_idx: int
+
+
+class TieringJobs:
+    """The jobs of a tiering manager (see the module docstring).
 
     Args:
-        primary: the CPU tier whose slots the jobs read and write.
-        tiers: the secondary tiers, in lookup order.
-        failed_promotion_memory: per tier, how many blocks whose promotion failed are
-            remembered (and not asked for again) even if the tier still claims them.
-
-    Attributes:
-        stats: the secondary tiers' counters, in tier order.
+        primary_tier: the CPU tier the jobs read from and write into.
+        secondary_tiers: the tiers doing the jobs.
     """
 
-    def __init__(
-        self,
-        primary: CPUPrimaryTierOffloadingManager,
-        tiers: Sequence[SecondaryTierManager],
-        failed_promotion_memory: int,
-    ) -> None:
-        self._primary = primary
-        self._tiers = tiers
-        self._failed_promotion_memory = failed_promotion_memory
-        self._job_ids = itertools.count()
-        # In-flight jobs: id -> (tier index, job).
-        self._jobs: dict[JobId, tuple[int, JobMetadata]] = {}
-        # Per tier: request id -> promotion staged this step, submitted by `submit_staged`.
-        self._staged: list[dict[str, _StagedPromotion]] = [{} for _ in tiers]
-        # Per tier: blocks whose promotion failed (bounded, oldest forgotten first).
-        self._failed_promotions: list[OrderedDict[OffloadKey, None]] = [OrderedDict() for _ in tiers]
-        self._polled_this_step = False
-        self.stats = [TierStats(tier.medium) for tier in tiers]
+    def __init__(self, primary_tier: CPUPrimaryTierOffloadingManager, secondary_tiers: list[SecondaryTierManager]) -> None:
+        self.primary_tier = primary_tier
+        self.secondary_tiers = secondary_tiers
+        self._job_id_counter: JobId = 0
+        # Every job in flight; TransferJob.is_promotion tells the direction.
+        self._jobs: dict[JobId, JobMetadata] = {}
+        # Promotions staged by lookup(), by tier index, then request id.
+        self._pending_load_submissions: dict[int, dict[str, PendingPromotion]] = {}
+        # Set once the step's jobs were collected; cleared at the step's end.
+        self._processed_jobs_this_step = False
+        # The tier each promoted chunk came from, per request, so that a disk hit served from
+        # the primary after its promotion still counts as a disk hit.
+        self._request_load_sources: dict[str, dict[OffloadKey, CacheHitSource]] = {}
+        self._tier_index = {tier: idx for idx, tier in enumerate(secondary_tiers)}
+        primary_view = primary_tier.get_kv_memoryview()
+        assert primary_view.strides is not None
+        self._metrics = TieringMetricsTracker(
+            tier_types=[tier.tier_type for tier in secondary_tiers],
+            num_primary_chunks=primary_tier.num_chunks,
+            primary_chunk_size=primary_view.strides[0],
+        )
 
-    def __len__(self) -> int:
-        return len(self._jobs)
+    def _next_job_id(self) -> JobId:
+        job_id = self._job_id_counter
+        self._job_id_counter += 1
+        return job_id
 
-    @property
-    def any_staged(self) -> bool:
-        return any(self._staged)
+    def _register_job(self, transfer_job: TransferJob, tier_idx: int) -> None:
+        job_metadata = JobMetadata(transfer_job, tier_idx)
+        self._jobs[transfer_job.job_id] = job_metadata
+        self._metrics.on_job_registered(job_metadata)
 
-    def staged_for(self, req_id: str) -> bool:
-        """Whether a promotion of request `req_id` waits for the end of the step."""
-        return any(req_id in staged for staged in self._staged)
+    def _maybe_process_finished_jobs(self) -> None:
+        """Collect finished jobs, at most once per step."""
+        if not self._processed_jobs_this_step:
+            self._processed_jobs_this_step = True
+            self._process_finished_jobs()
 
-    def failed_before(self, tier_index: int, key: OffloadKey) -> bool:
-        """Whether `key`'s promotion from that tier failed (and it has not stored it since)."""
-        return key in self._failed_promotions[tier_index]
+    def _process_finished_jobs(self, tiers: Sequence[SecondaryTierManager] | None = None) -> None:
+        """Collect the finished jobs of `tiers` (default: all): a finished cascade releases its
+        read of the primary; a finished promotion makes its chunks loadable (or frees them)."""
+        for tier in self.secondary_tiers if tiers is None else tiers:
+            tier_idx = self._tier_index[tier]
+            for completed_job in tier.get_finished_jobs():
+                job_metadata = self._jobs.pop(completed_job.job_id, None)
+                assert job_metadata is not None, f"tier #{tier_idx} ({tier.tier_type}) finished unknown job {completed_job.job_id}"
+                assert job_metadata.tier_idx == tier_idx, (
+                    f"job {completed_job.job_id} reported by tier #{tier_idx} belongs to tier #{job_metadata.tier_idx}"
+                )
+                self._metrics.on_job_finished(job_metadata, completed_job)
+                transfer_job = job_metadata.transfer_job
+                if transfer_job.is_promotion:
+                    self._complete_promotion(job_metadata, completed_job)
+                else:
+                    self.primary_tier.complete_read(transfer_job.keys, transfer_job.req_context)
+                    self._update_backpressure(tier, job_metadata, completed_job)
 
-    # --- submitting ---
+    def _complete_promotion(self, job_metadata: JobMetadata, completed_job: JobResult) -> None:
+        transfer_job = job_metadata.transfer_job
+        successful_keys: Collection[OffloadKey]
+        failed_keys: Collection[OffloadKey]
+        if completed_job.success:
+            successful_keys, failed_keys = transfer_job.keys, ()
+        elif completed_job.successful_keys:
+            successful_keys = completed_job.successful_keys
+            failed = set(transfer_job.keys)
+            assert failed.issuperset(successful_keys), f"promotion {completed_job.job_id} reported unknown keys"
+            failed_keys = failed.difference(successful_keys)
+        else:
+            successful_keys, failed_keys = (), transfer_job.keys
+        load_sources = self._request_load_sources.get(transfer_job.req_context.req_id)
+        if load_sources is not None:
+            source = self.secondary_tiers[job_metadata.tier_idx].cache_hit_source
+            for key in failed_keys:
+                if load_sources.get(key) == source:
+                    del load_sources[key]
+        if successful_keys:
+            self.primary_tier.complete_write(successful_keys, transfer_job.req_context, True)
+        if failed_keys:
+            self.primary_tier.complete_write(failed_keys, transfer_job.req_context, False)
 
-    def cascade(self, keys: tuple[OffloadKey, ...], req_context: ReqContext) -> None:
-        """Copy stored primary blocks to every tier: one job and one read reference per tier."""
-        for tier_index in range(len(self._tiers)):
-            spec = self._primary.prepare_read(keys, req_context)
-            self.submit(tier_index, JobMetadata(next(self._job_ids), keys, spec.block_ids, False, req_context))
+    def _should_store_to_tier(self, tier: SecondaryTierManager, num_blocks: int) -> bool:
+        detector = tier.bp_detector
+        return detector is None or detector.should_store(num_blocks)
 
-    def stage_promotion(self, tier_index: int, key: OffloadKey, req_context: ReqContext) -> bool | None:
-        """Reserve a primary slot for `key` from that tier, submitted at the end of the step.
+    def _update_backpressure(self, tier: SecondaryTierManager, job_metadata: JobMetadata, completed_job: JobResult) -> None:
+        detector = tier.bp_detector
+        if detector is None:
+            return
+        was_under_pressure = detector.is_under_pressure()
+        if completed_job.success:
+            transfer_job = job_metadata.transfer_job
+            num_bytes = completed_job.transfer_bytes
+            if num_bytes is None:
+                num_bytes = len(transfer_job.keys) * tier.block_size_bytes
+            detector.update(transfer_job.submit_time, num_bytes)
+        else:
+            detector.on_store_failed()
+        if detector.is_under_pressure() != was_under_pressure:
+            logger.info(
+                "Tier #%d (%s) back-pressure %s (stats=%s)",
+                self._tier_index[tier],
+                tier.tier_type,
+                "activated" if detector.is_under_pressure() else "cleared",
+                detector.stats,
+            )
+
+    def _initiate_promotion(self, tier_idx: int, key: OffloadKey, req_context: ReqContext) -> bool:
+        """Reserve a primary slot for `key` now, and stage its `submit_load` for the step's end.
+
+        Reserved at once, so that later lookups of the step see the chunk in flight and do not
+        promote it twice.
 
         Returns:
-            None (ask again: the block is on its way), or False when the primary has no room.
+            False when the primary has no room (the chunk is then treated as unavailable).
         """
-        output = self._primary.prepare_write((key,), req_context)
-        if output is None:
-            # No room in the primary: report a miss rather than make the request wait forever.
+        result = self.primary_tier.prepare_write([key], req_context)
+        if result is None:
+            self._metrics.on_promotion_allocation_failure()
             return False
-        assert isinstance(output.store_spec, CPULoadStoreSpec)
-        assert output.keys_to_store == [key], f"primary already held {key.hex()}"
-        staged = self._staged[tier_index].get(req_context.req_id)
-        if staged is None:
-            staged = self._staged[tier_index][req_context.req_id] = _StagedPromotion(req_context)
-        staged.keys.append(key)
-        staged.block_ids.append(output.store_spec.block_ids[0])
-        return None
+        store_spec = result.store_spec
+        assert isinstance(store_spec, CPULoadStoreSpec)
+        source = self.secondary_tiers[tier_idx].cache_hit_source
+        load_sources = self._request_load_sources.setdefault(req_context.req_id, {})
+        for promoted_key in result.keys_to_store:
+            load_sources[promoted_key] = source
+        pending = self._pending_load_submissions.setdefault(tier_idx, {})
+        entry = pending.setdefault(req_context.req_id, PendingPromotion(req_context=req_context))
+        entry.keys.extend(result.keys_to_store)
+        entry.chunk_ids.extend(store_spec.chunk_ids)
+        return True
 
-    def submit_staged(self) -> list[str]:
-        """Submit the step's staged promotions, one job per (tier, request); return the requests."""
-        requests: list[str] = []
-        for tier_index, staged in enumerate(self._staged):
-            if not staged:
-                continue
-            self._staged[tier_index] = {}
-            for promotion in staged.values():
-                job = JobMetadata(
-                    job_id=next(self._job_ids),
-                    keys=tuple(promotion.keys),
-                    block_ids=array("q", promotion.block_ids),
+    def _flush_pending_promotions(self) -> None:
+        """Submit the step's staged promotions: one `submit_load` per (tier, request)."""
+        for tier_idx, pending_by_request in self._pending_load_submissions.items():
+            tier = self.secondary_tiers[tier_idx]
+            for entry in pending_by_request.values():
+                transfer_job = TransferJob(
+                    job_id=self._next_job_id(),
+                    keys=entry.keys,
+                    chunk_ids=entry.chunk_ids,
                     is_promotion=True,
-                    req_context=promotion.req_context,
+                    req_context=entry.req_context,
                 )
-                self.submit(tier_index, job)
-            requests.extend(staged)
-        return requests
+                self._register_job(transfer_job, tier_idx)
+                tier.submit_load(transfer_job)
+        self._pending_load_submissions.clear()
 
-    def drop_staged(self) -> None:
-        """Forget the step's staged promotions (their reserved slots vanish with the primary)."""
-        self._staged = [{} for _ in self._tiers]
+    def create_store_job(self, keys: Collection[OffloadKey], req_context: ReqContext, tier_idx: int = 0) -> TransferJob:
+        """Pin chunks in the primary and register a cascade job to tier `tier_idx`.
 
-    def submit(self, tier_index: int, job: JobMetadata) -> None:
-        self._jobs[job.job_id] = (tier_index, job)
-        tier = self._tiers[tier_index]
-        try:
-            if job.is_promotion:
-                tier.submit_load(job)
-            else:
-                tier.submit_store(job)
-        except Exception:
-            # A tier must report failures as failed jobs; one that raises anyway must not
-            # leave primary blocks pinned or reserved forever.
-            logger.exception("secondary tier %s raised from submit; job %d failed", tier.medium, job.job_id)
-            del self._jobs[job.job_id]
-            self._settle(tier_index, job, success=False)
-
-    # --- collecting ---
-
-    def poll_once(self) -> None:
-        """Collect finished jobs, unless this step did already."""
-        if not self._polled_this_step:
-            self._polled_this_step = True
-            self.collect()
-
-    def next_step(self) -> None:
-        """The step ended: the next one collects again."""
-        self._polled_this_step = False
-
-    def collect(self) -> None:
-        """Collect and settle every job the tiers report finished."""
-        for tier_index, tier in enumerate(self._tiers):
-            try:
-                results = list(tier.get_finished_jobs())
-            except Exception:
-                logger.exception("secondary tier %s raised from get_finished_jobs", tier.medium)
-                continue
-            for result in results:
-                entry = self._jobs.get(result.job_id)
-                if entry is None or entry[0] != tier_index:
-                    logger.warning(
-                        "secondary tier %s reported job %d, which it was not running; ignored",
-                        tier.medium,
-                        result.job_id,
-                    )
-                    continue
-                del self._jobs[result.job_id]
-                self._settle(tier_index, entry[1], result.success, result.successful_keys)
-
-    def drain(self, timeout_s: float) -> None:
-        """Wait for every tier's jobs and settle them (abandoning them after `timeout_s`)."""
-        deadline = time.monotonic() + timeout_s
-        for tier in self._tiers:
-            tier.drain_jobs()
-        self.collect()
-        while self._jobs:
-            if time.monotonic() >= deadline:
-                logger.error(
-                    "reset_cache: %d secondary-tier jobs did not finish within %.1f s; their "
-                    "results will be ignored",
-                    len(self._jobs),
-                    timeout_s,
-                )
-                self._jobs.clear()
-                return
-            time.sleep(0.001)
-            self.collect()
-
-    def abandon(self) -> None:
-        """Forget every job and staged promotion (the tiers were shut down)."""
-        self.drop_staged()
-        self._jobs.clear()
-
-    def _settle(
-        self,
-        tier_index: int,
-        job: JobMetadata,
-        success: bool,
-        successful_keys: Collection[OffloadKey] | None = None,
-    ) -> None:
-        failed = self._failed_promotions[tier_index]
-        stats = self.stats[tier_index]
-        if not success:
-            stats.failed_jobs += 1
-        elif job.is_promotion:
-            stats.blocks_loaded += len(job.keys)
-        else:
-            stats.blocks_stored += len(job.keys)
-        if not job.is_promotion:
-            self._primary.complete_read(job.keys, job.req_context)
-            if success and failed:
-                for key in job.keys:
-                    failed.pop(key, None)
-            return
-        if success:
-            self._primary.complete_write(job.keys, job.req_context, True)
-            return
-        # As vLLM: the blocks of a failed promotion that the tier wrote completely stay.
-        kept = set(successful_keys or ())
-        if not kept.issubset(job.keys):
-            logger.warning(
-                "secondary tier %s reported successful keys that job %d does not have; "
-                "all of its blocks are dropped",
-                self._tiers[tier_index].medium,
-                job.job_id,
-            )
-            kept.clear()
-        lost = [key for key in job.keys if key not in kept]
-        if kept:
-            stats.blocks_loaded += len(kept)
-            self._primary.complete_write([key for key in job.keys if key in kept], job.req_context, True)
-        self._primary.complete_write(lost, job.req_context, False)
-        if self._failed_promotion_memory:
-            for key in lost:
-                failed[key] = None
-                failed.move_to_end(key)
-            while len(failed) > self._failed_promotion_memory:
-                failed.popitem(last=False)
+        The caller starts the copy; the tier reports the job through `get_finished_jobs`.
+        """
+        spec = self.primary_tier.prepare_read(keys, req_context)
+        transfer_job = TransferJob(
+            job_id=self._next_job_id(), keys=keys, chunk_ids=spec.chunk_ids, is_promotion=False, req_context=req_context
+        )
+        self._register_job(transfer_job, tier_idx)
+        return transfer_job
