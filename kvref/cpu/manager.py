@@ -49,6 +49,9 @@ from kvref.errors import OffloadProtocolError
 
 __all__ = ["CPUOffloadingManager"]
 
+# _LIST: calls check the type of `keys` (a single key is a TypeError) only when it is not a list,
+# what the connector passes: the check's call costs as much as a cheap call's own work.
+
 
 @dataclass(slots=True)
 class _RequestCacheAccess:
@@ -239,7 +242,8 @@ class CPUOffloadingManager(OffloadingManager):
     def _prepare_load(
         self, keys: Collection[OffloadKey], req_context: ReqContext, *, record_access: bool
     ) -> CPULoadStoreSpec:
-        check_key_collection(keys, "prepare_load")
+        if type(keys) is not list:  # see _LIST
+            check_key_collection(keys, "prepare_load")
         chunks = [self._readable_chunk(key) for key in keys]  # every key checked before any pin
         if record_access:
             self._check_not_finished("prepare_load", keys, req_context)
@@ -262,7 +266,8 @@ class CPUOffloadingManager(OffloadingManager):
 
     @override
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        check_key_collection(keys, "touch")
+        if type(keys) is not list:  # see _LIST
+            check_key_collection(keys, "touch")
         self._policy.touch(keys, req_context)
 
     @override
@@ -273,7 +278,8 @@ class CPUOffloadingManager(OffloadingManager):
             OffloadProtocolError: a key is absent or has no load in progress (or fewer than it
                 is listed); nothing changed.
         """
-        check_key_collection(keys, "complete_load")
+        if type(keys) is not list:  # see _LIST
+            check_key_collection(keys, "complete_load")
         chunks = [self._policy.get(key) for key in keys]
         loads: dict[int, int] = {}  # id(chunk) -> loads this call releases
         for key, chunk in zip(keys, chunks):
@@ -300,7 +306,8 @@ class CPUOffloadingManager(OffloadingManager):
         Raises:
             OffloadProtocolError: the request already finished; nothing changed.
         """
-        check_key_collection(keys, "prepare_store")
+        if type(keys) is not list:  # see _LIST
+            check_key_collection(keys, "prepare_store")
         keys = list(dict.fromkeys(keys))  # a key offered twice takes one chunk
         self._check_not_finished("prepare_store", keys, req_context)
         if self.counts is not None:
@@ -368,12 +375,13 @@ class CPUOffloadingManager(OffloadingManager):
 
         Idempotent: keys already stored, and keys never prepared, are ignored.
         """
-        check_key_collection(keys, "complete_store")
+        if type(keys) is not list:  # see _LIST
+            check_key_collection(keys, "complete_store")
         stored_keys: list[OffloadKey] = []
         removed_keys: list[OffloadKey] = []
         for key in keys:
             chunk = self._policy.get(key)
-            if chunk is None or chunk.is_ready:
+            if chunk is None or chunk.ref_cnt >= 0:  # absent, or already stored (ready)
                 continue
             self._num_write_pending_chunks -= 1
             if success:

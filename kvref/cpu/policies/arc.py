@@ -81,16 +81,17 @@ class ARCCachePolicy(CachePolicy):
 
     @override
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        for key in reversed(list(keys)):
+        # A list (what the manager is given) is walked backwards in place, not copied first.
+        for key in reversed(keys if type(keys) is list else list(keys)):
             if key in self.t1:
                 chunk = self.t1.pop(key)
-                if chunk.is_ready:
+                if chunk.ref_cnt >= 0:  # ready: a second use
                     self.t2[key] = chunk
                 else:
                     self.t1[key] = chunk  # only just prepared for storing: not a second use
             elif key in self.t2:
                 self.t2.move_to_end(key)
-            else:
+            elif key in self.b1 or key in self.b2:
                 self._adapt_to_ghost_hit(key)
 
     @override
