@@ -21,7 +21,7 @@ chunk; a single key passed as `keys` is a `TypeError`.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -242,7 +242,7 @@ class CPUOffloadingManager(OffloadingManager):
     def _prepare_load(
         self, keys: Collection[OffloadKey], req_context: ReqContext, *, record_access: bool
     ) -> CPULoadStoreSpec:
-        if type(keys) is not list:  # see _LIST
+        if not isinstance(keys, list):  # see _LIST
             check_key_collection(keys, "prepare_load")
         chunks = [self._readable_chunk(key) for key in keys]  # every key checked before any pin
         if record_access:
@@ -266,7 +266,7 @@ class CPUOffloadingManager(OffloadingManager):
 
     @override
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        if type(keys) is not list:  # see _LIST
+        if not isinstance(keys, list):  # see _LIST
             check_key_collection(keys, "touch")
         self._policy.touch(keys, req_context)
 
@@ -275,19 +275,17 @@ class CPUOffloadingManager(OffloadingManager):
         """See `OffloadingManager.complete_load`.
 
         Raises:
-            OffloadProtocolError: a key is absent or has no load in progress (or fewer than it
-                is listed); nothing changed.
+            OffloadProtocolError: a key is absent or has fewer loads in progress than it is
+                listed; nothing changed.
         """
-        if type(keys) is not list:  # see _LIST
+        if not isinstance(keys, list):  # see _LIST
             check_key_collection(keys, "complete_load")
         chunks = [self._policy.get(key) for key in keys]
-        loads: dict[int, int] = {}  # id(chunk) -> loads this call releases
+        loads = Counter(keys)  # every release is checked before the first one is made
         for key, chunk in zip(keys, chunks):
-            if chunk is None:
-                raise OffloadProtocolError("complete_load", key, "absent")
-            loads[id(chunk)] = loads.get(id(chunk), 0) + 1
-            if chunk.ref_cnt < loads[id(chunk)]:
-                raise OffloadProtocolError("complete_load", key, f"read by {max(chunk.ref_cnt, 0)} loads")
+            if chunk is None or chunk.ref_cnt < loads[key]:
+                state = "absent" if chunk is None else f"read by {max(chunk.ref_cnt, 0)} load(s)"
+                raise OffloadProtocolError("complete_load", key, state)
         for key, chunk in zip(keys, chunks):
             assert chunk is not None
             chunk.ref_cnt -= 1
@@ -306,7 +304,7 @@ class CPUOffloadingManager(OffloadingManager):
         Raises:
             OffloadProtocolError: the request already finished; nothing changed.
         """
-        if type(keys) is not list:  # see _LIST
+        if not isinstance(keys, list):  # see _LIST
             check_key_collection(keys, "prepare_store")
         keys = list(dict.fromkeys(keys))  # a key offered twice takes one chunk
         self._check_not_finished("prepare_store", keys, req_context)
@@ -375,7 +373,7 @@ class CPUOffloadingManager(OffloadingManager):
 
         Idempotent: keys already stored, and keys never prepared, are ignored.
         """
-        if type(keys) is not list:  # see _LIST
+        if not isinstance(keys, list):  # see _LIST
             check_key_collection(keys, "complete_store")
         stored_keys: list[OffloadKey] = []
         removed_keys: list[OffloadKey] = []

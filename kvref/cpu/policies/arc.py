@@ -82,7 +82,7 @@ class ARCCachePolicy(CachePolicy):
     @override
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         # A list (what the manager is given) is walked backwards in place, not copied first.
-        for key in reversed(keys if type(keys) is list else list(keys)):
+        for key in reversed(keys if isinstance(keys, list) else list(keys)):
             if key in self.t1:
                 chunk = self.t1.pop(key)
                 if chunk.ref_cnt >= 0:  # ready: a second use

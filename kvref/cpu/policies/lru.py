@@ -149,7 +149,7 @@ class LRUCachePolicy(CachePolicy):
     @override
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         # A list (what the manager is given) is walked backwards in place, not copied first.
-        self._use(reversed(keys if type(keys) is list else list(keys)))
+        self._use(reversed(keys if isinstance(keys, list) else list(keys)))
 
     @override
     def on_request_access(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
