@@ -2,7 +2,7 @@
 
 vLLM's manager and policies are executed from the published sdist (cached outside the repository;
 see `tools/compare_vllm_manager.py`, which loads them with stand-ins for logging, config and
-metrics only). Both managers are driven by the same code through the same calls, the way vLLM's
+metrics only), with numpy when it is installed (vLLM's specs are numpy arrays), as in an engine. Both managers are driven by the same code through the same calls, the way vLLM's
 offloading connector drives its manager (`tools/_manager_bench_traces.py`, which also builds the
 traces): `on_new_request` with the key positions recorded, a maximal-prefix lookup, a load of
 the hits and a touch of every block, stores of the new blocks a few per step, completions some
@@ -53,6 +53,13 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+try:
+    # vLLM's specs hold their ids in np.int32 arrays: with numpy importable, vLLM's manager runs
+    # as it does in an engine (tools.compare_vllm_manager otherwise stands a list in for it).
+    import numpy  # noqa: F401  # pyright: ignore[reportUnusedImport]
+except ImportError:
+    pass
 
 from kvref.base import OffloadKey  # noqa: E402
 from tools._manager_bench_traces import (  # noqa: E402
@@ -413,8 +420,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ratios["cheap calls"] += [c.ratio for c in calls]
         ratios["bytes/block"] += [m.kvref / m.vllm for m in memory]
         agreements += [r.agreement for r in results] + [c.agreement for c in calls]
-    # The targets: traces <= 0.5x vLLM's time, cheap calls <= 1.0x, memory <= 1.0x.
-    targets = {"traces": 0.5, "cheap calls": 1.0, "bytes/block": 1.0}
+    # The targets (issue 42): traces <= 0.6x vLLM's time, cheap calls <= 1.0x, memory <= 1.0x.
+    targets = {"traces": 0.6, "cheap calls": 1.0, "bytes/block": 1.0}
     worst = [f"{name} {max(values):.2f} (target {targets[name]:.2f})" for name, values in ratios.items() if values]
     agreement = f"; worst agreement: {min(agreements):.1%}" if agreements else ""
     print(f"worst kvref / vLLM: {', '.join(worst)}{agreement}")

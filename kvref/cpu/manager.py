@@ -21,9 +21,11 @@ chunk; a single key passed as `keys` is a `TypeError`.
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
+import operator
+from collections import OrderedDict
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 from typing_extensions import override
 
@@ -40,7 +42,6 @@ from kvref.base import (
     ReqContext,
     RequestOffloadingContext,
     check_key_collection,
-    get_offload_group_idx,
 )
 from kvref.cpu.common import CPULoadStoreSpec, CPUOffloadingInfo, CPUOffloadingMetrics
 from kvref.cpu.policies.base import CachePolicy, ChunkStatus
@@ -49,21 +50,42 @@ from kvref.errors import OffloadProtocolError
 
 __all__ = ["CPUOffloadingManager"]
 
+# An OffloadKey ends with its group index in 4 big-endian bytes; grouping and sorting keys by
+# those bytes needs no index decoded.
+_GROUP_SUFFIX = operator.itemgetter(slice(-4, None))
+
 # _LIST: calls check the type of `keys` (a single key is a TypeError) only when it is not a list,
 # what the connector passes: the check's call costs as much as a cheap call's own work.
 
 
+# Dataclass factories: calling a parameterised builtin (`set[OffloadKey]()`) is ten times slower
+# than the builtin itself, and a record is made per request.
+def _new_key_set() -> set[OffloadKey]:
+    return set()
+
+
+def _new_key_dict() -> dict[OffloadKey, None]:
+    return {}
+
+
 @dataclass(slots=True)
 class _RequestCacheAccess:
-    """The cache keys one request named, grouped in prefix order."""
+    """The cache keys one request named, and how.
+
+    Attributes:
+        seen_keys: every key it named, in the order first named (grouped by KV-cache group only
+            when it finishes).
+        inserted_keys: chunks it stored.
+        reused_keys: ready chunks it loaded or offered again (not ones it stored itself).
+        store_miss_keys: keys the policy has seen it miss (once per request).
+    """
 
     owner: object
     cache_generation: int
-    key_groups: dict[int, list[OffloadKey]] = field(default_factory=dict[int, list[OffloadKey]])
-    seen_keys: set[OffloadKey] = field(default_factory=set[OffloadKey])
-    inserted_keys: set[OffloadKey] = field(default_factory=set[OffloadKey])
-    reused_keys: set[OffloadKey] = field(default_factory=set[OffloadKey])
-    store_miss_keys: set[OffloadKey] = field(default_factory=set[OffloadKey])
+    seen_keys: dict[OffloadKey, None] = field(default_factory=_new_key_dict)
+    inserted_keys: set[OffloadKey] = field(default_factory=_new_key_set)
+    reused_keys: set[OffloadKey] = field(default_factory=_new_key_set)
+    store_miss_keys: set[OffloadKey] = field(default_factory=_new_key_set)
     finished: bool = False
 
 
@@ -108,6 +130,14 @@ class CPUOffloadingManager(OffloadingManager):
         self.events: list[OffloadingEvent] | None = [] if enable_events else None
         policy_cls = CachePolicyFactory.get_cache_policy_cls(cache_policy, cache_policy_module_path)
         self._policy: CachePolicy = policy_cls(cache_capacity=num_chunks)
+        # A policy that keeps no index of idle chunks (kvref's LRU and ARC) leaves both
+        # evictability hooks as the base's no-ops: the manager then makes no call per pin.
+        policy_class = type(self._policy)
+        self._calls_evictability_hooks = (
+            policy_class.mark_evictable is not CachePolicy.mark_evictable
+            or policy_class.mark_non_evictable is not CachePolicy.mark_non_evictable
+        )
+        self._calls_request_access_hook = policy_class.on_request_access is not CachePolicy.on_request_access
         # Chunks that are idle (ref_cnt 0) and chunks with a store in flight (ref_cnt -1).
         self._num_evictable_cache_chunks: int = 0
         self._num_write_pending_chunks: int = 0
@@ -135,10 +165,12 @@ class CPUOffloadingManager(OffloadingManager):
         num_fresh = min(len(keys), self._num_chunks - self._num_allocated_chunks)
         num_reused = len(keys) - num_fresh
         assert len(self._free_list) >= num_reused, "the chunk pool is short of free slots"
-        chunks = [ChunkStatus(chunk_id) for chunk_id in range(self._num_allocated_chunks, self._num_allocated_chunks + num_fresh)]
+        chunk_ids = list(range(self._num_allocated_chunks, self._num_allocated_chunks + num_fresh))
         self._num_allocated_chunks += num_fresh
-        chunks.extend(ChunkStatus(self._free_list.pop()) for _ in range(num_reused))
-        return chunks
+        if num_reused:
+            chunk_ids += reversed(self._free_list[-num_reused:])  # what popping each would give
+            del self._free_list[-num_reused:]
+        return list(map(ChunkStatus, chunk_ids))
 
     def _free_chunk(self, chunk: ChunkStatus) -> None:
         self._free_list.append(chunk.chunk_id)
@@ -179,36 +211,27 @@ class CPUOffloadingManager(OffloadingManager):
             req_context.set_state(state)
         return state
 
-    def _check_not_finished(self, operation: str, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
-        """Refuse a request that names a key it never named before after it finished (vLLM
-        asserts); nothing has changed yet when this raises."""
-        state = req_context.get_state(_RequestCacheAccess)
-        if state is None or state.owner is not self or state.cache_generation != self._cache_generation:
-            return
-        if state.finished and any(key not in state.seen_keys for key in keys):
-            raise OffloadProtocolError(operation, None, "finished", f"request {req_context.req_id!r} already finished")
+    def _check_not_finished(self, operation: str, state: _RequestCacheAccess, keys: Collection[OffloadKey]) -> None:
+        """Refuse a finished request that names a key it never named before (vLLM asserts);
+        nothing has changed yet when this raises."""
+        if state.finished and not state.seen_keys.keys() >= set(keys):
+            raise OffloadProtocolError(operation, None, "finished", "the request already finished")
 
     def _record_request_cache_access(
-        self,
-        keys: Iterable[OffloadKey],
-        req_context: ReqContext,
-        inserted_keys: Iterable[OffloadKey] = (),
-        reused_keys: Iterable[OffloadKey] = (),
+        self, state: _RequestCacheAccess, keys: Collection[OffloadKey], req_context: ReqContext, reused_keys: Collection[OffloadKey] = ()
     ) -> None:
-        state = self._get_request_cache_access(req_context)
-        new_keys: list[OffloadKey] = []
-        for key in keys:
-            if key in state.seen_keys:
-                continue
-            state.key_groups.setdefault(get_offload_group_idx(key), []).append(key)
-            state.seen_keys.add(key)
-            new_keys.append(key)
+        seen = state.seen_keys
+        new_keys = [key for key in keys if key not in seen]
         if new_keys:
-            self._policy.on_request_access(new_keys, req_context)
-        state.inserted_keys.update(inserted_keys)
+            seen.update(dict.fromkeys(new_keys))
+            if self._calls_request_access_hook:
+                self._policy.on_request_access(list(dict.fromkeys(new_keys)), req_context)
         # Re-reading a chunk this request inserted is an internal transfer (a tiering cascade,
         # say), not a second cache access.
-        state.reused_keys.update(key for key in reused_keys if key not in state.inserted_keys)
+        if state.inserted_keys:
+            state.reused_keys.update(set(reused_keys).difference(state.inserted_keys))
+        else:
+            state.reused_keys.update(reused_keys)
 
     # --- OffloadingManager interface ---
 
@@ -222,9 +245,7 @@ class CPUOffloadingManager(OffloadingManager):
         chunk = self._policy.get(key)
         if chunk is None:
             return LookupResult.MISS
-        if not chunk.is_ready:
-            return LookupResult.HIT_PENDING
-        return LookupResult.HIT
+        return LookupResult.HIT if chunk.ref_cnt >= 0 else LookupResult.HIT_PENDING
 
     @override
     def get_load_source(self, key: OffloadKey, req_context: ReqContext) -> CacheHitSource:
@@ -244,25 +265,24 @@ class CPUOffloadingManager(OffloadingManager):
     ) -> CPULoadStoreSpec:
         if not isinstance(keys, list):  # see _LIST
             check_key_collection(keys, "prepare_load")
-        chunks = [self._readable_chunk(key) for key in keys]  # every key checked before any pin
-        if record_access:
-            self._check_not_finished("prepare_load", keys, req_context)
+        found = self._policy.get_many(keys)
+        for key, chunk in zip(keys, found):  # every key checked before any pin
+            if chunk is None or chunk.ref_cnt < 0:
+                state = "absent" if chunk is None else "pending (its store has not completed)"
+                raise OffloadProtocolError("prepare_load", key, state)
+        chunks = cast("list[ChunkStatus]", found)  # none is None: checked above
+        state = self._get_request_cache_access(req_context) if record_access else None
+        if state is not None:
+            self._check_not_finished("prepare_load", state, keys)
         for key, chunk in zip(keys, chunks):
             if chunk.ref_cnt == 0:
-                self._policy.mark_non_evictable(key)
                 self._num_evictable_cache_chunks -= 1  # ref_cnt 0 -> 1
+                if self._calls_evictability_hooks:
+                    self._policy.mark_non_evictable(key)
             chunk.ref_cnt += 1
-        if record_access:
-            self._record_request_cache_access(keys, req_context, reused_keys=keys)
+        if state is not None:
+            self._record_request_cache_access(state, keys, req_context, reused_keys=keys)
         return self._get_load_store_spec(keys, chunks)
-
-    def _readable_chunk(self, key: OffloadKey) -> ChunkStatus:
-        chunk = self._policy.get(key)
-        if chunk is None:
-            raise OffloadProtocolError("prepare_load", key, "absent")
-        if not chunk.is_ready:
-            raise OffloadProtocolError("prepare_load", key, "pending", "its store has not completed")
-        return chunk
 
     @override
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
@@ -280,18 +300,21 @@ class CPUOffloadingManager(OffloadingManager):
         """
         if not isinstance(keys, list):  # see _LIST
             check_key_collection(keys, "complete_load")
-        chunks = [self._policy.get(key) for key in keys]
-        loads = Counter(keys)  # every release is checked before the first one is made
-        for key, chunk in zip(keys, chunks):
-            if chunk is None or chunk.ref_cnt < loads[key]:
-                state = "absent" if chunk is None else f"read by {max(chunk.ref_cnt, 0)} load(s)"
+        chunks = self._policy.get_many(keys)
+        for index, (key, chunk) in enumerate(zip(keys, chunks)):
+            if chunk is None or chunk.ref_cnt < 1:
+                for released in chunks[:index]:  # undo the releases made so far
+                    assert released is not None
+                    released.ref_cnt += 1
+                state = "absent" if chunk is None else "not being read"
                 raise OffloadProtocolError("complete_load", key, state)
+            chunk.ref_cnt -= 1
         for key, chunk in zip(keys, chunks):
             assert chunk is not None
-            chunk.ref_cnt -= 1
             if chunk.ref_cnt == 0:
                 self._num_evictable_cache_chunks += 1  # ref_cnt 1 -> 0
-                self._policy.mark_evictable(key)
+                if self._calls_evictability_hooks:
+                    self._policy.mark_evictable(key)
 
     @override
     def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
@@ -307,35 +330,34 @@ class CPUOffloadingManager(OffloadingManager):
         if not isinstance(keys, list):  # see _LIST
             check_key_collection(keys, "prepare_store")
         keys = list(dict.fromkeys(keys))  # a key offered twice takes one chunk
-        self._check_not_finished("prepare_store", keys, req_context)
+        state = self._get_request_cache_access(req_context)
+        self._check_not_finished("prepare_store", state, keys)
         if self.counts is not None:
             self._record_accesses(keys)
         # Ready resident chunks are reuses even if the tracker forgot them; the threshold
         # applies to new store candidates only.
-        keys_to_store: list[OffloadKey] = []
+        chunks = self._policy.get_many(keys)
+        keys_to_store = [key for key, chunk in zip(keys, chunks) if chunk is None]
         ready_existing_keys: list[OffloadKey] = []
-        for key in keys:
-            chunk = self._policy.get(key)
-            if chunk is None:
-                keys_to_store.append(key)
-            elif chunk.is_ready:
-                ready_existing_keys.append(key)
+        if len(keys_to_store) < len(keys):
+            ready_existing_keys = [key for key, chunk in zip(keys, chunks) if chunk is not None and chunk.ref_cnt >= 0]
         if self.counts is not None:
             num_store_candidates = len(keys_to_store)
             keys_to_store = [key for key in keys_to_store if self.counts.get(key, 0) >= self.store_threshold]
             self.stores_skipped_in_current_batch += num_store_candidates - len(keys_to_store)
 
-        state = self._get_request_cache_access(req_context)
         new_store_misses = [key for key in keys_to_store if key not in state.store_miss_keys]
         if new_store_misses:
             # ARC learns from b1/b2 before insert() drops the ghost entry; once per request.
             self._policy.on_store_miss(new_store_misses, req_context)
             state.store_miss_keys.update(new_store_misses)
-        # Recorded before any early return; candidates count as insertions only once allocated.
-        recorded_keys = set(keys_to_store).union(ready_existing_keys)
-        self._record_request_cache_access(
-            (key for key in keys if key in recorded_keys), req_context, reused_keys=ready_existing_keys
-        )
+        # Recorded before any early return (pending chunks are not); candidates count as
+        # insertions only once allocated.
+        recorded = keys
+        if len(keys_to_store) + len(ready_existing_keys) < len(keys):
+            recorded_keys = set(keys_to_store).union(ready_existing_keys)
+            recorded = [key for key in keys if key in recorded_keys]
+        self._record_request_cache_access(state, recorded, req_context, reused_keys=ready_existing_keys)
         if not keys_to_store:
             return PrepareStoreOutput(keys_to_store=[], store_spec=self._get_load_store_spec([], []), evicted_keys=[])
 
@@ -377,15 +399,15 @@ class CPUOffloadingManager(OffloadingManager):
             check_key_collection(keys, "complete_store")
         stored_keys: list[OffloadKey] = []
         removed_keys: list[OffloadKey] = []
-        for key in keys:
-            chunk = self._policy.get(key)
+        for key, chunk in zip(keys, self._policy.get_many(keys)):
             if chunk is None or chunk.ref_cnt >= 0:  # absent, or already stored (ready)
                 continue
             self._num_write_pending_chunks -= 1
             if success:
                 chunk.ref_cnt = 0
                 self._num_evictable_cache_chunks += 1
-                self._policy.mark_evictable(key)
+                if self._calls_evictability_hooks:
+                    self._policy.mark_evictable(key)
                 stored_keys.append(key)
             else:
                 self._policy.remove(key)
@@ -410,17 +432,24 @@ class CPUOffloadingManager(OffloadingManager):
         ):
             return
         state.finished = True
-        key_groups: list[Sequence[OffloadKey]] = []
-        for group_idx in sorted(state.key_groups):
-            keys = state.key_groups[group_idx]
-            positions = {
-                key: position for key in keys if (position := req_context.get_offload_key_position(key)) is not None
-            }
-            if len(positions) == len(keys):
-                keys = sorted(keys, key=positions.__getitem__)
-            key_groups.append(tuple(keys))
+        # The keys per KV-cache group, groups in index order (suffixes are big-endian).
+        seen = list(state.seen_keys)
+        if len(set(map(_GROUP_SUFFIX, seen))) <= 1:
+            groups = [seen]  # one group: the common case, told apart in C
+        else:
+            by_suffix: dict[bytes, list[OffloadKey]] = {}
+            for key in seen:
+                by_suffix.setdefault(_GROUP_SUFFIX(key), []).append(key)
+            groups = [by_suffix[suffix] for suffix in sorted(by_suffix)]
+        positions = req_context.offload_key_positions
+        for keys in groups:
+            try:
+                keys.sort(key=positions.__getitem__)  # by position when every key has one
+            except KeyError:
+                pass  # list.sort computes every position before it moves a key
+        key_groups = tuple(tuple(keys) for keys in groups)
         self._policy.on_request_finished(
-            tuple(key_groups), state.inserted_keys - state.reused_keys, state.reused_keys, req_context
+            key_groups, state.inserted_keys - state.reused_keys, state.reused_keys, req_context
         )
 
     @override

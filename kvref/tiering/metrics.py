@@ -21,6 +21,10 @@ TierLabel = tuple[str]
 PRIMARY_TIER_LABEL: TierLabel = ("0:primary",)
 
 
+def _new_observed() -> dict[TierLabel, dict[OffloadKey, float | None]]:
+    return {}  # not dict[...](): a parameterised builtin is ten times slower to call
+
+
 class _JobMetadataLike(Protocol):
     @property
     def transfer_job(self) -> TransferJob: ...
@@ -33,9 +37,7 @@ class _JobMetadataLike(Protocol):
 class _RequestMetricsState:
     # Per tier, per key: None once resolved, else when its lookup first answered RETRY. None
     # altogether once the request is scheduled (later lookups are not the admission's).
-    observed_lookups: dict[TierLabel, dict[OffloadKey, float | None]] | None = field(
-        default_factory=dict[TierLabel, dict[OffloadKey, "float | None"]]
-    )
+    observed_lookups: dict[TierLabel, dict[OffloadKey, float | None]] | None = field(default_factory=_new_observed)
 
 
 @dataclass

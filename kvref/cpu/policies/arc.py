@@ -50,8 +50,13 @@ class ARCCachePolicy(CachePolicy):
 
     @override
     def get(self, key: OffloadKey) -> ChunkStatus | None:
-        chunk = self.t1.get(key)
-        return chunk if chunk is not None else self.t2.get(key)
+        # t2 first: a chunk that is looked for again has mostly been used twice already.
+        return self.t2.get(key) or self.t1.get(key)  # a ChunkStatus is always truthy
+
+    @override
+    def get_many(self, keys: Collection[OffloadKey]) -> list[ChunkStatus | None]:
+        t1_get, t2_get = self.t1.get, self.t2.get
+        return [t2_get(key) or t1_get(key) for key in keys]  # a ChunkStatus is always truthy
 
     @override
     def insert(self, key: OffloadKey, chunk: ChunkStatus, req_context: ReqContext) -> None:
@@ -76,8 +81,9 @@ class ARCCachePolicy(CachePolicy):
 
     @override
     def on_store_miss(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        for key in reversed(list(keys)):
-            self._adapt_to_ghost_hit(key)
+        for key in reversed(keys if isinstance(keys, list) else list(keys)):
+            if key in self.b1 or key in self.b2:  # only a ghost adapts the target
+                self._adapt_to_ghost_hit(key)
 
     @override
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:

@@ -19,17 +19,19 @@ __all__ = ["CachePolicy", "ChunkStatus", "order_request_keys"]
 
 
 def order_request_keys(key_groups: Sequence[Sequence[OffloadKey]], req_context: ReqContext) -> list[OffloadKey]:
-    """Return one head-to-tail order across a request's KV-cache groups.
+    """Return one head-to-tail order across a request's KV-cache groups (each head to tail).
 
     By recorded end-token position when every key has one (a stable sort: groups keep their
     order at equal positions); otherwise the groups concatenated as given.
     """
+    if len(key_groups) == 1:
+        return list(key_groups[0])  # one group is head to tail already (the contract)
     keys = [key for group in key_groups for key in group]
-    positions = {
-        key: position for key in keys if (position := req_context.get_offload_key_position(key)) is not None
-    }
-    if len(positions) == len(keys):
-        keys.sort(key=positions.__getitem__)
+    try:
+        # list.sort computes every key before it moves any: a missing position changes nothing.
+        keys.sort(key=req_context.offload_key_positions.__getitem__)
+    except KeyError:
+        pass
     return keys
 
 
@@ -73,6 +75,14 @@ class CachePolicy(ABC):
     @abstractmethod
     def get(self, key: OffloadKey) -> ChunkStatus | None:
         """Return the chunk of `key`, or None when the policy does not hold it; no recency change."""
+
+    def get_many(self, keys: Collection[OffloadKey]) -> list[ChunkStatus | None]:
+        """Return `get(key)` for each of `keys`, in order.
+
+        The manager's batch calls use it: one call per batch instead of one per key. The
+        default calls `get`; a policy whose chunks sit in dicts overrides it with C-level lookups.
+        """
+        return [self.get(key) for key in keys]
 
     @abstractmethod
     def insert(self, key: OffloadKey, chunk: ChunkStatus, req_context: ReqContext) -> None:
