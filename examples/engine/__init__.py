@@ -1,5 +1,5 @@
 """A small example "engine" built on kvref: a FIFO cache policy, an in-memory offloading manager
-and a transfer handler that records statistics.
+and a transfer worker that records statistics.
 
 It is type-correct and works, but it carries the kind of drift `kvref audit` exists to catch
 (see README.md): overriding methods without `@override`, and a parameter narrowed from the base
@@ -8,8 +8,8 @@ class's `Collection` to `Sequence`.
 
 from __future__ import annotations
 
-from .handler import StatsHandler
 from .manager import DictOffloadingManager
 from .policy import FifoPolicy
+from .worker import StatsWorker
 
-__all__ = ["DictOffloadingManager", "FifoPolicy", "StatsHandler"]
+__all__ = ["DictOffloadingManager", "FifoPolicy", "StatsWorker"]
