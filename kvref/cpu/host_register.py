@@ -23,11 +23,10 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message=".*NumPy.*")
     import torch
 
-from kvref.cpu.shared_region import SharedOffloadRegion
-
 __all__ = [
     "MAX_HOST_REGISTER_CHUNK_BYTES",
     "MIN_HOST_REGISTER_SAVED_BYTES",
+    "PinnableRegion",
     "host_register",
     "host_unregister",
     "pin_mmap_region",
@@ -124,13 +123,40 @@ def row_aligned_chunks(
         yield offset, min(chunk, total_bytes - offset)
 
 
-def pin_mmap_region(region: SharedOffloadRegion, worker_slot_only: bool = False) -> None:
+class PinnableRegion(Protocol):
+    """What `pin_mmap_region` reads and records of a shared region: the members kvref's
+    `SharedOffloadRegion` shares with vLLM's, so vLLM's own tests can pass theirs."""
+
+    is_pinned: bool
+    pinned_addresses: list[int]
+
+    @property
+    def rank(self) -> int | None: ...
+
+    @property
+    def num_chunks(self) -> int: ...
+
+    @property
+    def cpu_page_size(self) -> int: ...
+
+    @property
+    def total_size_bytes(self) -> int: ...
+
+    @property
+    def page_size(self) -> int: ...
+
+    @property
+    def base_tensor(self) -> torch.Tensor: ...
+
+    def iter_worker_slot_ranges(self) -> Iterator[tuple[int, int]]: ...
+
+
+def pin_mmap_region(region: PinnableRegion, worker_slot_only: bool = False) -> None:
     """Page-lock the region in row-aligned chunks, or only this rank's slots; all or nothing.
 
     On success the region records the registrations (`pinned_addresses`, `is_pinned`) and its
     `cleanup` releases them. On failure (logged) nothing stays registered and the region stays
-    pageable: transfers still work, slower. Reads only members vLLM's region shares, so vLLM's
-    own tests can pass theirs.
+    pageable: transfers still work, slower.
 
     Args:
         region: the shared region.
