@@ -15,6 +15,18 @@ def _check_positive(owner: str, **fields: int) -> None:
             raise ValueError(f"{owner}.{name} must be >= 1, got {value}")
 
 
+def _padded_page(owner: str, page_size_padded: int | None, real_page_size_bytes: int) -> int:
+    """The page with its padding, checked to hold the page."""
+    if page_size_padded is None:
+        return real_page_size_bytes
+    if page_size_padded < real_page_size_bytes:
+        raise ValueError(
+            f"{owner}.page_size_padded ({page_size_padded}) is smaller than the page "
+            f"({real_page_size_bytes} bytes)"
+        )
+    return page_size_padded
+
+
 @dataclass(frozen=True)
 class AttentionLayerSpec:
     """One attention layer's page on this worker.
@@ -53,11 +65,7 @@ class AttentionLayerSpec:
             head_size=self.head_size,
             dtype_size=self.dtype_size,
         )
-        if self.page_size_padded is not None and self.page_size_padded < self.real_page_size_bytes:
-            raise ValueError(
-                f"AttentionLayerSpec.page_size_padded ({self.page_size_padded}) is smaller than "
-                f"the page ({self.real_page_size_bytes} bytes)"
-            )
+        _padded_page("AttentionLayerSpec", self.page_size_padded, self.real_page_size_bytes)
 
     @property
     def real_page_size_bytes(self) -> int:
@@ -68,7 +76,7 @@ class AttentionLayerSpec:
     @property
     def page_size_bytes(self) -> int:
         """The page's bytes with padding: a block's row in the KV-cache tensor."""
-        return self.page_size_padded if self.page_size_padded is not None else self.real_page_size_bytes
+        return _padded_page("AttentionLayerSpec", self.page_size_padded, self.real_page_size_bytes)
 
 
 @dataclass(frozen=True)
@@ -88,16 +96,12 @@ class OpaqueLayerSpec:
 
     def __post_init__(self) -> None:
         _check_positive("OpaqueLayerSpec", real_page_size_bytes=self.real_page_size_bytes)
-        if self.page_size_padded is not None and self.page_size_padded < self.real_page_size_bytes:
-            raise ValueError(
-                f"OpaqueLayerSpec.page_size_padded ({self.page_size_padded}) is smaller than "
-                f"the page ({self.real_page_size_bytes} bytes)"
-            )
+        _padded_page("OpaqueLayerSpec", self.page_size_padded, self.real_page_size_bytes)
 
     @property
     def page_size_bytes(self) -> int:
         """The page's bytes with padding."""
-        return self.page_size_padded if self.page_size_padded is not None else self.real_page_size_bytes
+        return _padded_page("OpaqueLayerSpec", self.page_size_padded, self.real_page_size_bytes)
 
 
 LayerSpec = AttentionLayerSpec | OpaqueLayerSpec

@@ -57,15 +57,15 @@ class Model:
         shard = rank // max(1, tp // self.total_heads)
         return slice(shard * local, (shard + 1) * local)
 
-    def rank_caches(self, tp: int, rank: int) -> dict[str, torch.Tensor]:
+    def rank_caches(self, tp: int, rank: int, device: str = "cpu") -> dict[str, torch.Tensor]:
         """A rank's caches, shaped as its attention backend would."""
-        shard = self.full_attention[:, :, :, self.heads_of(tp, rank), :]
+        shard = self.full_attention[:, :, :, self.heads_of(tp, rank), :].to(device)
         if self.hnd:
             # Allocated heads-major, viewed as (blocks, 2, tokens, heads, head_size).
             attention = shard.permute(0, 1, 3, 2, 4).contiguous().permute(0, 1, 3, 2, 4)
         else:
             attention = shard.contiguous()
-        return {"attn": attention, "mla": self.full_latent.clone()}
+        return {"attn": attention, "mla": self.full_latent.to(device)}
 
     def specs(self, tp: int) -> dict[str, LayerSpec]:
         heads = max(1, self.total_heads // tp)
@@ -101,20 +101,30 @@ def specs(gpu_blocks: Sequence[int], chunks: Sequence[int], bpc: int) -> tuple[G
     return GPULoadStoreSpec([*gpu_blocks, *gpu_blocks], [len(gpu_blocks)] * 2, [0, 0]), CPULoadStoreSpec([*chunks, *chunks])
 
 
-def store_all_ranks(model: Model, tp: int, gpu_blocks: list[int], chunks: list[int], directory: Path, bpc: int) -> None:
+def store_all_ranks(
+    model: Model, tp: int, gpu_blocks: list[int], chunks: list[int], directory: Path, bpc: int, device: str = "cpu"
+) -> None:
     for rank in range(tp):
-        worker = rank_worker(model, tp, rank, model.rank_caches(tp, rank), directory, bpc)
+        worker = rank_worker(model, tp, rank, model.rank_caches(tp, rank, device), directory, bpc)
         gpu_spec, cpu_spec = specs(gpu_blocks, chunks, bpc)
         assert worker.submit_store(rank, gpu_spec, cpu_spec)
+        worker.wait({rank})
         assert [r.job_id for r in worker.get_finished()] == [rank]
         worker.shutdown()
 
 
 def load_and_check(
-    model: Model, tp: int, stored: list[int], loaded_into: list[int], chunks: list[int], directory: Path, bpc: int
+    model: Model,
+    tp: int,
+    stored: list[int],
+    loaded_into: list[int],
+    chunks: list[int],
+    directory: Path,
+    bpc: int,
+    device: str = "cpu",
 ) -> None:
     for rank in range(tp):
-        truth = model.rank_caches(tp, rank)
+        truth = model.rank_caches(tp, rank, device)
         caches = {name: torch.zeros_like(t) for name, t in truth.items()}
         if model.hnd:  # keep the backend's HND strides in the empty caches too
             caches["attn"] = truth["attn"].clone().zero_()
@@ -122,6 +132,7 @@ def load_and_check(
         worker = rank_worker(model, tp, rank, caches, directory, bpc)
         gpu_spec, cpu_spec = specs(loaded_into, chunks, bpc)
         assert worker.submit_load(rank, cpu_spec, gpu_spec, expedited=rank % 2 == 1)
+        worker.wait({rank})
         assert [r.job_id for r in worker.get_finished()] == [rank]
         worker.shutdown()
         for name in ("attn", "mla"):
@@ -130,15 +141,28 @@ def load_and_check(
             assert torch.equal(got, want), f"tp={tp} rank={rank} layer {name}: bytes differ"
 
 
-@pytest.mark.parametrize(("writer_tp", "reader_tp"), [(2, 1), (2, 4), (4, 2), (1, 4)])
-@pytest.mark.parametrize("hnd", [False, True], ids=["nhd", "hnd"])
-def test_a_chunk_stored_at_one_tp_loads_at_another(tmp_path: Path, writer_tp: int, reader_tp: int, hnd: bool) -> None:
+def cross_tp(directory: Path, writer_tp: int, reader_tp: int, hnd: bool, device: str = "cpu") -> None:
     model = Model.random(total_heads=4, hnd=hnd, seed=writer_tp * 10 + reader_tp)
     gpu_blocks, chunks = [5, 1, 6, 2], [3, 0]
-    bpc = 2
-    with shared_region(tmp_path):
-        store_all_ranks(model, writer_tp, gpu_blocks, chunks, tmp_path, bpc)
-        load_and_check(model, reader_tp, gpu_blocks, [0, 7, 3, 4], chunks, tmp_path, bpc)
+    with shared_region(directory):
+        store_all_ranks(model, writer_tp, gpu_blocks, chunks, directory, 2, device)
+        load_and_check(model, reader_tp, gpu_blocks, [0, 7, 3, 4], chunks, directory, 2, device)
+
+
+TP_PAIRS = [(2, 1), (2, 4), (4, 2), (1, 4)]
+
+
+@pytest.mark.parametrize(("writer_tp", "reader_tp"), TP_PAIRS)
+@pytest.mark.parametrize("hnd", [False, True], ids=["nhd", "hnd"])
+def test_a_chunk_stored_at_one_tp_loads_at_another(tmp_path: Path, writer_tp: int, reader_tp: int, hnd: bool) -> None:
+    cross_tp(tmp_path, writer_tp, reader_tp, hnd)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device; none is available")
+@pytest.mark.parametrize(("writer_tp", "reader_tp"), TP_PAIRS)
+def test_cuda_a_chunk_stored_at_one_tp_loads_at_another(tmp_path: Path, writer_tp: int, reader_tp: int) -> None:
+    cross_tp(tmp_path, writer_tp, reader_tp, hnd=True, device="cuda")
 
 
 def test_replicated_heads_are_written_once_per_page_by_rotating_writers(tmp_path: Path) -> None:
