@@ -85,7 +85,10 @@ def test_replicated_heads_rotate_writers() -> None:
 
 def test_mla_latent_is_written_in_turn_by_every_tp_rank() -> None:
     spec = AttentionLayerSpec(TOKENS, 1, 16, 2, use_mla=True)
-    mappings = [layer_mapping(spec, None, NUM_BLOCKS, ParallelLayout(rank=r, tp_size=4, total_kv_heads=8)) for r in range(4)]
+    mappings = [
+        layer_mapping(spec, None, NUM_BLOCKS, ParallelLayout(rank=r, tp_size=4, total_kv_heads=8))
+        for r in range(4)
+    ]
     assert [(m.num_writers, m.writer_index) for m in mappings if m is not None] == [(4, r) for r in range(4)]
     assert all(m is not None and m.runs == (CopyRun(0, 0, 128, 1, 128, 128),) for m in mappings)
 
@@ -94,11 +97,16 @@ def test_context_parallel_pages_interleave_tokens_and_are_not_agnostic() -> None
     # DCP=2 over 2 replicated heads at TP=2: each rank holds every other token of the block.
     mappings = [
         layer_mapping(
-            attention(1), split_nhd_cache(1, 32), NUM_BLOCKS, ParallelLayout(rank=r, tp_size=2, total_kv_heads=1, dcp_size=2)
+            attention(1),
+            split_nhd_cache(1, 32),
+            NUM_BLOCKS,
+            ParallelLayout(rank=r, tp_size=2, total_kv_heads=1, dcp_size=2),
         )
         for r in range(2)
     ]
-    assert all(m is not None and not m.parallelism_agnostic and m.canonical_page_size_bytes == 1024 for m in mappings)
+    assert all(
+        m is not None and not m.parallelism_agnostic and m.canonical_page_size_bytes == 1024 for m in mappings
+    )
     verify_tiling("attn", [m for m in mappings if m is not None])
     first = mappings[1]
     assert first is not None and first.runs[0] == CopyRun(0, 64, 64, 1, 64, 64)  # token 1 of 8
@@ -108,8 +116,16 @@ def test_context_parallel_pages_interleave_tokens_and_are_not_agnostic() -> None
     ("spec", "cache", "layout"),
     [
         (attention(2), split_nhd_cache(2, 32), ParallelLayout(rank=0, tp_size=2, total_kv_heads=3)),
-        (attention(2, per_token_head_quant=True), split_nhd_cache(2, 32), ParallelLayout(rank=0, tp_size=2, total_kv_heads=4)),
-        (attention(2), torch.zeros((NUM_BLOCKS, TOKENS, 2, 64), dtype=torch.float16), ParallelLayout(rank=0, tp_size=2, total_kv_heads=4)),
+        (
+            attention(2, per_token_head_quant=True),
+            split_nhd_cache(2, 32),
+            ParallelLayout(rank=0, tp_size=2, total_kv_heads=4),
+        ),
+        (
+            attention(2),
+            torch.zeros((NUM_BLOCKS, TOKENS, 2, 64), dtype=torch.float16),
+            ParallelLayout(rank=0, tp_size=2, total_kv_heads=4),
+        ),
         (OpaqueLayerSpec(1024), None, ParallelLayout(rank=0, tp_size=2, total_kv_heads=4)),
     ],
     ids=["heads-not-divisible", "per-token-head-quant", "unknown-shape", "opaque"],
@@ -117,7 +133,9 @@ def test_context_parallel_pages_interleave_tokens_and_are_not_agnostic() -> None
 def test_layouts_that_cannot_be_certified_fall_back_to_this_rank_page(
     spec: AttentionLayerSpec | OpaqueLayerSpec, cache: torch.Tensor | None, layout: ParallelLayout
 ) -> None:
-    mappings = derive_canonical_mappings(layout, {"layer": spec}, {} if cache is None else {"layer": cache}, NUM_BLOCKS)
+    mappings = derive_canonical_mappings(
+        layout, {"layer": spec}, {} if cache is None else {"layer": cache}, NUM_BLOCKS
+    )
     page = spec.real_page_size_bytes
     assert mappings == {"layer": opaque_fallback_mapping(page, 2, 0)}
     assert not mappings["layer"].parallelism_agnostic
@@ -126,7 +144,10 @@ def test_layouts_that_cannot_be_certified_fall_back_to_this_rank_page(
 
 def test_pipeline_parallelism_has_no_canonical_mappings() -> None:
     layout = ParallelLayout(rank=0, tp_size=2, total_kv_heads=4, pp_size=2)
-    assert derive_canonical_mappings(layout, {"a": attention(2)}, {"a": split_nhd_cache(2, 32)}, NUM_BLOCKS) == {}
+    assert (
+        derive_canonical_mappings(layout, {"a": attention(2)}, {"a": split_nhd_cache(2, 32)}, NUM_BLOCKS)
+        == {}
+    )
 
 
 @st.composite
@@ -136,7 +157,14 @@ def certified_layouts(draw: st.DrawFn) -> tuple[AttentionLayerSpec, torch.Tensor
     dcp = draw(st.sampled_from([d for d in (1, 2, 4) if tp % d == 0]))
     interleave = draw(st.sampled_from([1, 2, 4]))
     total_heads = draw(st.sampled_from([1, 2, 4, 8]))
-    layout = ParallelLayout(rank=0, tp_size=tp, total_kv_heads=total_heads, pcp_size=pcp, dcp_size=dcp, cp_kv_cache_interleave_size=interleave)
+    layout = ParallelLayout(
+        rank=0,
+        tp_size=tp,
+        total_kv_heads=total_heads,
+        pcp_size=pcp,
+        dcp_size=dcp,
+        cp_kv_cache_interleave_size=interleave,
+    )
     if draw(st.booleans()):
         return AttentionLayerSpec(TOKENS, 1, 16, 2, use_mla=True), None, layout
     heads = max(1, total_heads // tp)
@@ -146,7 +174,9 @@ def certified_layouts(draw: st.DrawFn) -> tuple[AttentionLayerSpec, torch.Tensor
                 split_nhd_cache(heads, 8),
                 split_hnd_cache(heads, 8),
                 torch.zeros((NUM_BLOCKS, heads, TOKENS, 16), dtype=torch.float16),  # packed K|V, HND
-                torch.zeros((NUM_BLOCKS, TOKENS, heads, 16), dtype=torch.float16).transpose(1, 2),  # packed, NHD
+                torch.zeros((NUM_BLOCKS, TOKENS, heads, 16), dtype=torch.float16).transpose(
+                    1, 2
+                ),  # packed, NHD
             ]
         )
     )
@@ -159,7 +189,9 @@ def test_every_rank_covers_its_page_and_every_block_writers_tile_the_canonical_p
     case: tuple[AttentionLayerSpec, torch.Tensor | None, ParallelLayout],
 ) -> None:
     spec, cache, layout = case
-    per_rank = [layer_mapping(spec, cache, NUM_BLOCKS, replace(layout, rank=r)) for r in range(layout.group_size)]
+    per_rank = [
+        layer_mapping(spec, cache, NUM_BLOCKS, replace(layout, rank=r)) for r in range(layout.group_size)
+    ]
     mappings = [m for m in per_rank if m is not None]
     if len(mappings) < layout.group_size:
         return  # not certified (fails closed), e.g. DCP over heads that are not replicated
@@ -188,9 +220,16 @@ def test_layout_and_spec_arguments_are_validated() -> None:
 def test_each_layer_gets_a_mapped_reference_into_its_own_tensor() -> None:
     caches = {"a": split_nhd_cache(2, 32), "b": split_nhd_cache(2, 32)}
     layout = ParallelLayout(rank=1, tp_size=2, total_kv_heads=4)
-    result = canonical_kv_caches([["a"], ["b"]], {"a": attention(2), "b": attention(2)}, caches, NUM_BLOCKS, layout)
-    assert [(t.tensor.shape, t.tensor.dtype, t.page_size_bytes) for t in result.tensors] == [((NUM_BLOCKS, 1024), torch.int8, 1024)] * 2
-    assert [[(r.tensor_idx, r.page_size_bytes) for r in refs] for refs in result.group_data_refs] == [[(0, 1024)], [(1, 1024)]]
+    result = canonical_kv_caches(
+        [["a"], ["b"]], {"a": attention(2), "b": attention(2)}, caches, NUM_BLOCKS, layout
+    )
+    assert [(t.tensor.shape, t.tensor.dtype, t.page_size_bytes) for t in result.tensors] == [
+        ((NUM_BLOCKS, 1024), torch.int8, 1024)
+    ] * 2
+    assert [[(r.tensor_idx, r.page_size_bytes) for r in refs] for refs in result.group_data_refs] == [
+        [(0, 1024)],
+        [(1, 1024)],
+    ]
     mapping = result.group_data_refs[1][0].mapping
     assert mapping is not None and mapping.writer_index == 0 and mapping.runs[0].canonical_offset == 128
     # The rows are the caches' own bytes, not a copy.
@@ -200,7 +239,9 @@ def test_each_layer_gets_a_mapped_reference_into_its_own_tensor() -> None:
 
 def test_layers_aliasing_the_same_bytes_share_one_tensor() -> None:
     shared = split_nhd_cache(2, 32)
-    result = canonical_kv_caches([["a"], ["b"]], {"a": attention(2), "b": attention(2)}, {"a": shared, "b": shared}, NUM_BLOCKS)
+    result = canonical_kv_caches(
+        [["a"], ["b"]], {"a": attention(2), "b": attention(2)}, {"a": shared, "b": shared}, NUM_BLOCKS
+    )
     assert len(result.tensors) == 1
     assert [[r.tensor_idx for r in refs] for refs in result.group_data_refs] == [[0], [0]]
     assert all(r.mapping is None for refs in result.group_data_refs for r in refs)
@@ -215,7 +256,9 @@ def test_padded_pages_keep_the_row_and_reference_the_unpadded_page() -> None:
 
 def test_kernel_blocks_are_regrouped_into_manager_blocks() -> None:
     # A backend splitting each 4-token block into two 2-token kernel blocks.
-    cache = torch.arange(NUM_BLOCKS * 2 * 2 * 2 * 2 * 32, dtype=torch.float16).reshape(NUM_BLOCKS * 2, 2, 2, 2, 32)
+    cache = torch.arange(NUM_BLOCKS * 2 * 2 * 2 * 2 * 32, dtype=torch.float16).reshape(
+        NUM_BLOCKS * 2, 2, 2, 2, 32
+    )
     result = canonical_kv_caches([["a"]], {"a": attention(2)}, {"a": cache}, NUM_BLOCKS)
     rows = result.tensors[0].tensor
     assert rows.shape == (NUM_BLOCKS, 1024)
@@ -228,7 +271,9 @@ def test_a_packed_layout_is_offloaded_as_whole_blocks() -> None:
     caches = {"a": storage[:, 0], "b": storage[:, 1]}
     result = canonical_kv_caches([["a", "b"]], {"a": attention(2), "b": attention(2)}, caches, NUM_BLOCKS)
     assert [(t.tensor.shape, t.page_size_bytes) for t in result.tensors] == [((NUM_BLOCKS, 2048), 2048)]
-    assert [[(r.tensor_idx, r.page_size_bytes) for r in refs] for refs in result.group_data_refs] == [[(0, 2048)]]
+    assert [[(r.tensor_idx, r.page_size_bytes) for r in refs] for refs in result.group_data_refs] == [
+        [(0, 2048)]
+    ]
 
 
 def test_missing_layers_and_wrong_block_counts_are_clear_errors() -> None:

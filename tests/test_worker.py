@@ -15,7 +15,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from typing_extensions import override
 
-from kvref.base import CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor, GPULoadStoreSpec, OffloadingWorker
+from kvref.base import (
+    CanonicalKVCacheRef,
+    CanonicalKVCaches,
+    CanonicalKVCacheTensor,
+    GPULoadStoreSpec,
+    OffloadingWorker,
+)
 from kvref.cpu.common import CPULoadStoreSpec
 from kvref.cpu.gpu_worker import CPUOffloadingWorker
 
@@ -29,7 +35,10 @@ class WorkerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         generator = torch.Generator().manual_seed(0)
-        tensors = [torch.randint(-128, 128, (NUM_GPU_BLOCKS, page), dtype=torch.int8, generator=generator) for page in PAGES]
+        tensors = [
+            torch.randint(-128, 128, (NUM_GPU_BLOCKS, page), dtype=torch.int8, generator=generator)
+            for page in PAGES
+        ]
         self.gpu = tensors
         caches = CanonicalKVCaches(
             [CanonicalKVCacheTensor(t, page) for t, page in zip(tensors, PAGES)],
@@ -80,7 +89,9 @@ class WorkerMachine(RuleBasedStateMachine):
     @rule(data=st.data(), expedited=st.booleans())
     def load(self, data: st.DataObject, expedited: bool) -> None:
         gpu_spec, cpu_spec, units = self._specs(data)
-        if any((t, chunk, sub) not in self.cpu_model for t, group in enumerate(units) for _, chunk, sub in group):
+        if any(
+            (t, chunk, sub) not in self.cpu_model for t, group in enumerate(units) for _, chunk, sub in group
+        ):
             return  # the scheduler only loads what was stored
         job = self._job()
         assert self.worker.submit_load(job, cpu_spec, gpu_spec, expedited=expedited)

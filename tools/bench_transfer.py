@@ -76,7 +76,9 @@ class Bench:
         self.block_bytes = block_bytes
         self.num_blocks = num_blocks
         gpu = torch.randint(-128, 128, (num_blocks, block_bytes), dtype=torch.int8, device=device)
-        caches = CanonicalKVCaches([CanonicalKVCacheTensor(gpu, block_bytes)], [[CanonicalKVCacheRef(0, block_bytes)]])
+        caches = CanonicalKVCaches(
+            [CanonicalKVCacheTensor(gpu, block_bytes)], [[CanonicalKVCacheRef(0, block_bytes)]]
+        )
         self.worker = CPUOffloadingWorker(caches, blocks_per_chunk=1, num_cpu_chunks=num_blocks)
         # The ceiling: one copy of the same bytes between two plain contiguous buffers.
         pin = device.type == "cuda"
@@ -112,7 +114,8 @@ class Bench:
         parts = halves if direction == "both" else [(direction, 0, self.num_blocks)]
         for part_direction, offset, count in parts:
             gpu_ids, cpu_ids = self.ids(pattern, count, offset, rng)
-            jobs.append((part_direction, self._job(), GPULoadStoreSpec(gpu_ids, [count], [0]), CPULoadStoreSpec(cpu_ids)))
+            gpu_spec = GPULoadStoreSpec(gpu_ids, [count], [0])
+            jobs.append((part_direction, self._job(), gpu_spec, CPULoadStoreSpec(cpu_ids)))
         _sync(self.device)
         submit = 0.0
         start = time.perf_counter()

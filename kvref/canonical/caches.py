@@ -46,7 +46,9 @@ def layer_block_rows(cache: torch.Tensor, spec: LayerSpec, num_blocks: int) -> t
     page = spec.page_size_bytes
     block_stride = blocks.stride(0) * elem if isinstance(spec, AttentionLayerSpec) else page
     rows = torch.empty(0, dtype=torch.int8, device=blocks.device)
-    return rows.set_(blocks.untyped_storage(), blocks.storage_offset() * elem, (num_blocks, page), (block_stride, 1))
+    return rows.set_(
+        blocks.untyped_storage(), blocks.storage_offset() * elem, (num_blocks, page), (block_stride, 1)
+    )
 
 
 def canonical_kv_caches(
@@ -98,5 +100,7 @@ def canonical_kv_caches(
         first = aliased[0]
         tensors.append(CanonicalKVCacheTensor(rows[first], specs[first].page_size_bytes))
         for name in aliased:
-            refs[name] = CanonicalKVCacheRef(len(tensors) - 1, specs[name].real_page_size_bytes, mappings.get(name))
+            refs[name] = CanonicalKVCacheRef(
+                len(tensors) - 1, specs[name].real_page_size_bytes, mappings.get(name)
+            )
     return CanonicalKVCaches(tensors, [[refs[name] for name in group] for group in groups])

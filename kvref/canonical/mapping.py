@@ -74,7 +74,9 @@ def _canonical_token(local_index: int, layout: ParallelLayout) -> int:
     return (chunk * layout.cp_size + layout.total_cp_rank) * layout.cp_kv_cache_interleave_size + position
 
 
-def _interleave_cp_tokens(regions: list[ByteRegion], num_tokens: int, layout: ParallelLayout) -> tuple[CopyRun, ...]:
+def _interleave_cp_tokens(
+    regions: list[ByteRegion], num_tokens: int, layout: ParallelLayout
+) -> tuple[CopyRun, ...]:
     """Place each region's `num_tokens` rows at their canonical token positions, one run per
     chunk of interleaved tokens."""
     interleave = layout.cp_kv_cache_interleave_size
@@ -122,11 +124,18 @@ def _packed_kv_regions(
     head_bytes = head_elems * elem
     token_row_bytes = heads * head_bytes
     if head_stride == head_elems and token_stride == heads * head_elems:  # NHD
-        return [ByteRegion(0, head_shard * token_row_bytes, token_row_bytes, num_head_shards * token_row_bytes)]
+        return [
+            ByteRegion(0, head_shard * token_row_bytes, token_row_bytes, num_head_shards * token_row_bytes)
+        ]
     if head_stride == bs * head_elems and token_stride == head_elems:  # HND
         canonical_span = bs * cp_size  # canonical tokens per offloaded block
         return [
-            ByteRegion(head * bs * head_bytes, (head_shard * heads + head) * canonical_span * head_bytes, head_bytes, head_bytes)
+            ByteRegion(
+                head * bs * head_bytes,
+                (head_shard * heads + head) * canonical_span * head_bytes,
+                head_bytes,
+                head_bytes,
+            )
             for head in range(heads)
         ]
     return None
@@ -174,7 +183,12 @@ def _split_kv_regions(
 
 
 def _attention_byte_regions(
-    kv_cache: torch.Tensor, spec: AttentionLayerSpec, num_blocks: int, head_shard: int, num_head_shards: int, cp_size: int
+    kv_cache: torch.Tensor,
+    spec: AttentionLayerSpec,
+    num_blocks: int,
+    head_shard: int,
+    num_head_shards: int,
+    cp_size: int,
 ) -> list[ByteRegion] | None:
     """An attention page's byte regions for this rank's head shard; None for a physical layout
     that is not recognized (fail closed)."""

@@ -83,6 +83,7 @@ _build_copy_plan = build_copy_plan
 _canonical_page_ids = canonical_page_ids
 _canonical_block_sizes = canonical_block_sizes
 
+
 class TransferProtocolError(KVRefError):
     """A worker was misused: a job id reused while in flight, or a job after shutdown.
 
@@ -187,10 +188,15 @@ class SingleDirectionOffloadingHandler:
         host_boundaries: Sequence[int] = (),
     ) -> None:
         if not gpu_tensors or len(gpu_tensors) != len(cpu_tensors):
-            raise ValueError(f"gpu_tensors ({len(gpu_tensors)}) and cpu_tensors ({len(cpu_tensors)}) must be non-empty and co-indexed")
+            raise ValueError(
+                f"gpu_tensors ({len(gpu_tensors)}) and cpu_tensors ({len(cpu_tensors)}) must be "
+                "non-empty and co-indexed"
+            )
         if blocks_per_chunk < 1:
             raise ValueError(f"blocks_per_chunk must be a positive integer, got {blocks_per_chunk}")
-        canonical_sizes = canonical_block_sizes(layer_refs_per_group, len(gpu_tensors)) if canonical_layout else None
+        canonical_sizes = (
+            canonical_block_sizes(layer_refs_per_group, len(gpu_tensors)) if canonical_layout else None
+        )
         check_tensors(gpu_tensors, cpu_tensors, blocks_per_chunk, canonical_sizes, layer_refs_per_group)
         self.gpu_to_cpu = gpu_to_cpu
         self.layer_refs_per_group = layer_refs_per_group
@@ -225,7 +231,9 @@ class SingleDirectionOffloadingHandler:
             TransferProtocolError: `job_id` is still in flight here.
         """
         if job_id in self._transfer_events:
-            raise TransferProtocolError(f"job {job_id} is still in flight; job ids must be unique until reported")
+            raise TransferProtocolError(
+                f"job {job_id} is still in flight; job ids must be unique until reported"
+            )
         plan = self._plan(src_spec, dst_spec)
         start, end = self._new_event(), self._new_event()
         with self._on_stream():
@@ -304,7 +312,9 @@ class SingleDirectionOffloadingHandler:
         )
 
     def _copy(self, plan: TransferPlan) -> None:
-        for (src_offsets, dst_offsets, sizes), src, dst in zip(plan.copies, self._src_spans, self._dst_spans, strict=True):
+        for (src_offsets, dst_offsets, sizes), src, dst in zip(
+            plan.copies, self._src_spans, self._dst_spans, strict=True
+        ):
             for s, d, n in zip(int_list(src_offsets), int_list(dst_offsets), int_list(sizes), strict=True):
                 dst[d : d + n].copy_(src[s : s + n], non_blocking=self._non_blocking)
 
@@ -354,9 +364,13 @@ class CPUOffloadingWorker(OffloadingWorker):
         if not kv_caches.tensors:
             raise ValueError("kv_caches.tensors must hold at least one tensor")
         if blocks_per_chunk < 1 or num_cpu_chunks < 1:
-            raise ValueError(f"blocks_per_chunk ({blocks_per_chunk}) and num_cpu_chunks ({num_cpu_chunks}) must be >= 1")
+            raise ValueError(
+                f"blocks_per_chunk ({blocks_per_chunk}) and num_cpu_chunks ({num_cpu_chunks}) must be >= 1"
+            )
         if mmap_region is not None and mmap_region.num_chunks != num_cpu_chunks:
-            raise ValueError(f"num_cpu_chunks={num_cpu_chunks} but the region has {mmap_region.num_chunks} chunks")
+            raise ValueError(
+                f"num_cpu_chunks={num_cpu_chunks} but the region has {mmap_region.num_chunks} chunks"
+            )
         on_cuda = kv_caches.tensors[0].tensor.device.type == "cuda"
         self._mmap_region = mmap_region
         self._private_pins: list[int] = []
@@ -376,7 +390,11 @@ class CPUOffloadingWorker(OffloadingWorker):
         else:
             if on_cuda:
                 pin_mmap_region(mmap_region, worker_slot_only=not canonical_layout)
-            next_view = mmap_region.create_next_canonical_view if canonical_layout else mmap_region.create_next_worker_view
+            next_view = (
+                mmap_region.create_next_canonical_view
+                if canonical_layout
+                else mmap_region.create_next_worker_view
+            )
             cpu_tensors = [next_view(page) for page in cpu_page_sizes]
             pinned = mmap_region.is_pinned
             boundaries = mmap_region.pinned_addresses
@@ -459,7 +477,9 @@ class CPUOffloadingWorker(OffloadingWorker):
             try:
                 torch.cuda.synchronize()
             except Exception:
-                logger.warning("Device sync before mmap cleanup failed; proceeding with cleanup anyway", exc_info=True)
+                logger.warning(
+                    "Device sync before mmap cleanup failed; proceeding with cleanup anyway", exc_info=True
+                )
         for address in reversed(self._private_pins):
             host_unregister(address)
         self._private_pins.clear()
@@ -468,12 +488,18 @@ class CPUOffloadingWorker(OffloadingWorker):
             self._mmap_region = None
 
     def _submit(
-        self, handler: SingleDirectionOffloadingHandler, job_id: int, src_spec: LoadStoreSpec, dst_spec: LoadStoreSpec
+        self,
+        handler: SingleDirectionOffloadingHandler,
+        job_id: int,
+        src_spec: LoadStoreSpec,
+        dst_spec: LoadStoreSpec,
     ) -> bool:
         if self._closed:
             raise TransferProtocolError(f"job {job_id}: the worker was shut down")
         if job_id in self._unreported:
-            raise TransferProtocolError(f"job {job_id} is still in flight; job ids must be unique until reported")
+            raise TransferProtocolError(
+                f"job {job_id} is still in flight; job ids must be unique until reported"
+            )
         submitted = handler.transfer_async(job_id, src_spec, dst_spec)
         self._unreported.add(job_id)
         return submitted

@@ -166,7 +166,11 @@ def pin_mmap_region(region: PinnableRegion, worker_slot_only: bool = False) -> N
     base = region.base_tensor.data_ptr()
     row_stride = region.total_size_bytes // region.num_chunks
     slot_savings = row_stride - region.cpu_page_size
-    if worker_slot_only and region.rank is not None and slot_savings >= max(region.page_size, MIN_HOST_REGISTER_SAVED_BYTES):
+    if (
+        worker_slot_only
+        and region.rank is not None
+        and slot_savings >= max(region.page_size, MIN_HOST_REGISTER_SAVED_BYTES)
+    ):
         ranges = ((base + offset, length) for offset, length in region.iter_worker_slot_ranges())
     else:
         chunks = row_aligned_chunks(region.total_size_bytes, row_stride, region.page_size)

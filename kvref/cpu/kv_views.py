@@ -66,13 +66,21 @@ def check_tensors(
         raise ValueError(f"gpu_tensors must be on a CUDA device (or the CPU), not {device}")
     for t, (gpu, cpu) in enumerate(zip(gpu_tensors, cpu_tensors, strict=True)):
         for name, tensor in (("gpu_tensors", gpu), ("cpu_tensors", cpu)):
-            if tensor.dtype != torch.int8 or tensor.dim() != 2 or tensor.shape[0] < 1 or tensor.stride(1) != 1:
+            if (
+                tensor.dtype != torch.int8
+                or tensor.dim() != 2
+                or tensor.shape[0] < 1
+                or tensor.stride(1) != 1
+            ):
                 raise ValueError(
                     f"{name}[{t}] must be int8 rows (num_rows >= 1, page_size) with contiguous pages, "
                     f"got {tensor.dtype} of shape {tuple(tensor.shape)}, strides {tensor.stride()}"
                 )
         if gpu.device != device or cpu.device.type != "cpu":
-            raise ValueError(f"tensor {t}: the GPU rows are on {gpu.device} (tensor 0's: {device}), the CPU rows on {cpu.device}")
+            raise ValueError(
+                f"tensor {t}: the GPU rows are on {gpu.device} (tensor 0's: {device}), the CPU "
+                f"rows on {cpu.device}"
+            )
         page = canonical_sizes[t] if canonical_sizes is not None else gpu.shape[1]
         if cpu.shape[1] != page * blocks_per_chunk:
             raise ValueError(
@@ -82,7 +90,9 @@ def check_tensors(
     for group, refs in enumerate(layer_refs_per_group):
         for ref in refs:
             if not 0 <= ref.tensor_idx < len(gpu_tensors):
-                raise ValueError(f"layer_refs_per_group[{group}] names tensor {ref.tensor_idx} of {len(gpu_tensors)}")
+                raise ValueError(
+                    f"layer_refs_per_group[{group}] names tensor {ref.tensor_idx} of {len(gpu_tensors)}"
+                )
             if not 0 < ref.page_size_bytes <= gpu_tensors[ref.tensor_idx].shape[1]:
                 raise ValueError(
                     f"layer_refs_per_group[{group}]: a {ref.page_size_bytes}-byte page does not fit "

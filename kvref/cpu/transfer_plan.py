@@ -217,7 +217,9 @@ def build_copy_plan(ref: CanonicalKVCacheRef, gpu_to_cpu: bool) -> CopyPlan:
     )
 
 
-def canonical_block_sizes(layer_refs_per_group: Sequence[Sequence[CanonicalKVCacheRef]], num_tensors: int) -> list[int]:
+def canonical_block_sizes(
+    layer_refs_per_group: Sequence[Sequence[CanonicalKVCacheRef]], num_tensors: int
+) -> list[int]:
     """Canonical CPU bytes per GPU block of each tensor: the largest canonical page among the
     layers it holds.
 
@@ -407,8 +409,7 @@ def plan_transfer(
         )
     if any(size < 0 for size in group_sizes) or any(index < 0 for index in block_indices):
         raise ValueError(
-            f"group_sizes {list(group_sizes)} and block_indices {list(block_indices)} must be "
-            "non-negative"
+            f"group_sizes {list(group_sizes)} and block_indices {list(block_indices)} must be non-negative"
         )
     src_ids, dst_ids = as_block_ids(src_block_ids), as_block_ids(dst_block_ids)
     for name, ids, rows in (("src", src_ids, src_rows), ("dst", dst_ids, dst_rows)):
@@ -417,11 +418,17 @@ def plan_transfer(
             raise ValueError(f"{name} spec has block ids {int_list(ids)} outside [0, {num_rows})")
     per_tensor: list[list[ByteCopies]] = [[] for _ in src_rows]
     num_bytes = 0
-    for part in split_groups(src_ids, dst_ids, group_sizes, block_indices, src_blocks_per_chunk, dst_blocks_per_chunk):
+    for part in split_groups(
+        src_ids, dst_ids, group_sizes, block_indices, src_blocks_per_chunk, dst_blocks_per_chunk
+    ):
         for layer in layers[part.group]:
             t = layer.tensor_idx
-            src_bases = sub_block_offsets(part.src_ids, src_blocks_per_chunk, part.size, part.src_skip, src_rows[t])
-            dst_bases = sub_block_offsets(part.dst_ids, dst_blocks_per_chunk, part.size, part.dst_skip, dst_rows[t])
+            src_bases = sub_block_offsets(
+                part.src_ids, src_blocks_per_chunk, part.size, part.src_skip, src_rows[t]
+            )
+            dst_bases = sub_block_offsets(
+                part.dst_ids, dst_blocks_per_chunk, part.size, part.dst_skip, dst_rows[t]
+            )
             if layer.writers is not None:
                 # A store writes the CPU side: its page ids are the same on every rank.
                 pages = canonical_page_ids(part.dst_ids, dst_blocks_per_chunk, part.size, part.dst_skip)

@@ -87,7 +87,9 @@ def shared_region(directory: Path) -> Generator[SharedOffloadRegion]:
         yield region
 
 
-def rank_worker(model: Model, tp: int, rank: int, caches: dict[str, torch.Tensor], directory: Path, bpc: int) -> CPUOffloadingWorker:
+def rank_worker(
+    model: Model, tp: int, rank: int, caches: dict[str, torch.Tensor], directory: Path, bpc: int
+) -> CPUOffloadingWorker:
     region = SharedOffloadRegion(
         "cross", NUM_CHUNKS, ROW_BYTES // tp, world_size=tp, rank=rank, directory=directory, prefault=False
     )
@@ -96,13 +98,23 @@ def rank_worker(model: Model, tp: int, rank: int, caches: dict[str, torch.Tensor
     )
 
 
-def specs(gpu_blocks: Sequence[int], chunks: Sequence[int], bpc: int) -> tuple[GPULoadStoreSpec, CPULoadStoreSpec]:
+def specs(
+    gpu_blocks: Sequence[int], chunks: Sequence[int], bpc: int
+) -> tuple[GPULoadStoreSpec, CPULoadStoreSpec]:
     """Both groups move the same GPU blocks into the same chunks."""
-    return GPULoadStoreSpec([*gpu_blocks, *gpu_blocks], [len(gpu_blocks)] * 2, [0, 0]), CPULoadStoreSpec([*chunks, *chunks])
+    return GPULoadStoreSpec([*gpu_blocks, *gpu_blocks], [len(gpu_blocks)] * 2, [0, 0]), CPULoadStoreSpec(
+        [*chunks, *chunks]
+    )
 
 
 def store_all_ranks(
-    model: Model, tp: int, gpu_blocks: list[int], chunks: list[int], directory: Path, bpc: int, device: str = "cpu"
+    model: Model,
+    tp: int,
+    gpu_blocks: list[int],
+    chunks: list[int],
+    directory: Path,
+    bpc: int,
+    device: str = "cpu",
 ) -> None:
     for rank in range(tp):
         worker = rank_worker(model, tp, rank, model.rank_caches(tp, rank, device), directory, bpc)
@@ -154,14 +166,18 @@ TP_PAIRS = [(2, 1), (2, 4), (4, 2), (1, 4)]
 
 @pytest.mark.parametrize(("writer_tp", "reader_tp"), TP_PAIRS)
 @pytest.mark.parametrize("hnd", [False, True], ids=["nhd", "hnd"])
-def test_a_chunk_stored_at_one_tp_loads_at_another(tmp_path: Path, writer_tp: int, reader_tp: int, hnd: bool) -> None:
+def test_a_chunk_stored_at_one_tp_loads_at_another(
+    tmp_path: Path, writer_tp: int, reader_tp: int, hnd: bool
+) -> None:
     cross_tp(tmp_path, writer_tp, reader_tp, hnd)
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device; none is available")
 @pytest.mark.parametrize(("writer_tp", "reader_tp"), TP_PAIRS)
-def test_cuda_a_chunk_stored_at_one_tp_loads_at_another(tmp_path: Path, writer_tp: int, reader_tp: int) -> None:
+def test_cuda_a_chunk_stored_at_one_tp_loads_at_another(
+    tmp_path: Path, writer_tp: int, reader_tp: int
+) -> None:
     cross_tp(tmp_path, writer_tp, reader_tp, hnd=True, device="cuda")
 
 
@@ -216,4 +232,6 @@ def test_generated_layouts_and_blocks_round_trip_across_tp(case: CrossCase) -> N
     model = Model.random(case.total_heads, case.hnd, case.seed)
     with tempfile.TemporaryDirectory() as directory, shared_region(Path(directory)):
         store_all_ranks(model, case.writer_tp, case.stored, case.chunks, Path(directory), case.bpc)
-        load_and_check(model, case.reader_tp, case.stored, case.loaded_into, case.chunks, Path(directory), case.bpc)
+        load_and_check(
+            model, case.reader_tp, case.stored, case.loaded_into, case.chunks, Path(directory), case.bpc
+        )

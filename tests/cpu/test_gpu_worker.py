@@ -36,11 +36,14 @@ SHAPES = ((4, 8), (4, 8), (2, 6))  # per tensor, a block's shape in bfloat16
 GROUPS = ((0, 1), (2,))
 
 
-def make_caches(device: str = "cpu", groups: Sequence[Sequence[int]] = GROUPS, seed: int = 0) -> CanonicalKVCaches:
+def make_caches(
+    device: str = "cpu", groups: Sequence[Sequence[int]] = GROUPS, seed: int = 0
+) -> CanonicalKVCaches:
     """Model-shaped KV caches of random values, one group per entry of `groups`."""
     generator = torch.Generator().manual_seed(seed)
     tensors = [
-        torch.randn((NUM_GPU_BLOCKS, *shape), generator=generator).to(torch.bfloat16).to(device) for shape in SHAPES
+        torch.randn((NUM_GPU_BLOCKS, *shape), generator=generator).to(torch.bfloat16).to(device)
+        for shape in SHAPES
     ]
     pages = [t[0].numel() * t.element_size() for t in tensors]
     return CanonicalKVCaches(
@@ -53,7 +56,9 @@ def gpu_bytes(caches: CanonicalKVCaches, t: int, block: int) -> bytes:
     return caches.tensors[t].tensor[block].cpu().view(torch.int8).numpy().tobytes()
 
 
-def store_spec(gpu: Sequence[Sequence[int]], chunks: Sequence[Sequence[int]], indices: Sequence[int]) -> tuple[GPULoadStoreSpec, CPULoadStoreSpec]:
+def store_spec(
+    gpu: Sequence[Sequence[int]], chunks: Sequence[Sequence[int]], indices: Sequence[int]
+) -> tuple[GPULoadStoreSpec, CPULoadStoreSpec]:
     return (
         GPULoadStoreSpec([b for g in gpu for b in g], [len(g) for g in gpu], indices),
         CPULoadStoreSpec([c for g in chunks for c in g]),
@@ -118,7 +123,11 @@ def test_a_result_reports_the_bytes_and_the_time_of_its_job() -> None:
     assert worker.submit_store(7, gpu_spec, cpu_spec)
     (result,) = worker.get_finished()
     pages = [t.page_size_bytes for t in caches.tensors]
-    assert (result.job_id, result.success, result.transfer_size) == (7, True, 3 * (pages[0] + pages[1]) + pages[2])
+    assert (result.job_id, result.success, result.transfer_size) == (
+        7,
+        True,
+        3 * (pages[0] + pages[1]) + pages[2],
+    )
     assert result.transfer_time is not None and result.transfer_time > 0
     assert worker.get_finished() == []
 
@@ -217,7 +226,9 @@ REFUSED: dict[str, tuple[Submit, type[Exception], str]] = {
 
 
 @pytest.mark.parametrize(("submit", "error", "match"), list(REFUSED.values()), ids=list(REFUSED))
-def test_specs_that_do_not_fit_are_refused_before_anything_moves(submit: Submit, error: type[Exception], match: str) -> None:
+def test_specs_that_do_not_fit_are_refused_before_anything_moves(
+    submit: Submit, error: type[Exception], match: str
+) -> None:
     caches = make_caches()
     worker = CPUOffloadingWorker(caches, 1, NUM_CHUNKS)
     before = [t.tensor.clone() for t in caches.tensors]
@@ -272,7 +283,9 @@ def test_handler_validates_its_tensors() -> None:
     gpu = [torch.zeros((4, 16), dtype=torch.int8)]
     refs = [[CanonicalKVCacheRef(0, 16)]]
     with pytest.raises(ValueError, match="rows are 16 bytes; with blocks_per_chunk=2 they must be 32"):
-        SingleDirectionOffloadingHandler(gpu, [torch.zeros((4, 16), dtype=torch.int8)], 2, refs, gpu_to_cpu=True)
+        SingleDirectionOffloadingHandler(
+            gpu, [torch.zeros((4, 16), dtype=torch.int8)], 2, refs, gpu_to_cpu=True
+        )
     with pytest.raises(ValueError, match="must be int8 rows"):
         SingleDirectionOffloadingHandler(gpu, [torch.zeros((4, 16))], 1, refs, gpu_to_cpu=True)
 
@@ -332,7 +345,9 @@ def transfers(draw: st.DrawFn) -> tuple[int, list[list[int]], list[list[int]], l
 
 @settings(max_examples=25, deadline=None)
 @given(transfers())
-def test_generated_block_lists_round_trip_byte_for_byte(case: tuple[int, list[list[int]], list[list[int]], list[int], list[list[int]]]) -> None:
+def test_generated_block_lists_round_trip_byte_for_byte(
+    case: tuple[int, list[list[int]], list[list[int]], list[int], list[list[int]]],
+) -> None:
     bpc, stored, chunks, indices, targets = case
     caches = make_caches()
     worker = CPUOffloadingWorker(caches, bpc, NUM_CHUNKS)
@@ -385,7 +400,9 @@ def test_cuda_jobs_finish_in_order_and_measure_time(tmp_path: Path) -> None:
     worker = CPUOffloadingWorker(make_caches("cuda", groups=[(0, 1, 2)]), 1, NUM_CHUNKS, mmap_region=region)
     assert region.is_pinned
     for job_id in range(8):
-        worker.submit_store(job_id, GPULoadStoreSpec([job_id], [1], [0]), CPULoadStoreSpec([job_id % NUM_CHUNKS]))
+        worker.submit_store(
+            job_id, GPULoadStoreSpec([job_id], [1], [0]), CPULoadStoreSpec([job_id % NUM_CHUNKS])
+        )
     worker.wait({7})
     results = worker.get_finished()
     assert [r.job_id for r in results] == list(range(8))

@@ -62,7 +62,9 @@ def test_without_cuda_nothing_is_registered() -> None:
     assert host_register(4096, 4096) is False
 
 
-def test_a_refused_range_rolls_back_the_ones_before(cudart: FakeCudart, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_refused_range_rolls_back_the_ones_before(
+    cudart: FakeCudart, caplog: pytest.LogCaptureFixture
+) -> None:
     cudart.fail_at = 3 * PAGE
     with caplog.at_level(logging.WARNING):
         assert register_ranges([(PAGE, PAGE), (2 * PAGE, PAGE), (3 * PAGE, PAGE)]) is None
@@ -76,7 +78,9 @@ def test_a_refused_range_rolls_back_the_ones_before(cudart: FakeCudart, caplog: 
     row_stride=st.integers(1, 3 * PAGE),
     max_chunk=st.integers(1, 8 * PAGE),
 )
-def test_chunks_tile_the_rows_and_end_on_rows_at_page_boundaries(num_rows: int, row_stride: int, max_chunk: int) -> None:
+def test_chunks_tile_the_rows_and_end_on_rows_at_page_boundaries(
+    num_rows: int, row_stride: int, max_chunk: int
+) -> None:
     total = num_rows * row_stride
     chunks = list(row_aligned_chunks(total, row_stride, PAGE, max_chunk))
     assert chunks[0][0] == 0 and sum(length for _, length in chunks) == total

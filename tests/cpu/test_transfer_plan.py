@@ -72,7 +72,9 @@ def plan(
 
 
 def triples(copies: ByteCopies) -> list[tuple[int, int, int]]:
-    return list(zip(int_list(copies.src_offsets), int_list(copies.dst_offsets), int_list(copies.sizes), strict=True))
+    return list(
+        zip(int_list(copies.src_offsets), int_list(copies.dst_offsets), int_list(copies.sizes), strict=True)
+    )
 
 
 # ---- the steps ----
@@ -112,7 +114,9 @@ def test_copy_plan_unrolls_runs_and_a_load_swaps_the_sides() -> None:
         build_copy_plan(CanonicalKVCacheRef(0, 1024), gpu_to_cpu=True)
 
 
-def mapped(tensor_idx: int, canonical: int, local: int = 256, writers: tuple[int, int] = (1, 0)) -> CanonicalKVCacheRef:
+def mapped(
+    tensor_idx: int, canonical: int, local: int = 256, writers: tuple[int, int] = (1, 0)
+) -> CanonicalKVCacheRef:
     mapping = CanonicalPageMapping(canonical, local, (CopyRun(0, 0, local, 1, local, local),), *writers, True)
     return CanonicalKVCacheRef(tensor_idx, local, mapping)
 
@@ -134,9 +138,15 @@ def test_only_canonical_stores_filter_writers() -> None:
 
 
 def test_merging_joins_touching_copies_and_stops_at_breaks() -> None:
-    copies = ByteCopies(torch.tensor([0, 16, 32, 64]), torch.tensor([100, 116, 132, 148]), torch.tensor([16, 16, 16, 16]))
+    copies = ByteCopies(
+        torch.tensor([0, 16, 32, 64]), torch.tensor([100, 116, 132, 148]), torch.tensor([16, 16, 16, 16])
+    )
     assert triples(merge_adjacent(copies, NO_BREAKS, NO_BREAKS)) == [(0, 100, 48), (64, 148, 16)]
-    assert triples(merge_adjacent(copies, NO_BREAKS, torch.tensor([132]))) == [(0, 100, 32), (32, 132, 16), (64, 148, 16)]
+    assert triples(merge_adjacent(copies, NO_BREAKS, torch.tensor([132]))) == [
+        (0, 100, 32),
+        (32, 132, 16),
+        (64, 148, 16),
+    ]
 
 
 # ---- whole plans ----
@@ -150,7 +160,11 @@ def test_consecutive_blocks_merge_into_one_copy() -> None:
 
 def test_runs_break_where_either_side_jumps() -> None:
     result = plan([1, 2, 3, 7], [5, 6, 9, 10], sizes=[4])
-    assert triples(result.copies[0]) == [(1 * PAGE, 5 * PAGE, 2 * PAGE), (3 * PAGE, 9 * PAGE, PAGE), (7 * PAGE, 10 * PAGE, PAGE)]
+    assert triples(result.copies[0]) == [
+        (1 * PAGE, 5 * PAGE, 2 * PAGE),
+        (3 * PAGE, 9 * PAGE, PAGE),
+        (7 * PAGE, 10 * PAGE, PAGE),
+    ]
 
 
 def test_a_store_mid_way_into_a_chunk_skips_its_first_sub_blocks() -> None:
@@ -167,14 +181,23 @@ def test_padded_rows_never_merge_across_rows() -> None:
 
 def test_each_layer_copies_its_own_page_of_its_own_tensor() -> None:
     layers = [[whole(0, 16), whole(1, 8)], [whole(1, 8)]]
-    result = plan([0, 1, 2], [5, 6, 7], sizes=[2, 1], layers=layers, src_rows=[rows(), rows()], dst_rows=[rows(), rows()])
+    result = plan(
+        [0, 1, 2],
+        [5, 6, 7],
+        sizes=[2, 1],
+        layers=layers,
+        src_rows=[rows(), rows()],
+        dst_rows=[rows(), rows()],
+    )
     assert triples(result.copies[0]) == [(0, 5 * PAGE, 2 * PAGE)]
     assert triples(result.copies[1]) == [(0, 5 * PAGE, 8), (PAGE, 6 * PAGE, 8), (2 * PAGE, 7 * PAGE, 8)]
     assert result.num_bytes == 2 * 16 + 3 * 8
 
 
 def test_a_canonical_store_writes_only_the_pages_this_rank_is_elected_for() -> None:
-    copy = layer_copies([[mapped(0, PAGE, local=PAGE, writers=(2, 1))]], gpu_to_cpu=True, canonical_layout=True)
+    copy = layer_copies(
+        [[mapped(0, PAGE, local=PAGE, writers=(2, 1))]], gpu_to_cpu=True, canonical_layout=True
+    )
     # Chunks of 2 sub-blocks: pages 2*3+0, 2*3+1, 2*4+0, 2*4+1 -> rank 1 writes the odd ones.
     result = plan([0, 1, 2, 3], [3, 4], sizes=[4], dst_factor=2, layers=copy, dst_rows=[rows(2)])
     assert triples(result.copies[0]) == [(PAGE, 7 * PAGE, PAGE), (3 * PAGE, 9 * PAGE, PAGE)]
@@ -236,7 +259,9 @@ def fragment_plans(draw: st.DrawFn, page: int) -> LayerCopy:
     runs = tuple(CopyRun(start, order[(start, size)], size, 1, size, size) for start, size in pieces)
     writers = draw(st.sampled_from([(1, 0), (2, 0), (2, 1), (3, 2)]))
     mapping = CanonicalPageMapping(page, page, runs, *writers, True)
-    return layer_copies([[CanonicalKVCacheRef(0, page, mapping)]], gpu_to_cpu=True, canonical_layout=True)[0][0]
+    return layer_copies([[CanonicalKVCacheRef(0, page, mapping)]], gpu_to_cpu=True, canonical_layout=True)[0][
+        0
+    ]
 
 
 @st.composite
@@ -260,7 +285,9 @@ def scenarios(draw: st.DrawFn) -> Scenario:
         if size:
             for ids, f in ((src_ids, src_factor), (dst_ids, dst_factor)):
                 count = -(-(size + index % f) // f)
-                ids += draw(st.lists(st.integers(0, num_rows - 1), min_size=count, max_size=count, unique=True))
+                ids += draw(
+                    st.lists(st.integers(0, num_rows - 1), min_size=count, max_size=count, unique=True)
+                )
         tensors = draw(st.sets(st.integers(0, len(pages) - 1), min_size=1))
         group: list[LayerCopy] = []
         for t in sorted(tensors):
@@ -271,8 +298,17 @@ def scenarios(draw: st.DrawFn) -> Scenario:
                 group.append(whole(t, pages[t]))
         layers.append(group)
     return Scenario(
-        src_factor, dst_factor, sizes, indices, src_ids, dst_ids, layers, pages,
-        draw(st.sampled_from([0, 4])), draw(st.sampled_from([0, 4])), num_rows,
+        src_factor,
+        dst_factor,
+        sizes,
+        indices,
+        src_ids,
+        dst_ids,
+        layers,
+        pages,
+        draw(st.sampled_from([0, 4])),
+        draw(st.sampled_from([0, 4])),
+        num_rows,
     )
 
 
@@ -297,7 +333,11 @@ def naive_copies(s: Scenario) -> list[list[tuple[int, int, int]]]:
                     continue
                 src_base = src_id * (s.src_factor * page + s.src_padding) + src_sub * page
                 dst_base = dst_id * (s.dst_factor * page + s.dst_padding) + dst_sub * page
-                for a, b, n in zip(int_list(layer.plan.frag_offsets_src), int_list(layer.plan.frag_offsets_dst), int_list(layer.plan.frag_sizes)):
+                for a, b, n in zip(
+                    int_list(layer.plan.frag_offsets_src),
+                    int_list(layer.plan.frag_offsets_dst),
+                    int_list(layer.plan.frag_sizes),
+                ):
                     copies[layer.tensor_idx].append((src_base + a, dst_base + b, n))
         src_offset += src_count
         dst_offset += dst_count
@@ -317,8 +357,15 @@ def test_plan_moves_the_bytes_of_the_naive_model_in_maximally_merged_copies(s: S
     src_rows = [SideRows(s.src_factor * p + s.src_padding, p, s.num_rows) for p in s.pages]
     dst_rows = [SideRows(s.dst_factor * p + s.dst_padding, p, s.num_rows) for p in s.pages]
     result = plan(
-        s.src_ids, s.dst_ids, sizes=s.sizes, indices=s.indices, src_factor=s.src_factor, dst_factor=s.dst_factor,
-        layers=s.layers, src_rows=src_rows, dst_rows=dst_rows,
+        s.src_ids,
+        s.dst_ids,
+        sizes=s.sizes,
+        indices=s.indices,
+        src_factor=s.src_factor,
+        dst_factor=s.dst_factor,
+        layers=s.layers,
+        src_rows=src_rows,
+        dst_rows=dst_rows,
     )
     expected = naive_copies(s)
     assert result.num_bytes == sum(n for tensor in expected for _, _, n in tensor)

@@ -75,18 +75,28 @@ def as_fields(mapping: Any) -> tuple[Any, ...] | None:
 
 @settings(max_examples=150, deadline=None)
 @given(layouts())
-def test_kvref_derives_vllm_mapping_for_every_rank(case: tuple[ParallelLayout, int, int, int, bool, bool, str]) -> None:
+def test_kvref_derives_vllm_mapping_for_every_rank(
+    case: tuple[ParallelLayout, int, int, int, bool, bool, str],
+) -> None:
     layout, block_size, heads, head_size, use_mla, quant, shape = case
     cache = kv_cache(shape, block_size, heads, head_size)
     quant_mode = KVQuantMode.INT8_PER_TOKEN_HEAD if quant else KVQuantMode.NONE
     vllm_spec: Any
     if use_mla:
         vllm_spec = MLAAttentionSpec(
-            block_size=block_size, num_kv_heads=1, head_size=head_size, dtype=torch.float16, kv_quant_mode=quant_mode
+            block_size=block_size,
+            num_kv_heads=1,
+            head_size=head_size,
+            dtype=torch.float16,
+            kv_quant_mode=quant_mode,
         )
     else:
         vllm_spec = FullAttentionSpec(
-            block_size=block_size, num_kv_heads=heads, head_size=head_size, dtype=torch.float16, kv_quant_mode=quant_mode
+            block_size=block_size,
+            num_kv_heads=heads,
+            head_size=head_size,
+            dtype=torch.float16,
+            kv_quant_mode=quant_mode,
         )
     spec = AttentionLayerSpec(block_size, heads, head_size, 2, use_mla=use_mla, per_token_head_quant=quant)
     assert spec.real_page_size_bytes == vllm_spec.real_page_size_bytes
@@ -101,13 +111,18 @@ def test_kvref_derives_vllm_mapping_for_every_rank(case: tuple[ParallelLayout, i
             total_kv_heads=layout.total_kv_heads,
             rank=rank,
         )
-        ours = layer_mapping(spec, None if use_mla else cache, NUM_BLOCKS, ParallelLayout(
-            rank=rank,
-            tp_size=layout.tp_size,
-            total_kv_heads=layout.total_kv_heads,
-            pcp_size=layout.pcp_size,
-            dcp_size=layout.dcp_size,
-            cp_kv_cache_interleave_size=layout.cp_kv_cache_interleave_size,
-        ))
+        ours = layer_mapping(
+            spec,
+            None if use_mla else cache,
+            NUM_BLOCKS,
+            ParallelLayout(
+                rank=rank,
+                tp_size=layout.tp_size,
+                total_kv_heads=layout.total_kv_heads,
+                pcp_size=layout.pcp_size,
+                dcp_size=layout.dcp_size,
+                cp_kv_cache_interleave_size=layout.cp_kv_cache_interleave_size,
+            ),
+        )
         theirs = vllm_layer_mapping(vllm_spec, cache, NUM_BLOCKS, context)
         assert as_fields(ours) == as_fields(theirs), f"rank {rank}"
