@@ -32,12 +32,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 import warnings
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 with warnings.catch_warnings():
     # CPU wheels of torch warn on import when numpy is absent; kvref does not need numpy.
@@ -58,6 +56,7 @@ from kvref.base import (
 from kvref.cpu.host_register import host_unregister, pin_mmap_region, pin_rows
 from kvref.cpu.kv_views import as_block_rows, byte_span, check_tensors, private_rows, side_rows
 from kvref.cpu.shared_region import SharedOffloadRegion
+from kvref.cpu.transfer_events import CudaEvent, HostEvent, TransferEvent
 from kvref.cpu.transfer_plan import (
     TransferPlan,
     build_copy_plan,
@@ -91,67 +90,14 @@ class TransferProtocolError(KVRefError):
     """
 
 
-class _Event(Protocol):
-    """What a handler needs of an event: `_CudaEvent` on a GPU, `_HostEvent` on the CPU."""
-
-    def record(self) -> None: ...
-
-    def query(self) -> bool: ...
-
-    def synchronize(self) -> None: ...
-
-    def elapsed_ms(self, end: _Event) -> float: ...
-
-
-class _CudaEvent:
-    """A timing-enabled CUDA event, recorded on its handler's stream."""
-
-    def __init__(self, stream: torch.cuda.Stream) -> None:
-        self._event = torch.cuda.Event(enable_timing=True)
-        self._stream = stream
-
-    def record(self) -> None:
-        self._event.record(self._stream)
-
-    def query(self) -> bool:
-        return bool(self._event.query())
-
-    def synchronize(self) -> None:
-        self._event.synchronize()
-
-    def elapsed_ms(self, end: _Event) -> float:
-        assert isinstance(end, _CudaEvent), "a CUDA job's events are both CUDA events"
-        return float(self._event.elapsed_time(end._event))
-
-
-class _HostEvent:
-    """The CPU's event: its copies are synchronous, so it is complete once recorded."""
-
-    def __init__(self) -> None:
-        self._seconds = 0.0
-
-    def record(self) -> None:
-        self._seconds = time.perf_counter()
-
-    def query(self) -> bool:
-        return True
-
-    def synchronize(self) -> None:
-        return None
-
-    def elapsed_ms(self, end: _Event) -> float:
-        assert isinstance(end, _HostEvent), "a CPU job's events are both host events"
-        return (end._seconds - self._seconds) * 1e3
-
-
 @dataclass
 class Transfer:
     """One submitted job of a handler."""
 
     job_id: int
     num_bytes: int
-    start_event: _Event
-    end_event: _Event
+    start_event: TransferEvent
+    end_event: TransferEvent
 
 
 class SingleDirectionOffloadingHandler:
@@ -219,8 +165,8 @@ class SingleDirectionOffloadingHandler:
         self._device = device
         self._non_blocking = self._stream is not None and host_memory_is_pinned
         self._transfers: deque[Transfer] = deque()
-        self._transfer_events: dict[int, _Event] = {}
-        self._event_pool: list[_Event] = []
+        self._transfer_events: dict[int, TransferEvent] = {}
+        self._event_pool: list[TransferEvent] = []
 
     def transfer_async(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: LoadStoreSpec) -> bool:
         """Start one job; return True once its copies are queued (on the CPU: done).
@@ -326,10 +272,10 @@ class SingleDirectionOffloadingHandler:
         self._stream.wait_stream(torch.cuda.current_stream(self._device))
         return torch.cuda.stream(self._stream)
 
-    def _new_event(self) -> _Event:
+    def _new_event(self) -> TransferEvent:
         if self._event_pool:
             return self._event_pool.pop()
-        return _HostEvent() if self._stream is None else _CudaEvent(self._stream)
+        return HostEvent() if self._stream is None else CudaEvent(self._stream)
 
 
 class CPUOffloadingWorker(OffloadingWorker):

@@ -156,7 +156,7 @@ class GatedEvent:
 
 
 def test_an_expedited_load_does_not_wait_behind_regular_loads(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gpu_worker, "_HostEvent", GatedEvent)
+    monkeypatch.setattr(gpu_worker, "HostEvent", GatedEvent)
     monkeypatch.setattr(GatedEvent, "released", set[int]())
     monkeypatch.setattr(GatedEvent, "created", [])
     worker = CPUOffloadingWorker(make_caches(groups=[(0, 1, 2)]), 1, NUM_CHUNKS)
