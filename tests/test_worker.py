@@ -1,193 +1,132 @@
-"""`OffloadingWorker`: routing by media, failures as results, fan-out of wait and shutdown.
+"""The `OffloadingWorker` contract, on kvref's CPU<->GPU worker, against a naive model.
 
-Handlers here are scripted fakes (no torch): the worker's guarantees do not depend on how a
-handler copies.
+Random interleavings of stores, loads (regular and expedited), refused jobs, polls and waits.
+The model copies block by block into a dictionary; after every step the worker's GPU tensors
+must match it, and every accepted job must be reported exactly once, successful, with the bytes
+it moved.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
-
 import pytest
+import torch
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from typing_extensions import override
 
-from kvref.base import GPULoadStoreSpec, LoadStoreSpec
-from kvref.cpu.common import CPULoadStoreSpec
-from kvref.worker import (
-    OffloadingHandler,
+from kvref.base import (
+    CanonicalKVCacheRef,
+    CanonicalKVCaches,
+    CanonicalKVCacheTensor,
+    GPULoadStoreSpec,
     OffloadingWorker,
-    TransferProtocolError,
-    TransferResult,
-    TransferSpec,
 )
+from kvref.cpu.common import CPULoadStoreSpec
+from kvref.cpu.gpu_worker import CPUOffloadingWorker
+
+NUM_GPU_BLOCKS = 10
+NUM_CHUNKS = 4
+BPC = 2
+PAGES = (12, 8)  # tensor t holds group t; pages in bytes
 
 
-class DiskSpec(LoadStoreSpec):
-    @staticmethod
+class WorkerMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(0)
+        tensors = [
+            torch.randint(-128, 128, (NUM_GPU_BLOCKS, page), dtype=torch.int8, generator=generator)
+            for page in PAGES
+        ]
+        self.gpu = tensors
+        caches = CanonicalKVCaches(
+            [CanonicalKVCacheTensor(t, page) for t, page in zip(tensors, PAGES)],
+            [[CanonicalKVCacheRef(t, page)] for t, page in enumerate(PAGES)],
+        )
+        self.worker: OffloadingWorker = CPUOffloadingWorker(caches, BPC, NUM_CHUNKS)
+        self.gpu_model = [t.clone() for t in tensors]
+        self.cpu_model: dict[tuple[int, int, int], torch.Tensor] = {}  # (tensor, chunk, sub) -> page
+        self.pending: dict[int, int] = {}  # job id -> bytes it moves
+        self.next_job = 0
+
+    def _specs(
+        self, data: st.DataObject
+    ) -> tuple[GPULoadStoreSpec, CPULoadStoreSpec, list[list[tuple[int, int, int]]]]:
+        """A valid spec pair, and per group its (GPU block, chunk, sub-block) units."""
+        gpu_ids: list[int] = []
+        chunk_ids: list[int] = []
+        sizes: list[int] = []
+        indices: list[int] = []
+        units: list[list[tuple[int, int, int]]] = []
+        for _ in PAGES:
+            size = data.draw(st.integers(0, 3))
+            index = data.draw(st.integers(0, 3))
+            skip = index % BPC
+            chunks = data.draw(st.permutations(range(NUM_CHUNKS)))[: -(-(size + skip) // BPC) if size else 0]
+            blocks = data.draw(st.permutations(range(NUM_GPU_BLOCKS)))[:size]
+            units.append([(b, chunks[(skip + i) // BPC], (skip + i) % BPC) for i, b in enumerate(blocks)])
+            gpu_ids += blocks
+            chunk_ids += chunks
+            sizes.append(size)
+            indices.append(index)
+        return GPULoadStoreSpec(gpu_ids, sizes, indices), CPULoadStoreSpec(chunk_ids), units
+
+    def _job(self) -> int:
+        self.next_job += 1
+        return self.next_job
+
+    @rule(data=st.data())
+    def store(self, data: st.DataObject) -> None:
+        gpu_spec, cpu_spec, units = self._specs(data)
+        job = self._job()
+        assert self.worker.submit_store(job, gpu_spec, cpu_spec)
+        for t, group in enumerate(units):
+            for block, chunk, sub in group:
+                self.cpu_model[(t, chunk, sub)] = self.gpu_model[t][block].clone()
+        self.pending[job] = sum(len(group) * PAGES[t] for t, group in enumerate(units))
+
+    @rule(data=st.data(), expedited=st.booleans())
+    def load(self, data: st.DataObject, expedited: bool) -> None:
+        gpu_spec, cpu_spec, units = self._specs(data)
+        if any(
+            (t, chunk, sub) not in self.cpu_model for t, group in enumerate(units) for _, chunk, sub in group
+        ):
+            return  # the scheduler only loads what was stored
+        job = self._job()
+        assert self.worker.submit_load(job, cpu_spec, gpu_spec, expedited=expedited)
+        for t, group in enumerate(units):
+            for block, chunk, sub in group:
+                self.gpu_model[t][block] = self.cpu_model[(t, chunk, sub)]
+        self.pending[job] = sum(len(group) * PAGES[t] for t, group in enumerate(units))
+
+    @rule(data=st.data())
+    def refused(self, data: st.DataObject) -> None:
+        gpu_spec, _, _ = self._specs(data)
+        with pytest.raises(ValueError):
+            self.worker.submit_store(self._job(), gpu_spec, CPULoadStoreSpec([NUM_CHUNKS]))
+
+    @rule()
+    def poll(self) -> None:
+        for result in self.worker.get_finished():
+            assert result.success
+            assert result.transfer_size == self.pending.pop(result.job_id)
+
+    @rule(data=st.data())
+    def wait(self, data: st.DataObject) -> None:
+        ids = data.draw(st.sets(st.integers(0, self.next_job + 1), max_size=3))
+        self.worker.wait(ids)
+
+    @invariant()
+    def gpu_matches_the_model(self) -> None:
+        assert all(torch.equal(a, b) for a, b in zip(self.gpu, self.gpu_model))
+
     @override
-    def medium() -> str:
-        return "DISK"
+    def teardown(self) -> None:
+        self.poll()
+        assert not self.pending, "a job was never reported"
+        self.worker.shutdown()
 
 
-class FakeHandler(OffloadingHandler):
-    """Finishes jobs when told to; can be scripted to raise or decline."""
-
-    def __init__(self, name: str, *, raises: Exception | None = None, declines: bool = False):
-        self.name = name
-        self.raises = raises
-        self.declines = declines
-        self.submitted: list[int] = []
-        self.finishable: list[TransferResult] = []
-        self.waited: list[list[int]] = []
-        self.shutdowns = 0
-
-    @override
-    def transfer_async(self, job_id: int, spec: TransferSpec) -> bool:
-        if self.raises is not None:
-            raise self.raises
-        if self.declines:
-            return False
-        self.submitted.append(job_id)
-        src, dst = spec
-        self.finishable.append(TransferResult(job_id, True, 64, 0.5, (src.medium(), dst.medium())))
-        return True
-
-    @override
-    def get_finished(self) -> list[TransferResult]:
-        done, self.finishable = self.finishable, []
-        return done
-
-    @override
-    def wait(self, job_ids: Collection[int]) -> None:
-        self.waited.append(sorted(job_ids))
-
-    @override
-    def shutdown(self) -> None:
-        self.shutdowns += 1
-
-
-def gpu() -> GPULoadStoreSpec:
-    return GPULoadStoreSpec([0], [1], [0])
-
-
-def cpu() -> CPULoadStoreSpec:
-    return CPULoadStoreSpec([0])
-
-
-def make_worker() -> tuple[OffloadingWorker, FakeHandler, FakeHandler]:
-    worker = OffloadingWorker()
-    store, load = FakeHandler("store"), FakeHandler("load")
-    worker.register_handler(GPULoadStoreSpec, CPULoadStoreSpec, store)
-    worker.register_handler(CPULoadStoreSpec, GPULoadStoreSpec, load)
-    return worker, store, load
-
-
-def test_jobs_are_routed_by_source_and_destination_medium() -> None:
-    worker, store, load = make_worker()
-    assert worker.transfer_async(1, (gpu(), cpu()))
-    assert worker.transfer_async(2, (cpu(), gpu()))
-    assert worker.transfer_async(3, (gpu(), cpu()))
-    assert store.submitted == [1, 3]
-    assert load.submitted == [2]
-    assert worker.transfer_types == [("GPU", "CPU"), ("CPU", "GPU")]
-
-
-def test_get_finished_concatenates_every_handler() -> None:
-    worker, _, _ = make_worker()
-    worker.transfer_async(1, (gpu(), cpu()))
-    worker.transfer_async(2, (cpu(), gpu()))
-    results = worker.get_finished()
-    assert [(r.job_id, r.transfer_type) for r in results] == [(1, ("GPU", "CPU")), (2, ("CPU", "GPU"))]
-    assert results[0].throughput == 128.0
-    assert worker.get_finished() == []
-
-
-def test_registering_a_pair_twice_is_an_error() -> None:
-    worker, _, _ = make_worker()
-    with pytest.raises(ValueError, match="GPU->CPU is already registered"):
-        worker.register_handler(GPULoadStoreSpec, CPULoadStoreSpec, FakeHandler("again"))
-
-
-def test_a_pair_without_handler_is_rejected_before_anything_runs() -> None:
-    worker, store, load = make_worker()
-    with pytest.raises(ValueError, match=r"no handler registered for CPU->DISK \(registered: GPU->CPU, CPU->GPU\)"):
-        worker.transfer_async(1, (cpu(), DiskSpec()))
-    assert store.submitted == load.submitted == []
-    assert worker.get_finished() == []
-
-
-def test_a_raising_handler_fails_the_submission_and_is_reported_once() -> None:
-    worker = OffloadingWorker()
-    broken = FakeHandler("broken", raises=RuntimeError("DMA engine on fire"))
-    healthy = FakeHandler("healthy")
-    worker.register_handler(GPULoadStoreSpec, CPULoadStoreSpec, broken)
-    worker.register_handler(CPULoadStoreSpec, GPULoadStoreSpec, healthy)
-
-    # The False is the failed job's one and only report: get_finished never mentions it, so a
-    # scheduler that releases on False and on a failed result releases once (vLLM's contract).
-    assert worker.transfer_async(7, (gpu(), cpu())) is False
-    assert worker.transfer_async(8, (cpu(), gpu())) is True
-    assert [(r.job_id, r.success) for r in worker.get_finished()] == [(8, True)]
-    assert worker.get_finished() == []
-    # Nothing of job 7 is in flight: wait ignores it and its id is free again.
-    worker.wait([7])
-    assert broken.waited == []
-
-
-def test_a_declined_job_fails_the_submission_and_is_never_reported() -> None:
-    worker = OffloadingWorker()
-    busy = FakeHandler("busy", declines=True)
-    worker.register_handler(GPULoadStoreSpec, CPULoadStoreSpec, busy)
-    assert worker.transfer_async(3, (gpu(), cpu())) is False
-    assert worker.get_finished() == []
-    assert worker.get_finished() == []
-
-
-def test_a_job_id_cannot_be_reused_until_reported() -> None:
-    worker, store, _ = make_worker()
-    worker.transfer_async(1, (gpu(), cpu()))
-    with pytest.raises(TransferProtocolError, match="job 1 is still in flight"):
-        worker.transfer_async(1, (cpu(), gpu()))
-    worker.get_finished()
-    assert worker.transfer_async(1, (gpu(), cpu()))
-    assert store.submitted == [1, 1]
-
-
-def test_a_failed_job_id_can_be_submitted_again_at_once() -> None:
-    worker = OffloadingWorker()
-    flaky = FakeHandler("x", raises=OSError("transient"))
-    worker.register_handler(GPULoadStoreSpec, CPULoadStoreSpec, flaky)
-    assert worker.transfer_async(4, (gpu(), cpu())) is False
-    flaky.raises = None
-    assert worker.transfer_async(4, (gpu(), cpu())) is True
-    assert [(r.job_id, r.success) for r in worker.get_finished()] == [(4, True)]
-
-
-def test_wait_goes_to_the_handler_of_each_job() -> None:
-    worker, store, load = make_worker()
-    worker.transfer_async(1, (gpu(), cpu()))
-    worker.transfer_async(2, (cpu(), gpu()))
-    worker.transfer_async(3, (gpu(), cpu()))
-    worker.wait({3, 1, 2, 99})
-    assert store.waited == [[1, 3]]
-    assert load.waited == [[2]]
-    # Reported jobs are no longer waited on.
-    worker.get_finished()
-    worker.wait([1, 2])
-    assert store.waited == [[1, 3]]
-
-
-def test_shutdown_reaches_each_handler_once() -> None:
-    worker = OffloadingWorker()
-    both = FakeHandler("both")
-    worker.register_handler(GPULoadStoreSpec, CPULoadStoreSpec, both)
-    worker.register_handler(CPULoadStoreSpec, GPULoadStoreSpec, both)
-    worker.register_handler(CPULoadStoreSpec, DiskSpec, FakeHandler("disk"))
-    worker.shutdown()
-    assert both.shutdowns == 1
-
-
-def test_transfer_result_is_immutable() -> None:
-    result = TransferResult(1, True, 10, 1.0, ("GPU", "CPU"))
-    with pytest.raises(AttributeError):
-        result.success = False  # type: ignore[misc]
+TestWorkerContract = WorkerMachine.TestCase
+TestWorkerContract.settings = settings(max_examples=20, stateful_step_count=15, deadline=None)

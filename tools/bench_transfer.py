@@ -1,16 +1,16 @@
 """Benchmark GPU<->CPU block transfer: GB/s per direction and both at once, against the ceiling.
 
 For each block size (4 KiB to 16 MiB by default) the same number of bytes is moved through
-kvref's handlers (`kvref.cpu.gpu_worker`) with consecutive block ids (merged into few copies)
-and with random ids (one copy per block), and, in the same run, as one single contiguous copy
-of the same bytes: the practical ceiling of the link (pinned host memory on CUDA). It prints
-GB/s, the ratio to the ceiling, and the host cost of `transfer_async` per block (on CUDA that is
-pure submission cost: planning plus enqueuing the copies), and saves a PNG plot of GB/s against
-block size.
+kvref's worker (`kvref.cpu.gpu_worker.CPUOffloadingWorker`, `submit_store` / `submit_load`)
+with consecutive block ids (merged into few copies) and with random ids (one copy per block),
+and, in the same run, as one single contiguous copy of the same bytes: the practical ceiling
+of the link (pinned host memory on CUDA). It prints GB/s, the ratio to the ceiling, and the
+host cost of a submission per block (on CUDA that is pure submission cost: planning plus
+enqueuing the copies), and saves a PNG plot of GB/s against block size.
 
-Runs on CUDA when available, otherwise on the CPU fallback (same handlers, synchronous copies;
-figures then measure host memcpy, not a GPU link). GB/s is wall-clock: from the first
-submission until the last job's completion is observed, the way the engine experiences it.
+Runs on CUDA when available, otherwise on the CPU (same worker, synchronous copies; figures
+then measure host memcpy, not a GPU link). GB/s is wall-clock: from the first submission until
+the last job's completion is observed, the way the engine experiences it.
 
     python tools/bench_transfer.py            # quick default
     python tools/bench_transfer.py --total-mib 1024 --repeats 5 --plot transfer.png
@@ -36,11 +36,10 @@ with warnings.catch_warnings():
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kvref.base import GPULoadStoreSpec  # noqa: E402
+from kvref.base import CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor, GPULoadStoreSpec  # noqa: E402
 from kvref.cpu.common import CPULoadStoreSpec  # noqa: E402
-from kvref.cpu.gpu_worker import CpuGpuOffloadingHandlers, SingleDirectionOffloadingHandler  # noqa: E402
-from kvref.cpu.transfer_plan import TensorGeometry, plan_transfer  # noqa: E402
-from kvref.worker import TransferSpec  # noqa: E402
+from kvref.cpu.gpu_worker import CPUOffloadingWorker  # noqa: E402
+from kvref.cpu.transfer_plan import SideRows, layer_copies, plan_transfer  # noqa: E402
 
 __all__ = ["main"]
 
@@ -70,14 +69,17 @@ def _best(samples: Sequence[float]) -> float:
 
 
 class Bench:
-    """Handlers and buffers for one block size; every measurement moves `num_blocks` blocks."""
+    """A worker and buffers for one block size; every measurement moves `num_blocks` blocks."""
 
     def __init__(self, device: torch.device, block_bytes: int, num_blocks: int) -> None:
         self.device = device
         self.block_bytes = block_bytes
         self.num_blocks = num_blocks
         gpu = torch.randint(-128, 128, (num_blocks, block_bytes), dtype=torch.int8, device=device)
-        self.handlers = CpuGpuOffloadingHandlers([gpu], num_cpu_blocks=num_blocks)
+        caches = CanonicalKVCaches(
+            [CanonicalKVCacheTensor(gpu, block_bytes)], [[CanonicalKVCacheRef(0, block_bytes)]]
+        )
+        self.worker = CPUOffloadingWorker(caches, blocks_per_chunk=1, num_cpu_chunks=num_blocks)
         # The ceiling: one copy of the same bytes between two plain contiguous buffers.
         pin = device.type == "cuda"
         self.host_a = torch.zeros(num_blocks * block_bytes, dtype=torch.int8, pin_memory=pin)
@@ -90,7 +92,7 @@ class Bench:
         self._next_job = 0
 
     def close(self) -> None:
-        self.handlers.shutdown()
+        self.worker.shutdown()
 
     def _job(self) -> int:
         self._next_job += 1
@@ -105,32 +107,29 @@ class Bench:
             rng.shuffle(cpu)
         return gpu, cpu
 
-    def handler_run(self, direction: str, pattern: str, rng: random.Random) -> tuple[float, float]:
-        """Move every block once; return (wall seconds, host seconds inside transfer_async)."""
-        jobs: list[tuple[SingleDirectionOffloadingHandler, int, TransferSpec]] = []
+    def worker_run(self, direction: str, pattern: str, rng: random.Random) -> tuple[float, float]:
+        """Move every block once; return (wall seconds, host seconds inside the submissions)."""
+        jobs: list[tuple[str, int, GPULoadStoreSpec, CPULoadStoreSpec]] = []
         halves = [("store", 0, self.num_blocks // 2), ("load", self.num_blocks // 2, self.num_blocks - self.num_blocks // 2)]
         parts = halves if direction == "both" else [(direction, 0, self.num_blocks)]
         for part_direction, offset, count in parts:
             gpu_ids, cpu_ids = self.ids(pattern, count, offset, rng)
             gpu_spec = GPULoadStoreSpec(gpu_ids, [count], [0])
-            cpu_spec = CPULoadStoreSpec(cpu_ids)
-            if part_direction == "store":
-                jobs.append((self.handlers.gpu_to_cpu_handler, self._job(), (gpu_spec, cpu_spec)))
-            else:
-                jobs.append((self.handlers.cpu_to_gpu_handler, self._job(), (cpu_spec, gpu_spec)))
+            jobs.append((part_direction, self._job(), gpu_spec, CPULoadStoreSpec(cpu_ids)))
         _sync(self.device)
         submit = 0.0
         start = time.perf_counter()
-        for handler, job_id, spec in jobs:
+        for part_direction, job_id, gpu_spec, cpu_spec in jobs:
             t0 = time.perf_counter()
-            handler.transfer_async(job_id, spec)
+            if part_direction == "store":
+                self.worker.submit_store(job_id, gpu_spec, cpu_spec)
+            else:
+                self.worker.submit_load(job_id, cpu_spec, gpu_spec)
             submit += time.perf_counter() - t0
-        for handler, job_id, _ in jobs:
-            handler.wait([job_id])
+        self.worker.wait({job_id for _, job_id, _, _ in jobs})
         wall = time.perf_counter() - start
-        for handler, _, _ in jobs:
-            results = handler.get_finished()
-            assert all(r.success for r in results), results
+        results = self.worker.get_finished()
+        assert len(results) == len(jobs) and all(r.success for r in results), results
         return wall, submit
 
     def ceiling_run(self, direction: str) -> float:
@@ -165,7 +164,8 @@ def plan_cost(block_bytes: int, num_blocks: int, rng: random.Random) -> float:
     cpu = list(range(num_blocks))
     rng.shuffle(gpu)
     rng.shuffle(cpu)
-    geometry = [TensorGeometry(block_bytes, block_bytes, block_bytes)]
+    layers = layer_copies([[CanonicalKVCacheRef(0, block_bytes)]], gpu_to_cpu=True, canonical_layout=False)
+    rows = [SideRows(block_bytes, block_bytes, num_blocks)]
 
     def run() -> None:
         plan_transfer(
@@ -173,12 +173,11 @@ def plan_cost(block_bytes: int, num_blocks: int, rng: random.Random) -> float:
             cpu,
             group_sizes=[num_blocks],
             block_indices=[0],
-            src_block_size_factor=1,
-            dst_block_size_factor=1,
-            group_tensors=[[0]],
-            tensors=geometry,
-            src_num_blocks=num_blocks,
-            dst_num_blocks=num_blocks,
+            src_blocks_per_chunk=1,
+            dst_blocks_per_chunk=1,
+            layers=layers,
+            src_rows=rows,
+            dst_rows=rows,
         )
 
     return _best(_timed(run, 3)) / num_blocks
@@ -216,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--total-mib",
         type=int,
         default=None,
-        help="MiB moved per measurement (default: 256 on CUDA, 32 on the CPU fallback)",
+        help="MiB moved per measurement (default: 256 on CUDA, 32 on the CPU)",
     )
     parser.add_argument("--repeats", type=int, default=3, help="runs per figure; the best is kept")
     parser.add_argument(
@@ -248,12 +247,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     rng = random.Random(args.seed)
     torch.set_num_threads(max(1, args.threads))
 
-    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU fallback (no GPU)"
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "the CPU (no GPU)"
     print(
         f"bench_transfer on {where}: {total_mib} MiB per figure, best of {repeats}, "
         f"{torch.get_num_threads()} host thread(s)"
     )
-    print("GB/s = 1e9 bytes/s, wall clock; ratio = handlers / one contiguous copy of the same bytes")
+    print("GB/s = 1e9 bytes/s, wall clock; ratio = worker / one contiguous copy of the same bytes")
     header = (
         f"{'block':>6} {'ids':>11} | {'store GB/s':>10} {'x':>5} | {'load GB/s':>9} {'x':>5} | "
         f"{'both GB/s':>9} {'x':>5} | {'submit us/blk':>13} {'plan us/blk':>11}"
@@ -265,11 +264,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         total = num_blocks * block_bytes
         bench = Bench(device, block_bytes, num_blocks)
         try:
-            bench.handler_run("store", "random", rng)  # warm-up: allocator, page faults, streams
+            bench.worker_run("store", "random", rng)  # warm-up: allocator, page faults, streams
             for direction in DIRECTIONS:
                 bench.ceiling_run(direction)
             plan_us = plan_cost(block_bytes, min(num_blocks, 4096), rng) * 1e6
-            # Each handler run is paired with a ceiling run right before it, so a ratio compares
+            # Each worker run is paired with a ceiling run right before it, so a ratio compares
             # figures taken under the same machine load; the best of each is kept.
             ceiling_walls: dict[str, list[float]] = {d: [] for d in DIRECTIONS}
             pattern_rows: list[Row] = []
@@ -280,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     samples: list[tuple[float, float]] = []
                     for _ in range(repeats):
                         ceiling_walls[direction].append(bench.ceiling_run(direction))
-                        samples.append(bench.handler_run(direction, pattern, rng))
+                        samples.append(bench.worker_run(direction, pattern, rng))
                     gbps[direction] = total / _best([w for w, _ in samples]) / 1e9
                     if direction == "store":
                         submit_us = _best([s for _, s in samples]) / num_blocks * 1e6
@@ -321,7 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         path = _plot(
             Path(args.plot),
             series,
-            title=f"kvref GPU<->CPU transfer ({'CUDA' if device.type == 'cuda' else 'CPU fallback'})",
+            title=f"kvref GPU<->CPU transfer ({'CUDA' if device.type == 'cuda' else 'CPU'})",
         )
         print(f"plot: {path}")
     return 0
@@ -371,7 +370,7 @@ def _summarise(rows: list[Row], ceilings: dict[int, dict[str, float]], device: t
     smallest = min(rows, key=lambda r: (r.block_bytes, r.pattern != "random"))
     if smallest.submit_us_per_block > 0:
         cap = smallest.block_bytes / (smallest.submit_us_per_block * 1e-6) / 1e9
-        kind = "submission" if device.type == "cuda" else "transfer_async (includes the copy)"
+        kind = "submission" if device.type == "cuda" else "submission, copy included"
         print(
             f"host cost per {_label(smallest.block_bytes)} random block: "
             f"{smallest.submit_us_per_block:.2f} us ({kind}); it alone caps a direction at "

@@ -1,464 +1,454 @@
-"""GPU<->CPU block transfer with torch: CUDA streams and events, pinned memory, and a CPU fallback
-(vLLM: `vllm/v1/kv_offload/cpu/gpu_worker.py`, `worker/cpu_gpu.py`).
+"""The CPU<->GPU offloading worker (vLLM 0.33: `vllm/v1/kv_offload/cpu/gpu_worker.py`).
 
-`SingleDirectionOffloadingHandler` moves blocks one way (GPU->CPU stores or CPU->GPU loads);
-`CpuGpuOffloadingHandlers` builds the pair over one set of KV-cache tensors and CPU rows.
+`CPUOffloadingWorker` implements `OffloadingWorker` over a worker's `CanonicalKVCaches` and its
+CPU rows: rows of its own, or views of the CPU tier's `SharedOffloadRegion` (per rank, or in the
+canonical layout every rank shares). It composes three `SingleDirectionOffloadingHandler`s:
+stores (GPU->CPU), loads (CPU->GPU), and expedited loads, which have a queue of their own so a
+load the step waits for never waits behind regular loads.
 
-How a job runs, on CUDA:
+How a job runs:
 
-* `plan_transfer` (pure Python, `kvref.cpu.transfer_plan`) turns the specs into byte-range
-  copies per tensor, merging blocks that are consecutive on both sides.
-* Each direction owns one `torch.cuda.Stream`. Work on one stream runs in submission order,
-  so jobs of a direction finish strictly first-in first-out and `get_finished` can report
-  them in submission order by polling only the oldest job's end event.
-* GPU->CPU first makes its stream wait for the current (compute) stream, so an offload never
-  reads KV the model is still writing. CPU->GPU does not: the scheduler only loads into GPU
-  blocks it has just allocated, which no queued kernel uses.
-* Each copy is `dst[a:b].copy_(src[c:d], non_blocking=True)` between a 1-D byte view of a GPU
-  tensor and one of pinned host memory: torch issues that as one `cudaMemcpyAsync`, which the
-  GPU's copy engines (DMA) carry out without using SMs, so offloading does not slow the model's
-  kernels. Each call costs host time, so consecutive blocks are merged into runs to keep the
-  number of calls small (the cost per call is measured in BENCHMARKS.md, "Transfer").
-* Start and end `torch.cuda.Event`s (timing-enabled, pooled and reused) bracket the job:
-  `end.query()` polls completion, `start.elapsed_time(end)` is the measured transfer time.
+* `plan_transfer` (`kvref.cpu.transfer_plan`) turns the specs into byte-range copies per tensor.
+* On CUDA each handler owns one stream. Work on a stream runs in submission order, so a
+  handler's jobs finish first-in first-out and `get_finished` polls only its oldest job. Before
+  its copies a job's stream waits for the current (compute) stream: a store must not read KV the
+  model is still writing, and a load must land after pending writes (zeroing included) to its
+  destination blocks.
+* Each copy is `dst[a:b].copy_(src[c:d], non_blocking=True)` between 1-D byte views of the
+  tensors: one `cudaMemcpyAsync`, carried out by the GPU's copy engines, not its SMs.
+* Timing-enabled events bracket a job: the end event says when it is done, the pair how long it
+  took.
 
-Without CUDA, the GPU tensors are CPU tensors and the same handler runs the same code: the
-copies are synchronous `copy_`s, the "events" are host timestamps (`time.perf_counter`), and
-every job has finished when `transfer_async` returns. Results, ordering and errors are the same.
+Without CUDA, the "GPU" tensors are CPU tensors and the same handlers run the same plan and
+copies: the copies are synchronous, the events are host timestamps, and a job has finished when
+its submission returns. Results, ordering and errors are the same.
 
-Pinned host memory: the CPU rows are page-locked in place with `cudaHostRegister`, in bounded,
-page-aligned chunks (`kvref.cpu.pinned_memory`), and unregistered on `shutdown`. Copies are split
-where they would cross a chunk boundary, so every DMA stays within one registration. If
-registration fails, transfers still work, unpinned and slower (a warning says so).
-
-Where the parts live: this module holds the handlers and their streams and events; the byte views
-of the KV caches and CPU rows are in `kvref.cpu.kv_views`, the pinning in
-`kvref.cpu.pinned_memory`, the copy plan in `kvref.cpu.transfer_plan`. These three torch modules
-(not the plan) are the only kvref modules that import torch at module level.
+Pinned memory: on CUDA the CPU rows are page-locked in place (`kvref.cpu.host_register`): the
+shared region by `pin_mmap_region`, private rows (an exact-size anonymous mapping) likewise in
+row-aligned chunks; merged copies never run across two registrations.
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
+import logging
 import warnings
 from collections import deque
-from collections.abc import Collection, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 with warnings.catch_warnings():
-    # CPU wheels of torch warn on import when numpy is absent; kvref never uses numpy.
+    # CPU wheels of torch warn on import when numpy is absent; kvref does not need numpy.
     warnings.filterwarnings("ignore", message=".*NumPy.*")
     import torch
 
 from typing_extensions import override
 
-from kvref.base import BlockIDsLoadStoreSpec, GPULoadStoreSpec, LoadStoreSpec
-from kvref.cpu.common import CPU_MEDIUM, CPULoadStoreSpec
-from kvref.cpu.kv_views import CPUViewSource, as_block_rows, byte_span, cpu_views, span_end, validate_tensors
-from kvref.cpu.pinned_memory import DEFAULT_PIN_CHUNK_BYTES, HostMemoryPin, split_at_cuts
-from kvref.cpu.transfer_plan import ByteCopy, TensorGeometry, TransferPlan, plan_transfer
-from kvref.worker import (
-    OffloadingHandler,
+from kvref.base import (
+    BlockIDsLoadStoreSpec,
+    CanonicalKVCacheRef,
+    CanonicalKVCaches,
+    GPULoadStoreSpec,
+    LoadStoreSpec,
     OffloadingWorker,
-    TransferProtocolError,
     TransferResult,
-    TransferSpec,
-    TransferType,
 )
+from kvref.cpu.host_register import host_unregister, pin_mmap_region, pin_rows
+from kvref.cpu.kv_views import as_block_rows, byte_span, check_tensors, private_rows, side_rows
+from kvref.cpu.shared_region import SharedOffloadRegion
+from kvref.cpu.transfer_events import CudaEvent, HostEvent, TransferEvent
+from kvref.cpu.transfer_plan import (
+    TransferPlan,
+    build_copy_plan,
+    canonical_block_sizes,
+    canonical_page_ids,
+    int_list,
+    layer_copies,
+    plan_transfer,
+)
+from kvref.errors import KVRefError
 
 __all__ = [
-    "CPUViewSource",
-    "HostMemoryPin",
+    "CPUOffloadingWorker",
     "SingleDirectionOffloadingHandler",
-    "CpuGpuOffloadingHandlers",
-    "DEFAULT_PIN_CHUNK_BYTES",
+    "TransferProtocolError",
+    "pin_mmap_region",
 ]
 
-GPU_MEDIUM = GPULoadStoreSpec.medium()
+logger = logging.getLogger(__name__)
+
+# vLLM's private names for the planning helpers, which its own tests import from this module.
+_build_copy_plan = build_copy_plan
+_canonical_page_ids = canonical_page_ids
+_canonical_block_sizes = canonical_block_sizes
 
 
-class _Event(Protocol):
-    """What the handler needs of an event: `torch.cuda.Event`, or `_HostEvent` on the CPU."""
+class TransferProtocolError(KVRefError):
+    """A worker was misused: a job id reused while in flight, or a job after shutdown.
 
-    def record(self) -> None: ...
-
-    def query(self) -> bool: ...
-
-    def synchronize(self) -> None: ...
-
-    def elapsed_ms(self, end: _Event) -> float: ...
+    Raised before anything starts.
+    """
 
 
-class _CudaEvent:
-    """A pooled, timing-enabled CUDA event, always recorded on its direction's stream."""
+@dataclass
+class Transfer:
+    """One submitted job of a handler."""
 
-    __slots__ = ("_event", "_stream")
-
-    def __init__(self, stream: torch.cuda.Stream) -> None:
-        self._event = torch.cuda.Event(enable_timing=True)
-        self._stream = stream
-
-    def record(self) -> None:
-        self._event.record(self._stream)
-
-    def query(self) -> bool:
-        return bool(self._event.query())
-
-    def synchronize(self) -> None:
-        self._event.synchronize()
-
-    def elapsed_ms(self, end: _Event) -> float:
-        assert isinstance(end, _CudaEvent), "a CUDA job's events are both CUDA events"
-        return float(self._event.elapsed_time(end._event))
-
-
-class _HostEvent:
-    """The CPU fallback's event: host copies are synchronous, so it is complete once recorded."""
-
-    __slots__ = ("_seconds",)
-
-    def __init__(self) -> None:
-        self._seconds = 0.0
-
-    def record(self) -> None:
-        self._seconds = time.perf_counter()
-
-    def query(self) -> bool:
-        return True
-
-    def synchronize(self) -> None:
-        return None
-
-    def elapsed_ms(self, end: _Event) -> float:
-        assert isinstance(end, _HostEvent), "a host job's events are both host events"
-        return (end._seconds - self._seconds) * 1e3
-
-
-@dataclass(slots=True)
-class _Job:
     job_id: int
     num_bytes: int
-    start: _Event
-    end: _Event
+    start_event: TransferEvent
+    end_event: TransferEvent
 
 
-class SingleDirectionOffloadingHandler(OffloadingHandler):
-    """Moves blocks in one direction between GPU KV-cache tensors and CPU rows.
-
-    Jobs finish and are reported strictly in submission order (one stream per direction on
-    CUDA; synchronous copies on the CPU fallback). See the module docstring for the mechanics.
+class SingleDirectionOffloadingHandler:
+    """Moves blocks one way between GPU KV-cache rows and CPU rows, jobs in submission order.
 
     Args:
-        gpu_tensors: int8 `(num_gpu_blocks, page_bytes_t)` views of the KV caches, row
-            stride >= page bytes, unit column stride; all on one device (CUDA, or CPU for
-            the fallback) and with the same number of blocks.
-        cpu_tensors: int8 CPU views `(num_cpu_blocks, page_bytes_t * block_size_factor)`,
-            co-indexed with `gpu_tensors`; pinned memory on CUDA for asynchronous copies.
-        block_size_factor: GPU blocks per CPU block.
-        group_tensors: per KV-cache group, the indices of the tensors holding it.
-        gpu_to_cpu: True for stores (GPU->CPU), False for loads (CPU->GPU).
-        host_boundaries: addresses inside the CPU rows where one pinned registration ends
-            and the next begins; copies are split there.
+        gpu_tensors: int8 `(num_gpu_blocks, gpu_page_size)` rows of the KV caches, all on one
+            device (CUDA, or the CPU).
+        cpu_tensors: int8 CPU rows `(num_cpu_chunks, cpu_page_size)`, co-indexed with
+            `gpu_tensors`: `gpu_page_size * blocks_per_chunk` bytes a row, or in the canonical
+            layout the tensor's canonical page (`_canonical_block_sizes`) times that.
+        blocks_per_chunk: GPU blocks per CPU chunk.
+        layer_refs_per_group: per KV-cache group, its layers' references into the tensors.
+        gpu_to_cpu: True for stores, False for loads.
+        canonical_layout: the CPU rows use the canonical layout of the references' mappings.
+        host_memory_is_pinned: the CPU rows are pinned, so CUDA copies may run asynchronously.
+        host_boundaries: addresses where one pinned registration of the CPU rows ends and the
+            next begins (kvref's addition: no merged copy runs across one).
 
     Raises:
-        ValueError: shapes, dtypes, devices or the page ratio are not as described.
+        ValueError: tensors or references are not as described.
     """
 
     def __init__(
         self,
-        gpu_tensors: Sequence[torch.Tensor],
-        cpu_tensors: Sequence[torch.Tensor],
-        *,
-        block_size_factor: int,
-        group_tensors: Sequence[Sequence[int]],
+        gpu_tensors: list[torch.Tensor],
+        cpu_tensors: list[torch.Tensor],
+        blocks_per_chunk: int,
+        layer_refs_per_group: list[list[CanonicalKVCacheRef]],
         gpu_to_cpu: bool,
+        canonical_layout: bool = False,
+        host_memory_is_pinned: bool = True,
+        *,
         host_boundaries: Sequence[int] = (),
     ) -> None:
-        validate_tensors(gpu_tensors, cpu_tensors, block_size_factor)
-        self.gpu_to_cpu = gpu_to_cpu
-        self.block_size_factor = block_size_factor
-        self.transfer_type: TransferType = (
-            (GPU_MEDIUM, CPU_MEDIUM) if gpu_to_cpu else (CPU_MEDIUM, GPU_MEDIUM)
-        )
-        self.device = gpu_tensors[0].device
-        self._group_tensors = tuple(tuple(g) for g in group_tensors)
-        for group, indices in enumerate(self._group_tensors):
-            if any(not 0 <= i < len(gpu_tensors) for i in indices):
-                raise ValueError(
-                    f"group_tensors[{group}] = {list(indices)} names tensors outside "
-                    f"[0, {len(gpu_tensors)})"
-                )
-        src_tensors, dst_tensors = (
-            (gpu_tensors, cpu_tensors) if gpu_to_cpu else (cpu_tensors, gpu_tensors)
-        )
-        self._src_factor, self._dst_factor = (
-            (1, block_size_factor) if gpu_to_cpu else (block_size_factor, 1)
-        )
-        self._src_num_blocks = src_tensors[0].shape[0]
-        self._dst_num_blocks = dst_tensors[0].shape[0]
-        self._geometry = tuple(
-            TensorGeometry(gpu.shape[1], src.stride(0), dst.stride(0))
-            for gpu, src, dst in zip(gpu_tensors, src_tensors, dst_tensors, strict=True)
-        )
-        # 1-D byte views spanning each tensor's rows: plan offsets index them directly.
-        self._src_spans = [byte_span(t) for t in src_tensors]
-        self._dst_spans = [byte_span(t) for t in dst_tensors]
-        # Per tensor, the chunk boundaries of pinned memory, as offsets into its CPU span.
-        cpu_bases = [t.data_ptr() for t in cpu_tensors]
-        sorted_boundaries = sorted(host_boundaries)
-        self._host_cuts = [
-            [b - base for b in sorted_boundaries if base < b < base + span.numel()]
-            for base, span in zip(cpu_bases, self._src_spans if not gpu_to_cpu else self._dst_spans)
-        ]
-        self._on_cuda = self.device.type == "cuda"
-        self._stream = torch.cuda.Stream(self.device) if self._on_cuda else None
-        self._event_pool: list[_Event] = []
-        self._jobs: deque[_Job] = deque()
-        self._job_ids: set[int] = set()
-        self._closed = False
-
-    @override
-    def transfer_async(self, job_id: int, spec: TransferSpec) -> bool:
-        if self._closed:
-            raise TransferProtocolError(f"transfer_async: job {job_id} after shutdown")
-        if job_id in self._job_ids:
-            raise TransferProtocolError(
-                f"transfer_async: job {job_id} is still in flight; job ids must be unique until "
-                "their result is reported"
+        if not gpu_tensors or len(gpu_tensors) != len(cpu_tensors):
+            raise ValueError(
+                f"gpu_tensors ({len(gpu_tensors)}) and cpu_tensors ({len(cpu_tensors)}) must be "
+                "non-empty and co-indexed"
             )
-        plan = self._plan(spec)
-        start, end = self._acquire_event(), self._acquire_event()
-        try:
-            with self._on_direction_stream():
-                start.record()
-                self._copy(plan)
-                end.record()
-        except BaseException:
-            # Nothing references the job, so its events can be reused; copies already
-            # queued still run in order before any later job.
-            self._event_pool += (start, end)
-            raise
-        self._jobs.append(_Job(job_id, plan.num_bytes, start, end))
-        self._job_ids.add(job_id)
+        if blocks_per_chunk < 1:
+            raise ValueError(f"blocks_per_chunk must be a positive integer, got {blocks_per_chunk}")
+        canonical_sizes = (
+            canonical_block_sizes(layer_refs_per_group, len(gpu_tensors)) if canonical_layout else None
+        )
+        check_tensors(gpu_tensors, cpu_tensors, blocks_per_chunk, canonical_sizes, layer_refs_per_group)
+        self.gpu_to_cpu = gpu_to_cpu
+        self.layer_refs_per_group = layer_refs_per_group
+        self.src_tensors = gpu_tensors if gpu_to_cpu else cpu_tensors
+        self.dst_tensors = cpu_tensors if gpu_to_cpu else gpu_tensors
+        self.src_blocks_per_chunk = 1 if gpu_to_cpu else blocks_per_chunk
+        self.dst_blocks_per_chunk = blocks_per_chunk if gpu_to_cpu else 1
+        self._layers = layer_copies(layer_refs_per_group, gpu_to_cpu, canonical_layout)
+        self._src_rows = [side_rows(t, self.src_blocks_per_chunk) for t in self.src_tensors]
+        self._dst_rows = [side_rows(t, self.dst_blocks_per_chunk) for t in self.dst_tensors]
+        # 1-D byte views spanning each tensor's rows: plan offsets index them directly.
+        self._src_spans = [byte_span(t) for t in self.src_tensors]
+        self._dst_spans = [byte_span(t) for t in self.dst_tensors]
+        breaks = [
+            torch.tensor([b - t.data_ptr() for b in host_boundaries], dtype=torch.int64) for t in cpu_tensors
+        ]
+        self._src_breaks, self._dst_breaks = ((), breaks) if gpu_to_cpu else (breaks, ())
+        device = gpu_tensors[0].device
+        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._device = device
+        self._non_blocking = self._stream is not None and host_memory_is_pinned
+        self._transfers: deque[Transfer] = deque()
+        self._transfer_events: dict[int, TransferEvent] = {}
+        self._event_pool: list[TransferEvent] = []
+
+    def transfer_async(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: LoadStoreSpec) -> bool:
+        """Start one job; return True once its copies are queued (on the CPU: done).
+
+        Raises:
+            TypeError: a spec is not block ids, or the GPU side is not a `GPULoadStoreSpec`.
+            ValueError: the specs do not fit the KV caches (nothing was started).
+            TransferProtocolError: `job_id` is still in flight here.
+        """
+        if job_id in self._transfer_events:
+            raise TransferProtocolError(
+                f"job {job_id} is still in flight; job ids must be unique until reported"
+            )
+        plan = self._plan(src_spec, dst_spec)
+        start, end = self._new_event(), self._new_event()
+        with self._on_stream():
+            start.record()
+            self._copy(plan)
+            end.record()
+        self._transfers.append(Transfer(job_id, plan.num_bytes, start, end))
+        self._transfer_events[job_id] = end
         return True
 
-    @override
     def get_finished(self) -> list[TransferResult]:
+        """The jobs finished since the last call, in submission order."""
         results: list[TransferResult] = []
-        # FIFO: once the oldest job is still running, every later one is too.
-        while self._jobs and self._jobs[0].end.query():
-            job = self._jobs.popleft()
-            self._job_ids.discard(job.job_id)
-            seconds = job.start.elapsed_ms(job.end) / 1e3
-            results.append(
-                TransferResult(job.job_id, True, job.num_bytes, seconds, self.transfer_type)
-            )
-            self._event_pool += (job.start, job.end)
+        # First-in first-out: once the oldest job is still running, every later one is too.
+        while self._transfers and self._transfers[0].end_event.query():
+            transfer = self._transfers.popleft()
+            seconds = transfer.start_event.elapsed_ms(transfer.end_event) / 1e3
+            results.append(TransferResult(transfer.job_id, True, transfer.num_bytes, seconds))
+            self._event_pool += (transfer.start_event, transfer.end_event)
+            del self._transfer_events[transfer.job_id]
         return results
 
-    @override
-    def wait(self, job_ids: Collection[int]) -> None:
-        wanted = set(job_ids)
-        last = None
-        for job in self._jobs:
-            if job.job_id in wanted:
-                last = job
-        # Jobs finish in order, so the latest wanted job finishing implies the others did.
-        if last is not None:
-            last.end.synchronize()
+    def wait(self, job_ids: Iterable[int]) -> None:
+        """Block until this handler's jobs among `job_ids` have finished (others are ignored)."""
+        for job_id in job_ids:
+            event = self._transfer_events.get(job_id)
+            if event is not None:
+                event.synchronize()
 
-    @override
     def shutdown(self) -> None:
-        """Wait for in-flight jobs (their results are dropped) and release tensors and events."""
-        if self._closed:
-            return
-        for job in self._jobs:
-            job.end.synchronize()
-        if self._stream is not None:
-            # Also copies of a job whose submission failed half-way (it has no end event):
-            # the caller may unpin or free the rows right after this returns.
-            self._stream.synchronize()
-        self._jobs.clear()
-        self._job_ids.clear()
+        """Drain this direction, then release its tensors and events.
+
+        Raises:
+            Exception: the first failure to wait for a job (later jobs are then dropped).
+        """
+        sync_error: Exception | None = None
+        while self._transfers:
+            try:
+                self._transfers[0].end_event.synchronize()
+            except Exception as exc:
+                logger.exception("failed to wait for a transfer; dropping %d more", len(self._transfers) - 1)
+                sync_error = exc
+                break
+            self._transfers.popleft()
+        self._transfers.clear()
+        self._transfer_events.clear()
         self._event_pool.clear()
-        self._src_spans.clear()
-        self._dst_spans.clear()
+        for tensors in (self.src_tensors, self.dst_tensors, self._src_spans, self._dst_spans):
+            tensors.clear()
         self._stream = None
-        self._closed = True
+        if sync_error is not None:
+            raise sync_error
 
-    @property
-    def num_in_flight(self) -> int:
-        """Jobs submitted and not yet reported by `get_finished`."""
-        return len(self._jobs)
-
-    def _plan(self, spec: TransferSpec) -> TransferPlan:
-        src_spec, dst_spec = spec
-        gpu_spec, cpu_spec = (src_spec, dst_spec) if self.gpu_to_cpu else (dst_spec, src_spec)
-        if (src_spec.medium(), dst_spec.medium()) != self.transfer_type:
-            raise ValueError(
-                f"this handler moves {self.transfer_type[0]}->{self.transfer_type[1]}, got a "
-                f"{src_spec.medium()}->{dst_spec.medium()} spec pair"
-            )
+    def _plan(self, src_spec: LoadStoreSpec, dst_spec: LoadStoreSpec) -> TransferPlan:
+        gpu_spec = src_spec if self.gpu_to_cpu else dst_spec
         if not isinstance(gpu_spec, GPULoadStoreSpec):
-            raise ValueError(f"the GPU side must be a GPULoadStoreSpec, got {_spec_name(gpu_spec)}")
-        if not isinstance(cpu_spec, BlockIDsLoadStoreSpec):
-            raise ValueError(
-                f"the CPU side must be a BlockIDsLoadStoreSpec, got {_spec_name(cpu_spec)}"
-            )
-        if len(gpu_spec.group_sizes) != len(self._group_tensors):
-            raise ValueError(
-                f"the GPU spec has {len(gpu_spec.group_sizes)} groups, the KV caches have "
-                f"{len(self._group_tensors)}"
-            )
-        assert isinstance(src_spec, BlockIDsLoadStoreSpec)
-        assert isinstance(dst_spec, BlockIDsLoadStoreSpec)
+            raise TypeError(f"the GPU side must be a GPULoadStoreSpec, got {type(gpu_spec).__name__}")
+        for name, spec in (("src_spec", src_spec), ("dst_spec", dst_spec)):
+            if not isinstance(spec, BlockIDsLoadStoreSpec):
+                raise TypeError(f"{name} must be a BlockIDsLoadStoreSpec, got {type(spec).__name__}")
+        assert isinstance(src_spec, BlockIDsLoadStoreSpec) and isinstance(dst_spec, BlockIDsLoadStoreSpec)
+        if not self.src_tensors:
+            raise TransferProtocolError("the handler was shut down")
         return plan_transfer(
             src_spec.block_ids,
             dst_spec.block_ids,
             group_sizes=gpu_spec.group_sizes,
             block_indices=gpu_spec.block_indices,
-            src_block_size_factor=self._src_factor,
-            dst_block_size_factor=self._dst_factor,
-            group_tensors=self._group_tensors,
-            tensors=self._geometry,
-            src_num_blocks=self._src_num_blocks,
-            dst_num_blocks=self._dst_num_blocks,
+            src_blocks_per_chunk=self.src_blocks_per_chunk,
+            dst_blocks_per_chunk=self.dst_blocks_per_chunk,
+            layers=self._layers,
+            src_rows=self._src_rows,
+            dst_rows=self._dst_rows,
+            src_breaks=self._src_breaks,
+            dst_breaks=self._dst_breaks,
         )
 
     def _copy(self, plan: TransferPlan) -> None:
-        non_blocking = self._on_cuda
-        tensor_copies: Sequence[ByteCopy]
-        for tensor_copies, src, dst, cuts in zip(
-            plan.copies, self._src_spans, self._dst_spans, self._host_cuts, strict=True
+        for (src_offsets, dst_offsets, sizes), src, dst in zip(
+            plan.copies, self._src_spans, self._dst_spans, strict=True
         ):
-            if cuts:
-                tensor_copies = split_at_cuts(tensor_copies, cuts, cpu_is_src=not self.gpu_to_cpu)
-            for src_offset, dst_offset, nbytes in tensor_copies:
-                dst[dst_offset : dst_offset + nbytes].copy_(
-                    src[src_offset : src_offset + nbytes], non_blocking=non_blocking
-                )
+            for s, d, n in zip(int_list(src_offsets), int_list(dst_offsets), int_list(sizes), strict=True):
+                dst[d : d + n].copy_(src[s : s + n], non_blocking=self._non_blocking)
 
-    def _on_direction_stream(self) -> contextlib.AbstractContextManager[object]:
+    def _on_stream(self) -> contextlib.AbstractContextManager[object]:
         if self._stream is None:
             return contextlib.nullcontext()
-        if self.gpu_to_cpu:
-            # Offload only what the model has finished writing.
-            self._stream.wait_stream(torch.cuda.current_stream(self.device))
+        # Stores read KV the model may still be writing; loads overwrite blocks it may still
+        # be zeroing: both wait for the compute stream.
+        self._stream.wait_stream(torch.cuda.current_stream(self._device))
         return torch.cuda.stream(self._stream)
 
-    def _acquire_event(self) -> _Event:
+    def _new_event(self) -> TransferEvent:
         if self._event_pool:
             return self._event_pool.pop()
-        return _HostEvent() if self._stream is None else _CudaEvent(self._stream)
+        return HostEvent() if self._stream is None else CudaEvent(self._stream)
 
 
-class CpuGpuOffloadingHandlers:
-    """Both transfer directions over one set of KV-cache tensors and their CPU rows.
+class CPUOffloadingWorker(OffloadingWorker):
+    """`OffloadingWorker` between a worker's KV caches and CPU rows: stores, loads and
+    expedited loads, each a `SingleDirectionOffloadingHandler` of its own.
+
+    Once constructed, the worker owns `mmap_region`: `shutdown` cleans it up after both
+    directions have stopped.
 
     Args:
-        kv_caches: KV-cache tensors whose first dimension is the number of GPU blocks (any
-            dtype; each block's bytes contiguous), all on one device: CUDA, or CPU for the
-            fallback. Viewed as int8 `(num_blocks, page_bytes)`.
-        block_size_factor: GPU blocks per CPU (offloaded) block.
-        num_cpu_blocks: CPU blocks to allocate; required when `cpu_rows` is None, and must
-            match it otherwise.
-        group_tensors: per KV-cache group, the indices of its tensors in `kv_caches`;
-            default: one group holding every tensor.
-        cpu_rows: where the CPU blocks live. None: one exact-size allocation owned by the
-            handlers (per tensor a dense `(num_cpu_blocks, page * factor)` block of rows). A 2-D
-            int8 CPU tensor `(num_cpu_blocks, row_bytes)`: each row holds every tensor's CPU
-            page back to back. A `CPUViewSource` (such as `SharedOffloadRegion`): asked for one
-            view per tensor.
-        pin_memory: page-lock the CPU rows with `cudaHostRegister`. None: when the KV caches
-            are on CUDA. True: required (a failure raises). False: never.
-        pin_chunk_bytes: the largest range one registration call covers.
+        kv_caches: the worker's KV caches (on CUDA, or on the CPU).
+        blocks_per_chunk: GPU blocks per CPU chunk.
+        num_cpu_chunks: CPU chunks; the rows are allocated here when there is no region.
+        mmap_region: the CPU tier's shared region (this rank's), or None for rows of its own.
+        canonical_layout: store canonical pages (every reference must carry a mapping), in
+            views of the region every rank shares; needs `mmap_region`.
 
     Raises:
-        ValueError: inconsistent arguments (see the messages).
+        ValueError: the arguments do not fit together (see the message).
     """
 
     def __init__(
         self,
-        kv_caches: Sequence[torch.Tensor],
-        *,
-        block_size_factor: int = 1,
-        num_cpu_blocks: int | None = None,
-        group_tensors: Sequence[Sequence[int]] | None = None,
-        cpu_rows: torch.Tensor | CPUViewSource | None = None,
-        pin_memory: bool | None = None,
-        pin_chunk_bytes: int = DEFAULT_PIN_CHUNK_BYTES,
+        kv_caches: CanonicalKVCaches,
+        blocks_per_chunk: int,
+        num_cpu_chunks: int,
+        mmap_region: SharedOffloadRegion | None = None,
+        canonical_layout: bool = False,
     ) -> None:
-        if not kv_caches:
-            raise ValueError("kv_caches must hold at least one tensor")
-        if block_size_factor < 1:
-            raise ValueError(f"block_size_factor must be a positive integer, got {block_size_factor}")
-        self.block_size_factor = block_size_factor
-        self.gpu_tensors = [as_block_rows(t, i) for i, t in enumerate(kv_caches)]
-        self.device = self.gpu_tensors[0].device
-        on_cuda = self.device.type == "cuda"
-        if pin_memory and not on_cuda:
-            raise ValueError(f"pin_memory=True needs CUDA KV caches; they are on {self.device}")
-        cpu_page_bytes = [t.shape[1] * block_size_factor for t in self.gpu_tensors]
-        self.cpu_tensors, self._owned_rows = cpu_views(cpu_rows, cpu_page_bytes, num_cpu_blocks)
-        self.num_cpu_blocks = self.cpu_tensors[0].shape[0]
-        if group_tensors is None:
-            group_tensors = [list(range(len(self.gpu_tensors)))]
-
-        self._pin: HostMemoryPin | None = None
-        if pin_memory or (pin_memory is None and on_cuda):
-            start = min(t.data_ptr() for t in self.cpu_tensors)
-            end = max(span_end(t) for t in self.cpu_tensors)
-            with torch.cuda.device(self.device):
-                self._pin = HostMemoryPin(start, end - start, pin_chunk_bytes)
-            if not self._pin.pinned:
-                message = f"could not pin the CPU rows ({self._pin.error})"
-                if pin_memory:
-                    raise ValueError(f"pin_memory=True: {message}")
-                warnings.warn(f"{message}; transfers will be synchronous and slower", stacklevel=2)
-
-        boundaries = self._pin.boundaries if self._pin is not None else []
-        self.gpu_to_cpu_handler = SingleDirectionOffloadingHandler(
-            self.gpu_tensors,
-            self.cpu_tensors,
-            block_size_factor=block_size_factor,
-            group_tensors=group_tensors,
-            gpu_to_cpu=True,
-            host_boundaries=boundaries,
+        if canonical_layout and mmap_region is None:
+            raise ValueError("canonical_layout=True needs an mmap_region every rank shares")
+        if not kv_caches.tensors:
+            raise ValueError("kv_caches.tensors must hold at least one tensor")
+        if blocks_per_chunk < 1 or num_cpu_chunks < 1:
+            raise ValueError(
+                f"blocks_per_chunk ({blocks_per_chunk}) and num_cpu_chunks ({num_cpu_chunks}) must be >= 1"
+            )
+        if mmap_region is not None and mmap_region.num_chunks != num_cpu_chunks:
+            raise ValueError(
+                f"num_cpu_chunks={num_cpu_chunks} but the region has {mmap_region.num_chunks} chunks"
+            )
+        on_cuda = kv_caches.tensors[0].tensor.device.type == "cuda"
+        self._mmap_region = mmap_region
+        self._private_pins: list[int] = []
+        gpu_tensors = [as_block_rows(t.tensor, t.page_size_bytes, i) for i, t in enumerate(kv_caches.tensors)]
+        canonical_sizes = (
+            canonical_block_sizes(kv_caches.group_data_refs, len(gpu_tensors)) if canonical_layout else None
         )
-        self.cpu_to_gpu_handler = SingleDirectionOffloadingHandler(
-            self.gpu_tensors,
-            self.cpu_tensors,
-            block_size_factor=block_size_factor,
-            group_tensors=group_tensors,
-            gpu_to_cpu=False,
-            host_boundaries=boundaries,
+        cpu_page_sizes = [
+            (canonical_sizes[i] if canonical_sizes is not None else t.shape[1]) * blocks_per_chunk
+            for i, t in enumerate(gpu_tensors)
+        ]
+        if mmap_region is None:
+            cpu_tensors = [private_rows(num_cpu_chunks, page) for page in cpu_page_sizes]
+            self._private_pins = (pin_rows(cpu_tensors) if on_cuda else None) or []
+            pinned = bool(self._private_pins)
+            boundaries = self._private_pins
+        else:
+            if on_cuda:
+                pin_mmap_region(mmap_region, worker_slot_only=not canonical_layout)
+            next_view = (
+                mmap_region.create_next_canonical_view
+                if canonical_layout
+                else mmap_region.create_next_worker_view
+            )
+            cpu_tensors = [next_view(page) for page in cpu_page_sizes]
+            pinned = mmap_region.is_pinned
+            boundaries = mmap_region.pinned_addresses
+
+        def handler(gpu_to_cpu: bool) -> SingleDirectionOffloadingHandler:
+            return SingleDirectionOffloadingHandler(
+                gpu_tensors=list(gpu_tensors),
+                cpu_tensors=list(cpu_tensors),
+                blocks_per_chunk=blocks_per_chunk,
+                layer_refs_per_group=kv_caches.group_data_refs,
+                gpu_to_cpu=gpu_to_cpu,
+                canonical_layout=canonical_layout,
+                host_memory_is_pinned=pinned,
+                host_boundaries=boundaries,
+            )
+
+        self._store_handler = handler(gpu_to_cpu=True)
+        self._load_handler = handler(gpu_to_cpu=False)
+        # A queue of its own, so expedited loads do not wait behind regular loads.
+        self._expedited_load_handler = handler(gpu_to_cpu=False)
+        self._unreported: set[int] = set()
+        self._closed = False
+
+    @override
+    def submit_store(self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec) -> bool:
+        """Start copying GPU blocks into CPU chunks.
+
+        Raises:
+            TypeError, ValueError: the specs do not fit the KV caches (nothing started).
+            TransferProtocolError: `job_id` is still unreported, or the worker was shut down.
+        """
+        return self._submit(self._store_handler, job_id, src_spec, dst_spec)
+
+    @override
+    def submit_load(
+        self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec, expedited: bool = False
+    ) -> bool:
+        """Start copying CPU chunks into GPU blocks; an expedited load has a queue of its own.
+
+        Raises:
+            TypeError, ValueError: the specs do not fit the KV caches (nothing started).
+            TransferProtocolError: `job_id` is still unreported, or the worker was shut down.
+        """
+        handler = self._expedited_load_handler if expedited else self._load_handler
+        return self._submit(handler, job_id, src_spec, dst_spec)
+
+    @override
+    def get_finished(self) -> list[TransferResult]:
+        results = (
+            self._store_handler.get_finished()
+            + self._load_handler.get_finished()
+            + self._expedited_load_handler.get_finished()
         )
+        self._unreported.difference_update(result.job_id for result in results)
+        return results
 
-    @property
-    def is_pinned(self) -> bool:
-        """Whether the CPU rows are page-locked (asynchronous copies on CUDA)."""
-        return self._pin is not None and self._pin.pinned
+    @override
+    def wait(self, job_ids: set[int]) -> None:
+        for handler in self._handlers():
+            handler.wait(job_ids)
 
-    def register_with(self, worker: OffloadingWorker) -> None:
-        """Register both handlers with `worker` for GPU->CPU and CPU->GPU jobs."""
-        worker.register_handler(GPULoadStoreSpec, CPULoadStoreSpec, self.gpu_to_cpu_handler)
-        worker.register_handler(CPULoadStoreSpec, GPULoadStoreSpec, self.cpu_to_gpu_handler)
-
+    @override
     def shutdown(self) -> None:
-        """Finish both directions, then unpin and drop the CPU and GPU views (idempotent)."""
-        self.gpu_to_cpu_handler.shutdown()
-        self.cpu_to_gpu_handler.shutdown()
-        # Only after every copy finished: the DMA engines may still be reading pinned pages.
-        if self._pin is not None:
-            self._pin.close()
-            self._pin = None
-        # Drop every view of the rows: a shared region can only unmap once none is left.
-        self.cpu_tensors = []
-        self.gpu_tensors = []
-        self._owned_rows = None
+        """Drain every direction, then unpin and release the CPU rows (idempotent).
 
+        A direction that fails to drain is logged; the device is then synchronized before the
+        rows are released, since a copy may still be reading them.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        failed = False
+        for name, handler in zip(("store", "load", "load"), self._handlers(), strict=True):
+            try:
+                handler.shutdown()
+            except Exception:
+                logger.exception("Failed to shut down %s offloading handler", name)
+                failed = True
+        if failed and torch.cuda.is_available():
+            try:
+                torch.cuda.synchronize()
+            except Exception:
+                logger.warning(
+                    "Device sync before mmap cleanup failed; proceeding with cleanup anyway", exc_info=True
+                )
+        for address in reversed(self._private_pins):
+            host_unregister(address)
+        self._private_pins.clear()
+        if self._mmap_region is not None:
+            self._mmap_region.cleanup()
+            self._mmap_region = None
 
-def _spec_name(spec: LoadStoreSpec) -> str:
-    return type(spec).__name__
+    def _submit(
+        self,
+        handler: SingleDirectionOffloadingHandler,
+        job_id: int,
+        src_spec: LoadStoreSpec,
+        dst_spec: LoadStoreSpec,
+    ) -> bool:
+        if self._closed:
+            raise TransferProtocolError(f"job {job_id}: the worker was shut down")
+        if job_id in self._unreported:
+            raise TransferProtocolError(
+                f"job {job_id} is still in flight; job ids must be unique until reported"
+            )
+        submitted = handler.transfer_async(job_id, src_spec, dst_spec)
+        self._unreported.add(job_id)
+        return submitted
+
+    def _handlers(self) -> tuple[SingleDirectionOffloadingHandler, ...]:
+        return (self._store_handler, self._load_handler, self._expedited_load_handler)

@@ -4,13 +4,17 @@ The scheduler process and every worker rank map the same file, so a block writte
 workers (GPU -> CPU) can be read by the scheduler-side secondary tiers (CPU -> disk, ...) without
 a copy, and vice versa.
 
-Layout: one row per CPU block; a row holds `world_size` slots of `rank_slot_bytes` each, one per
-worker rank; a rank's slot holds the pages of all its KV tensors back to back, handed out in
-order by `create_worker_view`. So rank r's page of tensor t in block b lives at
+Layout: one row per CPU chunk (vLLM's name for a CPU block), `row_stride` bytes each. Two ways to
+carve the rows into per-tensor views (vLLM 0.33's two layouts):
 
-    b * row_stride + r * rank_slot_bytes + (offset of tensor t within the slot)
-
-where `row_stride = world_size * rank_slot_bytes`.
+* The worker layout (`create_next_worker_view`): a row holds `world_size` slots of
+  `rank_slot_bytes` (vLLM: `cpu_page_size`), one per worker rank; a rank's slot holds the pages
+  of all its KV tensors back to back. Rank r's page of tensor t in chunk c lives at
+  `c * row_stride + r * rank_slot_bytes + (offset of tensor t within the slot)`.
+* The canonical layout (`create_next_canonical_view`): every rank gets the same views, carved
+  from the start of each row, one canonical page per tensor; each rank writes only its own bytes
+  of them (its `CanonicalPageMapping` says which), so a chunk stored under one parallel layout
+  can be loaded under another.
 
 Create or join: the first process to open the file creates it (`O_CREAT | O_EXCL`), checks that
 the directory has room, and sizes it; the others wait (bounded by `join_timeout_s`) until the file
@@ -31,6 +35,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -61,7 +66,12 @@ class SharedRegionError(KVRefError):
 
 
 class SharedOffloadRegion:
-    """One mmap'd file holding every CPU block, shared by the scheduler and the worker ranks.
+    """One mmap'd file holding every CPU chunk, shared by the scheduler and the worker ranks.
+
+    vLLM 0.33's region names the same sizes `num_chunks` (`num_blocks`), `cpu_page_size`
+    (`rank_slot_bytes`), `kv_bytes_per_chunk` (`row_stride`) and `total_size_bytes`; they are
+    readable here under those names too, and `pin_mmap_region` (`kvref.cpu.gpu_worker`) pins
+    either region through them.
 
     Args:
         instance_id: names the file `kvref_offload_<instance_id>.mmap`; letters, digits, `_`,
@@ -120,9 +130,15 @@ class SharedOffloadRegion:
         self._map: mmap.mmap | None = None
         self._created = False
         self._kv_view: memoryview | None = None
-        self._worker_views: list[torch.Tensor] = []
+        self._base: torch.Tensor | None = None
+        self._views: list[torch.Tensor] = []
         self._worker_cursor = 0
+        self._canonical_cursor = 0
         self._closed = False
+        self.is_pinned = False
+        """Whether `pin_mmap_region` page-locked (some of) the region; `cleanup` unpins it."""
+        self.pinned_addresses: list[int] = []
+        """The start of each registered range, for `cleanup` to unregister."""
 
         try:
             self._open(join_timeout_s)
@@ -226,6 +242,46 @@ class SharedOffloadRegion:
             for offset in range(first, start + length, page):
                 view[offset] = view[offset]
 
+    # --- vLLM's names ---
+
+    BLOCK_SIZE_ALIGNMENT: int = mmap.PAGESIZE
+    """What vLLM rounds a row up to, so rows start on pages (kvref does not require it)."""
+
+    @property
+    def num_chunks(self) -> int:
+        """The rows (vLLM's name for `num_blocks`)."""
+        return self.num_blocks
+
+    @property
+    def cpu_page_size(self) -> int:
+        """One rank's slot of a row (vLLM's name for `rank_slot_bytes`)."""
+        return self.rank_slot_bytes
+
+    @property
+    def total_size_bytes(self) -> int:
+        """The file's size (vLLM's name for `total_bytes`)."""
+        return self.total_bytes
+
+    @property
+    def page_size(self) -> int:
+        """The OS page size the region is mapped and pinned in."""
+        return mmap.PAGESIZE
+
+    def iter_worker_slot_ranges(self) -> Iterator[tuple[int, int]]:
+        """Yield this rank's slot of each row as a page-aligned `(offset, length)` range.
+
+        Raises:
+            ValueError: this is the scheduler side (rank None).
+        """
+        if self.rank is None:
+            raise ValueError("iter_worker_slot_ranges needs a worker rank; this region has rank=None")
+        page = mmap.PAGESIZE
+        for row in range(self.num_blocks):
+            start = row * self.row_stride + self.rank * self.rank_slot_bytes
+            aligned = start - start % page
+            end = -(-(start + self.rank_slot_bytes) // page) * page  # round up to a page
+            yield aligned, end - aligned
+
     # --- views ---
 
     @property
@@ -252,41 +308,68 @@ class SharedOffloadRegion:
             self._kv_view = memoryview(mapping).cast("B", (self.num_blocks, self.row_stride))
         return self._kv_view
 
-    def create_worker_view(self, page_bytes: int) -> torch.Tensor:
-        """Hand out the next `page_bytes` of this rank's slot as an int8 tensor view.
+    @property
+    def base_tensor(self) -> torch.Tensor:
+        """The whole file as one flat int8 tensor (torch is imported here only).
 
-        The tensor has shape `(num_blocks, page_bytes)` and stride `(row_stride, 1)`: row b is
-        this rank's page in CPU block b. Successive calls hand out consecutive pages of the slot
-        (one per KV tensor). The tensor keeps the mapping alive: `cleanup` unmaps only once every
-        such tensor is gone.
-
-        Args:
-            page_bytes: the page size of the next KV tensor.
-
-        Returns:
-            The view (torch is imported here only).
+        The tensor holds a buffer export on the mapping, so the map cannot be closed under it.
 
         Raises:
-            ValueError: this is the scheduler side (rank None), or the slot is full.
             SharedRegionError: the region was cleaned up.
         """
         import torch
 
         mapping = self._require_open()
+        if self._base is None:
+            self._base = torch.frombuffer(memoryview(mapping), dtype=torch.int8)
+        return self._base
+
+    def create_next_worker_view(self, tensor_page_size: int) -> torch.Tensor:
+        """Hand out the next `tensor_page_size` bytes of this rank's slot as an int8 view.
+
+        The view has shape `(num_blocks, tensor_page_size)` and stride `(row_stride, 1)`: row c is
+        this rank's page of one KV tensor in chunk c. Call it once per tensor, in order.
+
+        Raises:
+            ValueError: this is the scheduler side (rank None), or the slot is full.
+            SharedRegionError: the region was cleaned up.
+        """
         if self.rank is None:
-            raise ValueError("create_worker_view needs a worker rank; this region has rank=None")
-        if page_bytes < 1 or self._worker_cursor + page_bytes > self.rank_slot_bytes:
+            raise ValueError("create_next_worker_view needs a worker rank; this region has rank=None")
+        left = self.rank_slot_bytes - self._worker_cursor
+        if not 0 < tensor_page_size <= left:
             raise ValueError(
-                f"page_bytes={page_bytes} does not fit in rank {self.rank}'s slot: "
-                f"{self.rank_slot_bytes - self._worker_cursor} of {self.rank_slot_bytes} bytes left"
+                f"tensor_page_size={tensor_page_size} does not fit in rank {self.rank}'s slot: "
+                f"{left} of {self.rank_slot_bytes} bytes left"
             )
         offset = self.rank * self.rank_slot_bytes + self._worker_cursor
-        # frombuffer over a memoryview: the tensor holds the memoryview, which holds a buffer
-        # export on the mmap, so the map cannot be closed under a live tensor.
-        base = torch.frombuffer(memoryview(mapping), dtype=torch.int8)
-        view = base.as_strided((self.num_blocks, page_bytes), (self.row_stride, 1), offset)
-        self._worker_cursor += page_bytes
-        self._worker_views.append(view)
+        self._worker_cursor += tensor_page_size
+        return self._row_view(offset, tensor_page_size)
+
+    def create_next_canonical_view(self, tensor_page_size: int) -> torch.Tensor:
+        """Hand out the next `tensor_page_size` bytes of every row, the same on every rank.
+
+        For the canonical layout: the views are carved consecutively from the start of each
+        row, and every rank writes only its disjoint bytes of them. Call it once per tensor,
+        in order, instead of `create_next_worker_view`.
+
+        Raises:
+            ValueError: the row is full.
+            SharedRegionError: the region was cleaned up.
+        """
+        left = self.row_stride - self._canonical_cursor
+        if not 0 < tensor_page_size <= left:
+            raise ValueError(
+                f"tensor_page_size={tensor_page_size} does not fit in the row: {left} of "
+                f"{self.row_stride} bytes left"
+            )
+        offset = self._canonical_cursor
+        self._canonical_cursor += tensor_page_size
+        return self._row_view(offset, tensor_page_size)
+
+    def _row_view(self, offset: int, width: int) -> torch.Tensor:
+        view = self.base_tensor.as_strided((self.num_blocks, width), (self.row_stride, 1), offset)
+        self._views.append(view)
         return view
 
     def _require_open(self) -> mmap.mmap:
@@ -297,7 +380,7 @@ class SharedOffloadRegion:
     # --- lifecycle ---
 
     def cleanup(self) -> None:
-        """Release views, unmap, close the file, and unlink it if this process created it.
+        """Unpin, release views, unmap, close the file, and unlink it if this process created it.
 
         Safe to call twice. If some view handed out earlier is still referenced elsewhere, the
         mapping stays valid until that view is garbage collected (it is never unmapped under a
@@ -306,7 +389,16 @@ class SharedOffloadRegion:
         if self._closed:
             return
         self._closed = True
-        self._worker_views.clear()
+        if self.is_pinned:
+            # Only when pinned, which only a torch worker does: the scheduler never imports torch.
+            from kvref.cpu.host_register import host_unregister
+
+            for address in reversed(self.pinned_addresses):
+                host_unregister(address)
+            self.pinned_addresses.clear()
+            self.is_pinned = False
+        self._views.clear()
+        self._base = None
         if self._kv_view is not None:
             self._kv_view.release()
             self._kv_view = None

@@ -176,8 +176,8 @@ def test_worker_views_are_strided_pages_of_the_rank_slot(tmp_path: Path) -> None
     torch = pytest.importorskip("torch", reason="worker views are torch tensors")
     scheduler = make_region(tmp_path, num_blocks=3, rank_slot_bytes=16, world_size=2)
     worker = make_region(tmp_path, num_blocks=3, rank_slot_bytes=16, world_size=2, rank=1)
-    keys_page = worker.create_worker_view(10)
-    values_page = worker.create_worker_view(6)
+    keys_page = worker.create_next_worker_view(10)
+    values_page = worker.create_next_worker_view(6)
     assert keys_page.shape == (3, 10) and keys_page.stride() == (32, 1)
     assert values_page.dtype == torch.int8
     keys_page[2].fill_(1)
@@ -186,10 +186,49 @@ def test_worker_views_are_strided_pages_of_the_rank_slot(tmp_path: Path) -> None
     # block 2, rank 1's slot = bytes 16..31 of row 2: 10 key bytes then 6 value bytes
     assert [rows[2, i] for i in range(32)] == [0] * 16 + [1] * 10 + [2] * 6
     with pytest.raises(ValueError, match="does not fit in rank 1's slot: 0 of 16 bytes left"):
-        worker.create_worker_view(1)
+        worker.create_next_worker_view(1)
     with pytest.raises(ValueError, match="needs a worker rank"):
-        scheduler.create_worker_view(4)
+        scheduler.create_next_worker_view(4)
     worker.cleanup()
     keys_page[0].fill_(3)  # the tensor keeps the mapping alive after cleanup
     assert rows[0, 16] == 3
     scheduler.cleanup()
+
+
+def test_canonical_views_are_the_same_bytes_on_every_rank(tmp_path: Path) -> None:
+    pytest.importorskip("torch", reason="canonical views are torch tensors")
+    rank0 = make_region(tmp_path, num_blocks=3, rank_slot_bytes=16, world_size=2, rank=0)
+    rank1 = make_region(tmp_path, num_blocks=3, rank_slot_bytes=16, world_size=2, rank=1)
+    first = rank0.create_next_canonical_view(20)
+    assert first.shape == (3, 20) and first.stride() == (32, 1)
+    assert rank0.create_next_canonical_view(12).storage_offset() == 20
+    theirs = rank1.create_next_canonical_view(20)
+    theirs[1, 19] = 5  # rank 1 writes into what is rank 0's slot in the worker layout
+    assert first[1, 19] == 5
+    with pytest.raises(ValueError, match="does not fit in the row: 0 of 32 bytes left"):
+        rank0.create_next_canonical_view(1)
+    rank1.cleanup()
+    rank0.cleanup()
+
+
+def test_vllm_names_describe_the_same_sizes(tmp_path: Path) -> None:
+    with make_region(tmp_path, num_blocks=5, rank_slot_bytes=24, world_size=3, rank=2) as region:
+        assert (region.num_chunks, region.cpu_page_size, region.total_size_bytes) == (5, 24, 5 * 72)
+        assert region.page_size == shared_region.mmap.PAGESIZE
+        assert region.BLOCK_SIZE_ALIGNMENT == shared_region.mmap.PAGESIZE
+
+
+def test_worker_slot_ranges_are_page_rounded_rows_of_the_slot(tmp_path: Path) -> None:
+    page = shared_region.mmap.PAGESIZE
+    with make_region(tmp_path, num_blocks=3, rank_slot_bytes=page + 100, world_size=2, rank=1) as region:
+        row = 2 * (page + 100)
+        starts = [r * row + page + 100 for r in range(3)]
+        expected: list[tuple[int, int]] = []
+        for start in starts:
+            aligned = start - start % page
+            end = -(-(start + page + 100) // page) * page
+            expected.append((aligned, end - aligned))
+        assert list(region.iter_worker_slot_ranges()) == expected
+        assert all(offset % page == 0 and length % page == 0 for offset, length in expected)
+    with make_region(tmp_path) as scheduler, pytest.raises(ValueError, match="needs a worker rank"):
+        next(scheduler.iter_worker_slot_ranges())

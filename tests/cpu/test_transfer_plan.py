@@ -1,24 +1,49 @@
-"""The pure transfer planner: unit mapping, skip handling, run merging, exact consumption.
+"""The transfer planner, step by step and whole: group slicing, sub-block offsets, fragments,
+writer rotation, merging, and exact consumption of the block ids.
 
-No torch here: the planner is checked against a naive one-copy-per-GPU-block model.
+`plan_transfer` is checked against a naive model: one copy per (group, layer, GPU block,
+fragment), applied byte by byte.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import given
+import torch
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvref.cpu.transfer_plan import ByteCopy, TensorGeometry, TransferPlan, plan_transfer
+from kvref.base import CanonicalKVCacheRef, CanonicalPageMapping, CopyRun
+from kvref.cpu.transfer_plan import (
+    ByteCopies,
+    LayerCopy,
+    SideRows,
+    TransferPlan,
+    as_block_ids,
+    build_copy_plan,
+    canonical_block_sizes,
+    canonical_page_ids,
+    int_list,
+    layer_copies,
+    merge_adjacent,
+    plan_transfer,
+    split_groups,
+    whole_page_plan,
+)
 
 PAGE = 16
+NO_BREAKS = torch.empty(0, dtype=torch.int64)
 
 
-def dense(page: int = PAGE, src_factor: int = 1, dst_factor: int = 1) -> TensorGeometry:
-    return TensorGeometry(page, src_factor * page, dst_factor * page)
+def rows(factor: int = 1, page: int = PAGE, padding: int = 0, num_rows: int = 100) -> SideRows:
+    return SideRows(factor * page + padding, page, num_rows)
+
+
+def whole(tensor_idx: int = 0, page: int = PAGE) -> LayerCopy:
+    return LayerCopy(tensor_idx, whole_page_plan(page), None)
 
 
 def plan(
@@ -29,307 +54,325 @@ def plan(
     indices: Sequence[int] | None = None,
     src_factor: int = 1,
     dst_factor: int = 1,
-    tensors: Sequence[TensorGeometry] | None = None,
-    group_tensors: Sequence[Sequence[int]] | None = None,
-    src_num_blocks: int = 100,
-    dst_num_blocks: int = 100,
+    layers: Sequence[Sequence[LayerCopy]] | None = None,
+    src_rows: Sequence[SideRows] | None = None,
+    dst_rows: Sequence[SideRows] | None = None,
 ) -> TransferPlan:
-    tensors = tensors if tensors is not None else [dense(PAGE, src_factor, dst_factor)]
     return plan_transfer(
         src,
         dst,
         group_sizes=sizes,
         block_indices=indices if indices is not None else [0] * len(sizes),
-        src_block_size_factor=src_factor,
-        dst_block_size_factor=dst_factor,
-        group_tensors=group_tensors if group_tensors is not None else [[0]] * len(sizes),
-        tensors=tensors,
-        src_num_blocks=src_num_blocks,
-        dst_num_blocks=dst_num_blocks,
+        src_blocks_per_chunk=src_factor,
+        dst_blocks_per_chunk=dst_factor,
+        layers=layers if layers is not None else [[whole()]] * len(sizes),
+        src_rows=src_rows if src_rows is not None else [rows(src_factor)],
+        dst_rows=dst_rows if dst_rows is not None else [rows(dst_factor)],
     )
 
 
-# ---- scenarios ----
+def triples(copies: ByteCopies) -> list[tuple[int, int, int]]:
+    return list(
+        zip(int_list(copies.src_offsets), int_list(copies.dst_offsets), int_list(copies.sizes), strict=True)
+    )
+
+
+# ---- the steps ----
+
+
+def test_block_ids_come_from_arrays_lists_and_tensors() -> None:
+    for ids in (array("q", [3, 1]), [3, 1], (3, 1), torch.tensor([3, 1])):
+        assert int_list(as_block_ids(ids)) == [3, 1]
+    assert len(as_block_ids(array("q"))) == 0
+
+
+def test_canonical_page_ids_enumerate_sub_blocks_from_the_skip() -> None:
+    # vLLM's example: chunks 3, 7, 9 of 4 sub-blocks, 10 of them from sub-block 2.
+    ids = canonical_page_ids([3, 7, 9], blocks_per_chunk=4, count=10, skip_count=2)
+    assert int_list(ids) == [14, 15, 28, 29, 30, 31, 36, 37, 38, 39]
+    assert int_list(canonical_page_ids([5, 2], 1, 2, 0)) == [5, 2]
+
+
+def test_groups_take_their_ids_in_order_and_empty_groups_take_none() -> None:
+    parts = split_groups(as_block_ids([0, 1, 2, 3, 4]), as_block_ids([8, 9, 7]), [2, 0, 3], [0, 0, 1], 1, 2)
+    assert [(p.group, p.size, int_list(p.src_ids), int_list(p.dst_ids), p.dst_skip) for p in parts] == [
+        (0, 2, [0, 1], [8], 0),
+        (2, 3, [2, 3, 4], [9, 7], 1),
+    ]
+
+
+def test_copy_plan_unrolls_runs_and_a_load_swaps_the_sides() -> None:
+    runs = (CopyRun(0, 256, 128, 4, 128, 512), CopyRun(512, 2304, 128, 4, 128, 512))
+    ref = CanonicalKVCacheRef(0, 1024, CanonicalPageMapping(4096, 1024, runs, 1, 0, True))
+    store, load = build_copy_plan(ref, gpu_to_cpu=True), build_copy_plan(ref, gpu_to_cpu=False)
+    k_dst = [256, 768, 1280, 1792]
+    assert int_list(store.frag_offsets_src) == [0, 128, 256, 384, 512, 640, 768, 896]
+    assert int_list(store.frag_offsets_dst) == k_dst + [2048 + o for o in k_dst]
+    assert (store.num_frags, store.total_bytes) == (8, 1024)
+    assert int_list(load.frag_offsets_src) == int_list(store.frag_offsets_dst)
+    with pytest.raises(ValueError, match="no canonical mapping"):
+        build_copy_plan(CanonicalKVCacheRef(0, 1024), gpu_to_cpu=True)
+
+
+def mapped(
+    tensor_idx: int, canonical: int, local: int = 256, writers: tuple[int, int] = (1, 0)
+) -> CanonicalKVCacheRef:
+    mapping = CanonicalPageMapping(canonical, local, (CopyRun(0, 0, local, 1, local, local),), *writers, True)
+    return CanonicalKVCacheRef(tensor_idx, local, mapping)
+
+
+def test_canonical_block_sizes_take_the_largest_page_per_tensor() -> None:
+    assert canonical_block_sizes([[mapped(0, 4096), mapped(0, 2048)], [mapped(1, 2048)]], 2) == [4096, 2048]
+    with pytest.raises(ValueError, match="needs every reference mapped"):
+        canonical_block_sizes([[CanonicalKVCacheRef(0, 256)]], 1)
+    with pytest.raises(ValueError, match="every tensor needs a mapped reference"):
+        canonical_block_sizes([[mapped(0, 512)]], 2)
+
+
+def test_only_canonical_stores_filter_writers() -> None:
+    refs = [[mapped(0, 256, writers=(2, 1))]]
+    assert layer_copies(refs, gpu_to_cpu=True, canonical_layout=True)[0][0].writers is not None
+    assert layer_copies(refs, gpu_to_cpu=False, canonical_layout=True)[0][0].writers is None
+    direct = layer_copies(refs, gpu_to_cpu=True, canonical_layout=False)[0][0]
+    assert direct.writers is None and direct.plan.num_frags == 1
+
+
+def test_merging_joins_touching_copies_and_stops_at_breaks() -> None:
+    copies = ByteCopies(
+        torch.tensor([0, 16, 32, 64]), torch.tensor([100, 116, 132, 148]), torch.tensor([16, 16, 16, 16])
+    )
+    assert triples(merge_adjacent(copies, NO_BREAKS, NO_BREAKS)) == [(0, 100, 48), (64, 148, 16)]
+    assert triples(merge_adjacent(copies, NO_BREAKS, torch.tensor([132]))) == [
+        (0, 100, 32),
+        (32, 132, 16),
+        (64, 148, 16),
+    ]
+
+
+# ---- whole plans ----
 
 
 def test_consecutive_blocks_merge_into_one_copy() -> None:
     result = plan([4, 5, 6], [10, 11, 12], sizes=[3])
-    assert result.copies == (((4 * PAGE, 10 * PAGE, 3 * PAGE),),)
-    assert result.num_bytes == 3 * PAGE
+    assert [triples(c) for c in result.copies] == [[(4 * PAGE, 10 * PAGE, 3 * PAGE)]]
+    assert (result.num_bytes, result.num_copies) == (3 * PAGE, 1)
 
 
 def test_runs_break_where_either_side_jumps() -> None:
-    # src 1,2 | 3 jumps on dst | 7 jumps on src
     result = plan([1, 2, 3, 7], [5, 6, 9, 10], sizes=[4])
-    assert result.copies[0] == (
+    assert triples(result.copies[0]) == [
         (1 * PAGE, 5 * PAGE, 2 * PAGE),
         (3 * PAGE, 9 * PAGE, PAGE),
         (7 * PAGE, 10 * PAGE, PAGE),
-    )
+    ]
 
 
-def test_gpu_to_cpu_with_factor_3_and_a_mid_block_start() -> None:
-    # The group starts at GPU block index 4: 4 % 3 = 1 sub-block into its first CPU block.
-    # Units: CPU block 2 subs 1, 2; CPU block 8 subs 0, 1.
+def test_a_store_mid_way_into_a_chunk_skips_its_first_sub_blocks() -> None:
+    # The group starts at GPU block index 4: 4 % 3 = 1 sub-block into its first CPU chunk.
     result = plan([0, 1, 2, 3], [2, 8], sizes=[4], indices=[4], dst_factor=3)
     row = 3 * PAGE
-    assert result.copies[0] == (
-        (0, 2 * row + PAGE, 2 * PAGE),
-        (2 * PAGE, 8 * row, 2 * PAGE),
-    )
+    assert triples(result.copies[0]) == [(0, 2 * row + PAGE, 2 * PAGE), (2 * PAGE, 8 * row, 2 * PAGE)]
 
 
-def test_cpu_to_gpu_with_factor_3_mirrors_the_store() -> None:
-    result = plan([2, 8], [0, 1, 2, 3], sizes=[4], indices=[4], src_factor=3)
-    row = 3 * PAGE
-    assert result.copies[0] == (
-        (2 * row + PAGE, 0, 2 * PAGE),
-        (8 * row, 2 * PAGE, 2 * PAGE),
-    )
+def test_padded_rows_never_merge_across_rows() -> None:
+    result = plan([0, 1], [4, 5], sizes=[2], dst_rows=[rows(padding=8)])
+    assert triples(result.copies[0]) == [(0, 4 * 24, PAGE), (PAGE, 5 * 24, PAGE)]
 
 
-def test_factor_3_merges_across_consecutive_cpu_blocks_when_rows_are_dense() -> None:
-    # CPU blocks 3, 4 are adjacent in memory: 6 GPU blocks become one copy.
-    result = plan([10, 11, 12, 13, 14, 15], [3, 4], sizes=[6], dst_factor=3)
-    assert result.copies[0] == ((10 * PAGE, 3 * 3 * PAGE, 6 * PAGE),)
-
-
-def test_padded_rows_never_merge_across_blocks() -> None:
-    # Rows of 100 bytes hold 3 pages of 16 plus padding (e.g. other tensors' pages).
-    padded = TensorGeometry(PAGE, PAGE, 100)
-    result = plan([10, 11, 12, 13, 14, 15], [3, 4], sizes=[6], dst_factor=3, tensors=[padded])
-    assert result.copies[0] == (
-        (10 * PAGE, 300, 3 * PAGE),
-        (13 * PAGE, 400, 3 * PAGE),
-    )
-
-
-def test_empty_groups_consume_no_block_ids() -> None:
+def test_each_layer_copies_its_own_page_of_its_own_tensor() -> None:
+    layers = [[whole(0, 16), whole(1, 8)], [whole(1, 8)]]
     result = plan(
-        [7, 8],
-        [1, 2],
-        sizes=[0, 2, 0],
-        indices=[5, 0, 9],
-        tensors=[dense(), dense(8), dense(4)],
-        group_tensors=[[0], [1], [2]],
-    )
-    assert result.copies == ((), ((7 * 8, 1 * 8, 16),), ())
-    assert result.num_bytes == 16
-
-
-def test_each_group_uses_its_own_tensors_and_offsets() -> None:
-    # Group 0 (tensors 0, 1) takes src [1, 2] -> dst [0]; group 1 (tensor 2) src [5] -> dst [3].
-    tensors = [dense(8, 1, 2), dense(4, 1, 2), dense(32, 1, 2)]
-    result = plan(
-        [1, 2, 5],
-        [0, 3],
+        [0, 1, 2],
+        [5, 6, 7],
         sizes=[2, 1],
-        indices=[0, 2],
-        dst_factor=2,
-        tensors=tensors,
-        group_tensors=[[0, 1], [2]],
+        layers=layers,
+        src_rows=[rows(), rows()],
+        dst_rows=[rows(), rows()],
     )
-    assert result.copies == (
-        ((8, 0, 16),),
-        ((4, 0, 8),),
-        ((5 * 32, 3 * 64, 32),),
+    assert triples(result.copies[0]) == [(0, 5 * PAGE, 2 * PAGE)]
+    assert triples(result.copies[1]) == [(0, 5 * PAGE, 8), (PAGE, 6 * PAGE, 8), (2 * PAGE, 7 * PAGE, 8)]
+    assert result.num_bytes == 2 * 16 + 3 * 8
+
+
+def test_a_canonical_store_writes_only_the_pages_this_rank_is_elected_for() -> None:
+    copy = layer_copies(
+        [[mapped(0, PAGE, local=PAGE, writers=(2, 1))]], gpu_to_cpu=True, canonical_layout=True
     )
-    assert result.num_bytes == 2 * 8 + 2 * 4 + 32
-    assert result.num_copies == 3
-
-
-def test_last_cpu_block_may_be_partial() -> None:
-    result = plan([0, 1, 2, 3], [6, 7], sizes=[4], dst_factor=3)
-    row = 3 * PAGE
-    assert result.copies[0] == ((0, 6 * row, 4 * PAGE),)
-
-
-# ---- validation ----
+    # Chunks of 2 sub-blocks: pages 2*3+0, 2*3+1, 2*4+0, 2*4+1 -> rank 1 writes the odd ones.
+    result = plan([0, 1, 2, 3], [3, 4], sizes=[4], dst_factor=2, layers=copy, dst_rows=[rows(2)])
+    assert triples(result.copies[0]) == [(PAGE, 7 * PAGE, PAGE), (3 * PAGE, 9 * PAGE, PAGE)]
+    assert result.num_bytes == 2 * PAGE
 
 
 @pytest.mark.parametrize(
     ("src", "dst", "match"),
     [
-        ([1, 2], [4], "dst_block_ids is too short"),
-        ([1, 2], [4, 5, 6], "dst_block_ids has 3 block ids but the groups .* consume 2"),
-        ([1, 2, 3], [4, 5, 6], "src_block_ids has 3 block ids but the groups .* consume 2"),
+        ([1, 2], [3], "dst spec is too short"),
+        ([1, 2, 3], [4, 5], "src spec has 3 block ids but the groups"),
+        ([1, 200], [3, 4], r"src spec has block ids \[1, 200\] outside \[0, 100\)"),
+        ([1, -1], [3, 4], "outside"),
     ],
 )
-def test_block_ids_must_be_consumed_exactly(src: list[int], dst: list[int], match: str) -> None:
+def test_block_ids_must_fit_and_be_consumed_exactly(src: list[int], dst: list[int], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         plan(src, dst, sizes=[2])
 
 
-def test_factor_changes_how_many_blocks_a_group_consumes() -> None:
-    # 4 GPU blocks starting 2 into a CPU block of 3 need ceil((4 + 2) / 3) = 2 CPU blocks.
-    plan([0, 1, 2, 3], [1, 2], sizes=[4], indices=[2], dst_factor=3)
-    with pytest.raises(ValueError, match="consume 2"):
-        plan([0, 1, 2, 3], [1, 2, 3], sizes=[4], indices=[2], dst_factor=3)
-    with pytest.raises(ValueError, match="too short"):
-        plan([0, 1, 2, 3, 4], [1, 2], sizes=[5], indices=[2], dst_factor=3)
+def test_group_arguments_must_agree() -> None:
+    with pytest.raises(ValueError, match="need one entry per KV-cache group"):
+        plan([1], [2], sizes=[1], indices=[0, 0])
+    with pytest.raises(ValueError, match="must be non-negative"):
+        plan([1], [2], sizes=[1], indices=[-1])
 
 
-@pytest.mark.parametrize(
-    ("call", "match"),
-    [
-        (lambda: plan([100], [0], sizes=[1]), "src_block_ids contains block id 100, outside"),
-        (lambda: plan([0], [-1], sizes=[1]), "dst_block_ids contains block id -1"),
-        (lambda: plan([0], [0], sizes=[1, 0], indices=[0]), "one entry per KV-cache group"),
-        (lambda: plan([0], [0], sizes=[-1]), "must be non-negative"),
-        (lambda: plan([0], [0], sizes=[1], indices=[-2]), "must be non-negative"),
-        (
-            lambda: plan([0], [0], sizes=[1], src_factor=0, tensors=[dense()]),
-            "src_block_size_factor must be a positive integer",
-        ),
-        (
-            lambda: plan([0], [0], sizes=[1], tensors=[TensorGeometry(PAGE, PAGE - 1, PAGE)]),
-            "src_row_bytes must hold",
-        ),
-        (
-            lambda: plan([0], [0], sizes=[1], tensors=[TensorGeometry(0, 0, 0)]),
-            "page_bytes must be positive",
-        ),
-        (
-            lambda: plan([0], [0], sizes=[1], group_tensors=[[1]]),
-            r"group_tensors\[0\] names tensor 1",
-        ),
-    ],
-)
-def test_inconsistent_arguments_raise_value_error(call: Callable[[], object], match: str) -> None:
-    with pytest.raises(ValueError, match=match):
-        call()
-
-
-# ---- model-based ----
+# ---- against the naive model ----
 
 
 @dataclass(frozen=True)
 class Scenario:
-    src: list[int]
-    dst: list[int]
-    sizes: list[int]
-    indices: list[int]
     src_factor: int
     dst_factor: int
-    tensors: list[TensorGeometry]
-    group_tensors: list[list[int]]
-    num_src: int
-    num_dst: int
+    sizes: list[int]
+    indices: list[int]
+    src_ids: list[int]
+    dst_ids: list[int]
+    layers: list[list[LayerCopy]]
+    pages: list[int]
+    src_padding: int
+    dst_padding: int
+    num_rows: int
+
+
+@st.composite
+def fragment_plans(draw: st.DrawFn, page: int) -> LayerCopy:
+    """A layer's page in 1-3 fragments, in any order, with an optional writer rotation."""
+    cuts = sorted(draw(st.sets(st.integers(1, page - 1), max_size=2)))
+    bounds = [0, *cuts, page]
+    pieces = [(a, b - a) for a, b in zip(bounds, bounds[1:])]
+    targets = draw(st.permutations(pieces))
+    offsets_dst: list[int] = []
+    position = 0
+    for _, size in targets:
+        offsets_dst.append(position)
+        position += size
+    order = {piece: offsets_dst[i] for i, piece in enumerate(targets)}
+    runs = tuple(CopyRun(start, order[(start, size)], size, 1, size, size) for start, size in pieces)
+    writers = draw(st.sampled_from([(1, 0), (2, 0), (2, 1), (3, 2)]))
+    mapping = CanonicalPageMapping(page, page, runs, *writers, True)
+    return layer_copies([[CanonicalKVCacheRef(0, page, mapping)]], gpu_to_cpu=True, canonical_layout=True)[0][
+        0
+    ]
 
 
 @st.composite
 def scenarios(draw: st.DrawFn) -> Scenario:
-    factor = draw(st.integers(1, 4))
-    gpu_to_cpu = draw(st.booleans())
-    src_factor, dst_factor = (1, factor) if gpu_to_cpu else (factor, 1)
-    num_tensors = draw(st.integers(1, 3))
-    tensors: list[TensorGeometry] = []
-    for _ in range(num_tensors):
-        page = draw(st.sampled_from([4, 8, 12]))
-        src_pad = draw(st.sampled_from([0, 0, 4]))
-        dst_pad = draw(st.sampled_from([0, 0, 4]))
-        tensors.append(TensorGeometry(page, src_factor * page + src_pad, dst_factor * page + dst_pad))
+    store = draw(st.booleans())
+    factor = draw(st.integers(1, 3))
+    src_factor, dst_factor = (1, factor) if store else (factor, 1)
     num_groups = draw(st.integers(1, 3))
-    group_tensors = [
-        draw(st.lists(st.integers(0, num_tensors - 1), min_size=0, max_size=2, unique=True))
-        for _ in range(num_groups)
-    ]
-    sizes = [draw(st.integers(0, 8)) for _ in range(num_groups)]
-    indices = [draw(st.integers(0, 10)) for _ in range(num_groups)]
-    num_src = num_dst = 64
-    src: list[int] = []
-    dst: list[int] = []
-    for size, index in zip(sizes, indices):
-        if size == 0:
-            continue
-        for side, side_factor in ((src, src_factor), (dst, dst_factor)):
-            count = -(-(size + index % side_factor) // side_factor)
-            ids = st.lists(st.integers(0, 63), min_size=count, max_size=count)
-            # Runs of consecutive ids are what merging is about: draw some on purpose.
-            run_start = draw(st.integers(0, 63 - count))
-            side.extend(draw(st.one_of(ids, st.just(list(range(run_start, run_start + count))))))
+    pages = draw(st.lists(st.sampled_from([4, 8]), min_size=1, max_size=2))
+    num_rows = 12
+    sizes: list[int] = []
+    indices: list[int] = []
+    src_ids: list[int] = []
+    dst_ids: list[int] = []
+    layers: list[list[LayerCopy]] = []
+    for _ in range(num_groups):
+        size = draw(st.integers(0, 4))
+        index = draw(st.integers(0, 5))
+        sizes.append(size)
+        indices.append(index)
+        if size:
+            for ids, f in ((src_ids, src_factor), (dst_ids, dst_factor)):
+                count = -(-(size + index % f) // f)
+                ids += draw(
+                    st.lists(st.integers(0, num_rows - 1), min_size=count, max_size=count, unique=True)
+                )
+        tensors = draw(st.sets(st.integers(0, len(pages) - 1), min_size=1))
+        group: list[LayerCopy] = []
+        for t in sorted(tensors):
+            if store and draw(st.booleans()):
+                fragments = draw(fragment_plans(pages[t]))
+                group.append(LayerCopy(t, fragments.plan, fragments.writers))
+            else:
+                group.append(whole(t, pages[t]))
+        layers.append(group)
     return Scenario(
-        src, dst, sizes, indices, src_factor, dst_factor, tensors, group_tensors, num_src, num_dst
+        src_factor,
+        dst_factor,
+        sizes,
+        indices,
+        src_ids,
+        dst_ids,
+        layers,
+        pages,
+        draw(st.sampled_from([0, 4])),
+        draw(st.sampled_from([0, 4])),
+        num_rows,
     )
 
 
-def naive_copies(s: Scenario) -> list[list[ByteCopy]]:
-    """One page-sized copy per GPU block, computed the obvious way."""
-    copies: list[list[ByteCopy]] = [[] for _ in s.tensors]
+def naive_copies(s: Scenario) -> list[list[tuple[int, int, int]]]:
+    """One copy per (group, layer, GPU block, fragment), written out plainly."""
+    copies: list[list[tuple[int, int, int]]] = [[] for _ in s.pages]
     src_offset = dst_offset = 0
     for group, (size, index) in enumerate(zip(s.sizes, s.indices)):
         if size == 0:
             continue
         src_skip, dst_skip = index % s.src_factor, index % s.dst_factor
-        for unit in range(size):
-            src_block = s.src[src_offset + (src_skip + unit) // s.src_factor]
-            dst_block = s.dst[dst_offset + (dst_skip + unit) // s.dst_factor]
-            src_sub = (src_skip + unit) % s.src_factor
-            dst_sub = (dst_skip + unit) % s.dst_factor
-            for t in s.group_tensors[group]:
-                g = s.tensors[t]
-                copies[t].append(
-                    (
-                        src_block * g.src_row_bytes + src_sub * g.page_bytes,
-                        dst_block * g.dst_row_bytes + dst_sub * g.page_bytes,
-                        g.page_bytes,
-                    )
-                )
-        src_offset += -(-(size + src_skip) // s.src_factor)
-        dst_offset += -(-(size + dst_skip) // s.dst_factor)
+        src_count = -(-(size + src_skip) // s.src_factor)
+        dst_count = -(-(size + dst_skip) // s.dst_factor)
+        for layer in s.layers[group]:
+            page = s.pages[layer.tensor_idx]
+            for i in range(size):
+                src_block, src_sub = divmod(src_skip + i, s.src_factor)
+                dst_block, dst_sub = divmod(dst_skip + i, s.dst_factor)
+                src_id, dst_id = s.src_ids[src_offset + src_block], s.dst_ids[dst_offset + dst_block]
+                cpu_page = dst_id * s.dst_factor + dst_sub
+                if layer.writers is not None and not layer.writers.is_writer(cpu_page):
+                    continue
+                src_base = src_id * (s.src_factor * page + s.src_padding) + src_sub * page
+                dst_base = dst_id * (s.dst_factor * page + s.dst_padding) + dst_sub * page
+                for a, b, n in zip(
+                    int_list(layer.plan.frag_offsets_src),
+                    int_list(layer.plan.frag_offsets_dst),
+                    int_list(layer.plan.frag_sizes),
+                ):
+                    copies[layer.tensor_idx].append((src_base + a, dst_base + b, n))
+        src_offset += src_count
+        dst_offset += dst_count
     return copies
 
 
-def split_into_pages(copies: Sequence[ByteCopy], page: int) -> list[ByteCopy]:
-    return [
-        (src + k, dst + k, page) for src, dst, nbytes in copies for k in range(0, nbytes, page)
-    ]
+def apply(copies: list[tuple[int, int, int]], source: bytes, size: int) -> bytes:
+    out = bytearray(size)
+    for s, d, n in copies:
+        out[d : d + n] = source[s : s + n]
+    return bytes(out)
 
 
+@settings(max_examples=150, deadline=None)
 @given(scenarios())
-def test_plan_equals_the_naive_per_block_copies_merged_maximally(s: Scenario) -> None:
-    result = plan_transfer(
-        s.src,
-        s.dst,
-        group_sizes=s.sizes,
-        block_indices=s.indices,
-        src_block_size_factor=s.src_factor,
-        dst_block_size_factor=s.dst_factor,
-        group_tensors=s.group_tensors,
-        tensors=s.tensors,
-        src_num_blocks=s.num_src,
-        dst_num_blocks=s.num_dst,
+def test_plan_moves_the_bytes_of_the_naive_model_in_maximally_merged_copies(s: Scenario) -> None:
+    src_rows = [SideRows(s.src_factor * p + s.src_padding, p, s.num_rows) for p in s.pages]
+    dst_rows = [SideRows(s.dst_factor * p + s.dst_padding, p, s.num_rows) for p in s.pages]
+    result = plan(
+        s.src_ids,
+        s.dst_ids,
+        sizes=s.sizes,
+        indices=s.indices,
+        src_factor=s.src_factor,
+        dst_factor=s.dst_factor,
+        layers=s.layers,
+        src_rows=src_rows,
+        dst_rows=dst_rows,
     )
     expected = naive_copies(s)
-    for t, geometry in enumerate(s.tensors):
-        # Same bytes, same order, once split back into pages...
-        assert split_into_pages(result.copies[t], geometry.page_bytes) == expected[t]
-        # ...and no two neighbouring copies could have been one.
-        for (s0, d0, n0), (s1, d1, _) in zip(result.copies[t], result.copies[t][1:]):
-            assert not (s0 + n0 == s1 and d0 + n0 == d1)
     assert result.num_bytes == sum(n for tensor in expected for _, _, n in tensor)
-
-
-@given(scenarios(), st.integers(0, 1), st.integers(1, 3))
-def test_extra_or_missing_block_ids_are_rejected(s: Scenario, side: int, extra: int) -> None:
-    src, dst = list(s.src), list(s.dst)
-    (src if side == 0 else dst).extend([0] * extra)
-    with pytest.raises(ValueError, match="block ids but the groups"):
-        plan_transfer(
-            src,
-            dst,
-            group_sizes=s.sizes,
-            block_indices=s.indices,
-            src_block_size_factor=s.src_factor,
-            dst_block_size_factor=s.dst_factor,
-            group_tensors=s.group_tensors,
-            tensors=s.tensors,
-            src_num_blocks=s.num_src,
-            dst_num_blocks=s.num_dst,
-        )
-
-
-def test_thousands_of_blocks_plan_into_few_copies() -> None:
-    n = 8192
-    result = plan(list(range(n)), list(range(n, 2 * n)), sizes=[n], src_num_blocks=2 * n, dst_num_blocks=2 * n)
-    assert result.copies == (((0, n * PAGE, n * PAGE),),)
+    for t, page in enumerate(s.pages):
+        size = s.num_rows * (max(s.src_factor, s.dst_factor) * page + 4)
+        source = bytes((i * 7 + t) % 251 for i in range(size))
+        merged = triples(result.copies[t])
+        assert apply(merged, source, size) == apply(expected[t], source, size)
+        assert len(merged) <= len(expected[t])
+        assert not any(a[0] + a[2] == b[0] and a[1] + a[2] == b[1] for a, b in zip(merged, merged[1:]))

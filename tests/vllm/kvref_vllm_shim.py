@@ -23,6 +23,7 @@ ALIASES: dict[str, str] = {
     "vllm.v1.kv_offload.config": "kvref.config",
     "vllm.v1.kv_offload.cpu.common": "kvref.cpu.common",
     "vllm.v1.kv_offload.cpu.manager": "kvref.cpu.manager",
+    "vllm.v1.kv_offload.cpu.gpu_worker": "kvref.cpu.gpu_worker",
     "vllm.v1.kv_offload.cpu.policies.base": "kvref.cpu.policies.base",
     "vllm.v1.kv_offload.cpu.policies.lru": "kvref.cpu.policies.lru",
     "vllm.v1.kv_offload.cpu.policies.arc": "kvref.cpu.policies.arc",
