@@ -9,14 +9,10 @@ mapping and decides which idle chunks to evict. A chunk's states:
       ^                          | complete_store(success=False): dropped, slot freed
       +------- evicted by a prepare_store that needs its slot (idle, not named by it)
 
-Each request's accesses are recorded in its `ReqContext`: the keys it loaded or offered to
-store, per KV-cache group, which it stored and which it reused. The policy sees a request's
-first access to each key (`on_request_access`), its store misses once (`on_store_miss`) and the
-whole record when the request finishes (`on_request_finished`), where LRU and ARC commit it.
-
-Where kvref differs from vLLM (docs/VLLM_DIFFERENCES.md): misuse raises `OffloadProtocolError`
-and changes nothing where vLLM asserts; a key offered twice in one `prepare_store` takes one
-chunk; a single key passed as `keys` is a `TypeError`.
+Each request's accesses are recorded in its `ReqContext` (the keys it loaded or offered to
+store, which it stored, which it reused); the policy sees each first access, each store miss
+once, and the whole record when the request finishes, where LRU and ARC commit it. Where kvref
+differs from vLLM on purpose is listed in docs/VLLM_DIFFERENCES.md.
 """
 
 from __future__ import annotations
@@ -54,8 +50,8 @@ __all__ = ["CPUOffloadingManager"]
 # those bytes needs no index decoded.
 _GROUP_SUFFIX = operator.itemgetter(slice(-4, None))
 
-# _LIST: calls check the type of `keys` (a single key is a TypeError) only when it is not a list,
-# what the connector passes: the check's call costs as much as a cheap call's own work.
+# _LIST: `keys` that are not a list (what the connector passes) are checked for a single key (a
+# TypeError); the check's call costs as much as a cheap call's own work.
 
 
 # Dataclass factories: calling a parameterised builtin (`set[OffloadKey]()`) is ten times slower
@@ -130,13 +126,11 @@ class CPUOffloadingManager(OffloadingManager):
         self.events: list[OffloadingEvent] | None = [] if enable_events else None
         policy_cls = CachePolicyFactory.get_cache_policy_cls(cache_policy, cache_policy_module_path)
         self._policy: CachePolicy = policy_cls(cache_capacity=num_chunks)
-        # A policy that keeps no index of idle chunks (kvref's LRU and ARC) leaves both
-        # evictability hooks as the base's no-ops: the manager then makes no call per pin.
+        # Hooks a policy leaves as the base's no-ops (kvref's LRU and ARC keep no index of idle
+        # chunks) are not called: that would be a call per key.
         policy_class = type(self._policy)
-        self._calls_evictability_hooks = (
-            policy_class.mark_evictable is not CachePolicy.mark_evictable
-            or policy_class.mark_non_evictable is not CachePolicy.mark_non_evictable
-        )
+        hooks = (policy_class.mark_evictable, policy_class.mark_non_evictable)
+        self._calls_evictability_hooks = hooks != (CachePolicy.mark_evictable, CachePolicy.mark_non_evictable)
         self._calls_request_access_hook = policy_class.on_request_access is not CachePolicy.on_request_access
         # Chunks that are idle (ref_cnt 0) and chunks with a store in flight (ref_cnt -1).
         self._num_evictable_cache_chunks: int = 0
