@@ -22,6 +22,7 @@ from kvref.audit.discover.paths import absolute_path, relative_path
 from kvref.audit.model import AnalysisOptions, AnalysisResult, FileError, Finding
 from kvref.audit.resolve.hierarchy import ProjectIndex
 from kvref.audit.resolve.modules import module_names_for
+from kvref.audit.resolve.reachability import Reachability
 from kvref.audit.resolve.stdlib import candidate_files
 from kvref.audit.resolve.targets import ClassInfo, ClassKey, Unresolved
 from kvref.audit.rules import rules_for
@@ -152,6 +153,7 @@ def index_project(
     roots: SearchRoots = SearchRoots(),
     *,
     held: Collection[Path] = (),
+    reach: Reachability | None = None,
 ) -> Indexed:
     """Stage 3: index the project and decide what to check.
 
@@ -164,6 +166,8 @@ def index_project(
         roots: where names outside the project are looked up.
         held: eager files summarised without error whose summaries `load` still holds (so
             they are not in `summaries`).
+        reach: decides version and platform checks (`Reachability.for_floor` of the
+            project's floor; the running interpreter's by default).
     """
     errors: list[FileError] = []
     failed: set[Path] = set()
@@ -179,7 +183,9 @@ def index_project(
         elif summary is not None:
             loaded[path] = summary
     paths = [path for path in project.files if path not in failed]
-    primary, index, unreadable_tops = _build_index(project.root, paths, loaded, load, roots, failed)
+    primary, index, unreadable_tops = _build_index(
+        project.root, paths, loaded, load, roots, failed, reach
+    )
     summarised = set(project.eager).difference(failed)
     dependents = _dependent_classes(project, summarised, primary, index) if project.partial else {}
     checked = sorted(p for p in project.reported.union(dependents).intersection(summarised) if p.suffix != ".pyi")
@@ -286,7 +292,8 @@ def analyze(
         return summary if isinstance(summary, ModuleSummary) else None
 
     roots = SearchRoots(search_paths, package_roots, import_roots)
-    indexed = index_project(project, many(project.eager), load, roots)
+    reach = Reachability.for_floor(options.python_floor)
+    indexed = index_project(project, many(project.eager), load, roots, reach=reach)
     return collect(indexed, [check(indexed, indexed.checked, options)])
 
 
@@ -396,6 +403,7 @@ def _build_index(
     load: Load,
     roots: SearchRoots,
     unreadable: Collection[Path] = (),
+    reach: Reachability | None = None,
 ) -> tuple[dict[Path, str], ProjectIndex, frozenset[str]]:
     package_dirs = {
         os.path.dirname(str(path)) for path in paths if path.name in ("__init__.py", "__init__.pyi")
@@ -468,6 +476,7 @@ def _build_index(
         search_paths=roots.search_paths,
         package_roots=roots.package_roots,
         summarize_external=load,
+        reach=reach,
     )
     return primary, index, unreadable_tops
 
@@ -481,7 +490,10 @@ def _module_context(
 ) -> ModuleContext:
     classes: list[ClassContext] = []
     partial: list[ClassInfo] = []
+    reaches = index.reach.reaches
     for cls in summary.classes:
+        if cls.guard and not reaches(cls.guard):
+            continue  # code the type checkers never analyse (`if not TYPE_CHECKING:`)
         key = ClassKey(module, cls.qualname)
         try:
             mro = index.mro(key)

@@ -48,7 +48,10 @@ class ClassBuilder:
     methods: list[tuple[ast.FunctionDef | ast.AsyncFunctionDef, str]] = field(
         default_factory=lambda: []
     )
+    """Each method with its guard (`kvref.audit.summarise.guards`)."""
     attributes: list[str] = field(default_factory=lambda: [])
+    guarded_attributes: list[tuple[str, str]] = field(default_factory=lambda: [])
+    guard: str = ""
 
 
 _LONG_BASE = 60  # characters of a base call shown whole
@@ -79,9 +82,10 @@ class Freezer:
         )
         display = builder.qualname.split("@")[0]
         methods = tuple(
-            self.freeze_function(method, f"{display}.{method.name}")
-            for method, _ in builder.methods
+            self.freeze_function(method, f"{display}.{method.name}", guard)
+            for method, guard in builder.methods
         )
+        unguarded = set(builder.attributes)
         return ClassSummary(
             name=node.name,
             qualname=builder.qualname,
@@ -90,10 +94,14 @@ class Freezer:
             bases=bases,
             methods=methods,
             attributes=tuple(dict.fromkeys(builder.attributes)),
+            guard=builder.guard,
+            guarded_attributes=tuple(
+                dict.fromkeys(item for item in builder.guarded_attributes if item[0] not in unguarded)
+            ),
         )
 
     def freeze_function(
-        self, node: ast.FunctionDef | ast.AsyncFunctionDef, qualname: str
+        self, node: ast.FunctionDef | ast.AsyncFunctionDef, qualname: str, guard: str = ""
     ) -> FunctionSummary:
         # The hottest code of a cold run (one call per `def` of the project): written for
         # speed, with the common cases (no decorator, ASCII line) taking the short paths.
@@ -113,7 +121,7 @@ class Freezer:
         if not node.decorator_list:
             return FunctionSummary(
                 node.name, qualname, name_col, line, indent, (),
-                False, False, False, False, False, False, params, multi,
+                False, False, False, False, False, False, params, multi, guard,
             )  # fmt: skip
         decorators = tuple(dotted_name(d) for d in node.decorator_list)
         lasts = {d.rpartition(".")[2] for d in decorators}
@@ -132,6 +140,7 @@ class Freezer:
             is_abstract=bool(lasts & _ABSTRACT_DECORATORS),
             parameters=params,
             multi_pass=multi,
+            guard=guard,
         )
 
     def _params(self, args: ast.arguments) -> tuple[ParamRow, ...]:

@@ -1,0 +1,151 @@
+"""Guards: the conditions under which the type checkers analyse a branch, kept as short strings.
+
+pyright, mypy and ty evaluate a few conditions statically and never analyse a branch they find
+false: `TYPE_CHECKING` (always true to them), `sys.version_info` compared with a tuple (against
+the configured Python version) and `sys.platform` compared with a string or tested with
+`startswith` (against the configured platform). kvref records, for every class, method and
+class attribute and for every module-level binding made under such a condition, the
+conjunction of the conditions that lead to it (its guard); the version and platform are those of
+the project being audited, known only when it is indexed, so the summary keeps the condition
+and `kvref.audit.resolve.reachability` decides it then. A summary thereby stays valid for every
+project that shares the file (the standard library's stubs, a cached summary).
+
+A guard is "" (always analysed), `NEVER` (never: the `else` of `if TYPE_CHECKING:`), or atoms
+joined by `&`: `V>=3.12` (a version, compared as (major, minor)), `P==win32`, `P!=win32`,
+`P^=linux` (starts with), `P!^=linux`. A condition kvref does not understand guards nothing,
+as the checkers analyse both branches of such a test too.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Final
+
+__all__ = ["NEVER", "branch_guards", "join_guards"]
+
+NEVER: Final = "!"
+"""The guard of a branch the checkers never analyse, whatever the version or platform."""
+
+_COMPARISONS: Final[dict[type[ast.cmpop], str]] = {
+    ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!=",
+}
+_NEGATED: Final = {"<": ">=", "<=": ">", ">": "<=", ">=": "<", "==": "!=", "!=": "==", "^=": "!^=", "!^=": "^="}
+_NEGATED_GUARD: Final = {"": NEVER, NEVER: ""}
+
+
+def join_guards(outer: str, inner: str) -> str:
+    """The guard of a branch `inner` nested in one guarded by `outer` (both must hold)."""
+    if not outer or not inner:
+        return outer or inner
+    if NEVER in (outer, inner):
+        return NEVER
+    return f"{outer}&{inner}"
+
+
+def branch_guards(test: ast.expr) -> tuple[str, str] | None:
+    """(the `if` body's guard, the `else` branch's guard) of a condition the checkers
+    evaluate, or None for any other condition."""
+    atom = _atom(test)
+    if atom is not None:
+        return atom, _negate(atom)
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        inner = branch_guards(test.operand)
+        return None if inner is None else (inner[1], inner[0])
+    if isinstance(test, ast.BoolOp):
+        parts = [branch_guards(value) for value in test.values]
+        if any(part is None for part in parts):
+            return None
+        known = [part for part in parts if part is not None]
+        # `a and b`: the body needs both, the `else` is one of several cases (unknown);
+        # `a or b` the other way round.
+        index = 0 if isinstance(test.op, ast.And) else 1
+        joined = ""
+        for part in known:
+            joined = join_guards(joined, part[index])
+        return (joined, "") if index == 0 else ("", joined)
+    return None
+
+
+def _negate(atom: str) -> str:
+    if atom in _NEGATED_GUARD:
+        return _NEGATED_GUARD[atom]
+    kind, rest = atom[0], atom[1:]
+    for operator in ("!^=", "^=", "<=", ">=", "==", "!=", "<", ">"):
+        if rest.startswith(operator):
+            return f"{kind}{_NEGATED[operator]}{rest[len(operator):]}"
+    return ""
+
+
+def _atom(test: ast.expr) -> str | None:
+    """One condition: `TYPE_CHECKING`, a `sys.version_info` or `sys.platform` comparison."""
+    if _is_type_checking(test):
+        return ""
+    if isinstance(test, ast.Compare) and len(test.ops) == 1:
+        left, operator, right = test.left, _COMPARISONS.get(type(test.ops[0])), test.comparators[0]
+        if operator is None:
+            return None
+        if _is_sys(left, "version_info") or _is_version_slice(left):
+            version = _version(right)
+            return None if version is None else f"V{operator}{version}"
+        if _is_sys(left, "platform") and operator in ("==", "!=") and isinstance(right, ast.Constant):
+            value = right.value
+            return f"P{operator}{value}" if isinstance(value, str) and "&" not in value else None
+        return None
+    if (
+        isinstance(test, ast.Call)
+        and isinstance(test.func, ast.Attribute)
+        and test.func.attr == "startswith"
+        and _is_sys(test.func.value, "platform")
+        and len(test.args) == 1
+        and not test.keywords
+        and isinstance(test.args[0], ast.Constant)
+        and isinstance(test.args[0].value, str)
+        and "&" not in test.args[0].value
+    ):
+        return f"P^={test.args[0].value}"
+    return None
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    if isinstance(test, ast.Name):
+        return test.id == "TYPE_CHECKING"
+    return isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING" and isinstance(test.value, ast.Name)
+
+
+def _is_sys(node: ast.expr, attribute: str) -> bool:
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr == attribute
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "sys"
+    )
+
+
+def _is_version_slice(node: ast.expr) -> bool:
+    """`sys.version_info[:2]` (compared the same as the whole tuple)."""
+    return (
+        isinstance(node, ast.Subscript)
+        and _is_sys(node.value, "version_info")
+        and isinstance(node.slice, ast.Slice)
+        and node.slice.lower is None
+        and node.slice.step is None
+        and isinstance(node.slice.upper, ast.Constant)
+        and node.slice.upper.value == 2
+    )
+
+
+def _version(node: ast.expr) -> str | None:
+    """`(3, 12)` as "3.12"; a third element only when it is 0 (a micro version kvref cannot
+    compare with a floor that has none)."""
+    if not isinstance(node, ast.Tuple) or not 1 <= len(node.elts) <= 3:
+        return None
+    parts: list[int] = []
+    for element in node.elts:
+        if not isinstance(element, ast.Constant) or type(element.value) is not int:
+            return None
+        parts.append(element.value)
+    if len(parts) == 3:
+        if parts[2] != 0:
+            return None
+        parts = parts[:2]
+    return ".".join(str(part) for part in parts)
