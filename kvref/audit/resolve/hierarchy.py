@@ -84,6 +84,7 @@ class ProjectIndex:
         )
         self.reach = self._table.reach
         self._names = NameResolver(self._table, stubs or {})
+        self._names.ancestors = self.known_ancestors
         self._infos: dict[ClassKey, ClassInfo | None] = {}
         self._mros: dict[ClassKey, tuple[ClassKey, ...] | Unresolved] = {}
         self._in_progress: set[ClassKey] = set()
@@ -136,7 +137,7 @@ class ProjectIndex:
         for method in cls.methods:
             if not method.guard or reaches(method.guard):
                 methods.setdefault(method.name, []).append(method)
-        attributes = frozenset(cls.attributes)
+        attributes = frozenset(cls.attributes) | frozenset(cls.instance_attributes)
         if cls.guarded_attributes:
             attributes |= {name for name, guard in cls.guarded_attributes if reaches(guard)}
         bases: list[ClassKey | Unresolved] = [

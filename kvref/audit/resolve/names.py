@@ -13,7 +13,7 @@ from __future__ import annotations
 import builtins
 import sys
 import types
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from kvref.audit.resolve.modules import ModuleTable
 from kvref.audit.resolve.stdlib import TYPING_REDIRECTS, is_loaded_stdlib, loaded_extension
@@ -50,6 +50,9 @@ class NameResolver:
         self._names: dict[tuple[str, str, str], Target] = {}
         self._live: dict[ClassKey, type] = {}
         self._resolving: set[tuple[str, str]] = set()
+        # A class's resolvable ancestors (`ProjectIndex.known_ancestors`), for the nested
+        # classes it inherits (`String.Comparator` defined in a base of `String`).
+        self.ancestors: Callable[[ClassKey], Sequence[ClassKey]] | None = None
 
     def module(self, name: str) -> ModuleSummary | None:
         """The summary of a module by dotted name (project, search paths, stdlib)."""
@@ -245,17 +248,26 @@ class NameResolver:
                 return ModuleTarget(submodule)
             return self._introspected_member(target.name, attribute)
         if isinstance(target, ClassKey):
-            # A class nested in a class the project's sources define (`Outer.Inner`).
-            summary = None if target.module == BUILTINS else self.module(target.module)
-            nested = f"{target.qualname}.{attribute}"
-            if summary is not None:
-                classes = self.table.class_table(target.module, summary)
-                if target.qualname in classes and nested in classes:
-                    return ClassKey(target.module, nested)
-            return NotAClass(f"{target.dotted}.{attribute}")
+            # A class nested in a class the sources define (`Outer.Inner`), or in one of its
+            # bases (`String.Comparator`, where a base of `String` defines `Comparator`).
+            nested = self._nested_class(target, attribute)
+            if nested is None and self.ancestors is not None:
+                for ancestor in self.ancestors(target):
+                    nested = self._nested_class(ancestor, attribute)
+                    if nested is not None:
+                        break
+            return nested or NotAClass(f"{target.dotted}.{attribute}")
         if isinstance(target, Unresolved):
             return Unresolved(frozenset(f"{n}.{attribute}" for n in target.names))
         return NotAClass(f"{target.dotted}.{attribute}")
+
+    def _nested_class(self, owner: ClassKey, attribute: str) -> ClassKey | None:
+        summary = None if owner.module == BUILTINS else self.module(owner.module)
+        if summary is None:
+            return None
+        classes = self.table.class_table(owner.module, summary)
+        nested = f"{owner.qualname}.{attribute}"
+        return ClassKey(owner.module, nested) if owner.qualname in classes and nested in classes else None
 
     def _introspected_member(
         self, module: str, name: str, loaded: types.ModuleType | None = None

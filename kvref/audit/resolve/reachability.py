@@ -45,7 +45,10 @@ class Reachability:
 def _reaches(guard: str, version: tuple[int, int], platform: str) -> bool:
     if guard == NEVER:
         return False
-    return all(_atom_holds(atom, version, platform) for atom in guard.split("&"))
+    return any(
+        all(_atom_holds(atom, version, platform) for atom in clause.split("&"))
+        for clause in guard.split("|")
+    )
 
 
 def _atom_holds(atom: str, version: tuple[int, int], platform: str) -> bool:

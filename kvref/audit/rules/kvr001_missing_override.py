@@ -41,7 +41,11 @@ class MissingOverride(Rule):
     exempt; overrides of `object`'s methods (`__repr__`, `__eq__`), implementations of
     abstract methods and members of Protocol bases are reported; class-private `__names`
     never override. A class with a base that cannot be resolved (an uninstalled package) is
-    still checked against the bases that do resolve, as the type checkers do.
+    still checked against the bases that do resolve, as the type checkers do. Standard-library
+    bases have the members typeshed declares. What the checkers never analyse is not reported:
+    the `else` of `if TYPE_CHECKING:`, `sys.version_info` and `sys.platform` checks that are
+    false for the project's floor and this platform, and a `def` line with a bare
+    `# type: ignore` (see docs/AUDIT_AGREEMENT.md).
 
     Example:
         class Tier(Base):
@@ -92,6 +96,8 @@ class MissingOverride(Rule):
                 ):
                     continue  # a project module's re-export of typing_extensions' override
                 target = primary_definition(definitions)
+                if target.def_line in context.summary.type_ignore_lines:
+                    continue  # hidden from the type checkers by a bare `# type: ignore`
                 yield self.report(
                     context,
                     target.name_span,

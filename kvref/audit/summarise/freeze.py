@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kvref.audit.source import line_char_col
+from kvref.audit.summarise.assignments import instance_attributes
 from kvref.audit.summarise.imports import OVERRIDE_MODULES, canonical_type_name, dotted_name
 from kvref.audit.summarise.passes import multi_pass_facts
 from kvref.audit.summarise.records import (
@@ -66,8 +67,10 @@ class Freezer:
         symbols: Mapping[str, tuple[Binding, ...]],
         stars: Sequence[tuple[str, int]],
         with_parameters: bool = True,
+        assignments: tuple[list[int], list[str]] = ([], []),
     ) -> None:
         self.lines = lines
+        self.assignments = assignments  # `instance_assignments` of the module's text
         self.with_parameters = with_parameters  # False: functions are frozen without them
         self.ascii_only = ascii_only  # byte columns are character columns: no conversion
         self.symbols = symbols
@@ -94,6 +97,11 @@ class Freezer:
             bases=bases,
             methods=methods,
             attributes=tuple(dict.fromkeys(builder.attributes)),
+            instance_attributes=(
+                instance_attributes(self.assignments, [method for method, _ in builder.methods])
+                if self.assignments[0] and builder.methods
+                else ()
+            ),
             guard=builder.guard,
             guarded_attributes=tuple(
                 dict.fromkeys(item for item in builder.guarded_attributes if item[0] not in unguarded)

@@ -10,18 +10,18 @@ the project being audited, known only when it is indexed, so the summary keeps t
 and `kvref.audit.resolve.reachability` decides it then. A summary thereby stays valid for every
 project that shares the file (the standard library's stubs, a cached summary).
 
-A guard is "" (always analysed), `NEVER` (never: the `else` of `if TYPE_CHECKING:`), or atoms
-joined by `&`: `V>=3.12` (a version, compared as (major, minor)), `P==win32`, `P!=win32`,
-`P^=linux` (starts with), `P!^=linux`. A condition kvref does not understand guards nothing,
-as the checkers analyse both branches of such a test too.
+A guard is "" (always analysed), `NEVER` (never: the `else` of `if TYPE_CHECKING:`), or a
+disjunction (`|`) of conjunctions (`&`) of atoms: `V>=3.12` (a version, compared as (major,
+minor)), `P==win32`, `P!=win32`, `P^=linux` (starts with), `P!^=linux`. A condition kvref does
+not understand guards nothing, as the checkers analyse both branches of such a test too.
 """
 
 from __future__ import annotations
 
 import ast
-from typing import Final
+from typing import Final, cast
 
-__all__ = ["NEVER", "branch_guards", "join_guards"]
+__all__ = ["NEVER", "branch_guards", "either_guard", "join_guards", "negate_guard"]
 
 NEVER: Final = "!"
 """The guard of a branch the checkers never analyse, whatever the version or platform."""
@@ -30,45 +30,90 @@ _COMPARISONS: Final[dict[type[ast.cmpop], str]] = {
     ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!=",
 }
 _NEGATED: Final = {"<": ">=", "<=": ">", ">": "<=", ">=": "<", "==": "!=", "!=": "==", "^=": "!^=", "!^=": "^="}
-_NEGATED_GUARD: Final = {"": NEVER, NEVER: ""}
+
+
+_Clauses = tuple[tuple[str, ...], ...]
+"""A guard in disjunctive normal form: () is never, ((),) always."""
+
+_ALWAYS: _Clauses = ((),)
+_MAX_CLAUSES = 8  # a condition kvref would need more for guards nothing (always analysed)
+
+
+def _parse(guard: str) -> _Clauses:
+    if not guard:
+        return _ALWAYS
+    if guard == NEVER:
+        return ()
+    return tuple(tuple(clause.split("&")) for clause in guard.split("|"))
+
+
+def _render(clauses: _Clauses) -> str:
+    if not clauses:
+        return NEVER
+    if any(not clause for clause in clauses) or len(clauses) > _MAX_CLAUSES:
+        return ""
+    return "|".join("&".join(clause) for clause in dict.fromkeys(clauses))
+
+
+def _both(left: _Clauses, right: _Clauses) -> _Clauses:
+    return tuple(tuple(dict.fromkeys((*a, *b))) for a in left for b in right)
 
 
 def join_guards(outer: str, inner: str) -> str:
     """The guard of a branch `inner` nested in one guarded by `outer` (both must hold)."""
     if not outer or not inner:
         return outer or inner
-    if NEVER in (outer, inner):
-        return NEVER
-    return f"{outer}&{inner}"
+    return _render(_both(_parse(outer), _parse(inner)))
+
+
+def either_guard(left: str, right: str) -> str:
+    """The guard of code reached when either guard holds."""
+    if not left or not right:
+        return ""
+    return _render((*_parse(left), *_parse(right)))
+
+
+def negate_guard(guard: str) -> str:
+    """The guard of the `else` branch of a test whose body has `guard`."""
+    result: _Clauses = _ALWAYS
+    for clause in _parse(guard):
+        negated = tuple((_negate(atom),) for atom in clause)
+        if any(not atom for (atom,) in negated):
+            return ""
+        result = _both(result, negated)
+        if len(result) > _MAX_CLAUSES:
+            return ""
+    return _render(result)
 
 
 def branch_guards(test: ast.expr) -> tuple[str, str] | None:
     """(the `if` body's guard, the `else` branch's guard) of a condition the checkers
     evaluate, or None for any other condition."""
+    body = _condition(test)
+    return None if body is None else (body, negate_guard(body))
+
+
+def _condition(test: ast.expr) -> str | None:
+    """The guard under which `test` holds, None when the checkers cannot tell."""
     atom = _atom(test)
     if atom is not None:
-        return atom, _negate(atom)
+        return atom
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        inner = branch_guards(test.operand)
-        return None if inner is None else (inner[1], inner[0])
+        inner = _condition(test.operand)
+        return None if inner is None else negate_guard(inner)
     if isinstance(test, ast.BoolOp):
-        parts = [branch_guards(value) for value in test.values]
+        parts = [_condition(value) for value in test.values]
         if any(part is None for part in parts):
             return None
-        known = [part for part in parts if part is not None]
-        # `a and b`: the body needs both, the `else` is one of several cases (unknown);
-        # `a or b` the other way round.
-        index = 0 if isinstance(test.op, ast.And) else 1
-        joined = ""
-        for part in known:
-            joined = join_guards(joined, part[index])
-        return (joined, "") if index == 0 else ("", joined)
+        combine = join_guards if isinstance(test.op, ast.And) else either_guard
+        result = cast(str, parts[0])
+        for part in parts[1:]:
+            result = combine(result, cast(str, part))
+        return result
     return None
 
 
 def _negate(atom: str) -> str:
-    if atom in _NEGATED_GUARD:
-        return _NEGATED_GUARD[atom]
     kind, rest = atom[0], atom[1:]
     for operator in ("!^=", "^=", "<=", ">=", "==", "!=", "<", ">"):
         if rest.startswith(operator):
@@ -79,7 +124,7 @@ def _negate(atom: str) -> str:
 def _atom(test: ast.expr) -> str | None:
     """One condition: `TYPE_CHECKING`, a `sys.version_info` or `sys.platform` comparison."""
     if _is_type_checking(test):
-        return ""
+        return ""  # always true: the body is always analysed, its `else` never
     if isinstance(test, ast.Compare) and len(test.ops) == 1:
         left, operator, right = test.left, _COMPARISONS.get(type(test.ops[0])), test.comparators[0]
         if operator is None:

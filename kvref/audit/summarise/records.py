@@ -185,6 +185,8 @@ class ClassSummary:
         guard: the conditions under which the checkers analyse the class (see
             `kvref.audit.summarise.guards`; "" always).
         guarded_attributes: (name, guard) of the attributes bound only under conditions.
+        instance_attributes: the names its methods assign on `self` (declared instance
+            attributes to the type checkers: `self.host = host` in `__init__`).
     """
 
     name: str
@@ -196,6 +198,7 @@ class ClassSummary:
     attributes: tuple[str, ...]
     guard: str = ""
     guarded_attributes: tuple[tuple[str, str], ...] = ()
+    instance_attributes: tuple[str, ...] = ()
 
 
 @_record
@@ -263,6 +266,8 @@ class ModuleSummary:
         suppression_lines: the lines that mention `noqa` or `kvref` in any case (only they
             can carry a suppression comment).
         guarded: something in the module has a guard (else none need deciding).
+        type_ignore_lines: the lines with a bare `# type: ignore`, which hides them from the
+            type checkers (`kvref.audit.summarise.suppress.type_ignore_lines`).
     """
 
     path: str
@@ -276,3 +281,4 @@ class ModuleSummary:
     import_facts: ImportFacts
     suppression_lines: tuple[int, ...] = ()
     guarded: bool = False
+    type_ignore_lines: tuple[int, ...] = ()

@@ -26,12 +26,12 @@ from collections.abc import Iterator, Sequence
 from typing import Final, cast
 
 from kvref.audit.source import SummaryError, decode_source, detect_newline, split_lines
-from kvref.audit.summarise.assignments import target_names
+from kvref.audit.summarise.assignments import instance_assignments, target_names
 from kvref.audit.summarise.freeze import ClassBuilder, Freezer
 from kvref.audit.summarise.guards import NEVER, branch_guards, join_guards
 from kvref.audit.summarise.imports import dotted_name, import_facts
 from kvref.audit.summarise.records import Binding, ImportFacts, ModuleSummary
-from kvref.audit.summarise.suppress import candidate_lines
+from kvref.audit.summarise.suppress import candidate_lines, type_ignore_lines
 
 __all__ = ["summarize", "summarize_without_parameters"]
 
@@ -102,11 +102,14 @@ def _summarize(path: str, source: bytes, *, with_parameters: bool) -> ModuleSumm
         lines, path.endswith(".pyi"), text.isascii(), _indented_class_lines(text), with_parameters
     )
     walker.walk_body(tree.body, "", None)
+    if walker.classes:
+        walker.assignments = instance_assignments(text)
     return walker.finish(
         path,
         newline,
         import_facts(tree, lines, with_block=bool(walker.classes)),
         candidate_lines(text),
+        type_ignore_lines(text) if walker.classes else (),
     )
 
 
@@ -139,6 +142,8 @@ class _ModuleWalker:
         # branch rebinds it (`if not ssl: HTTPSConnection = DummyConnection`).
         self.conditional = 0
         self.declared_classes: set[str] = set()
+        self.never: dict[str, list[Binding]] = {}
+        self.assignments: tuple[list[int], list[str]] = ([], [])
         self.guarded = False
 
     # --- walking --------------------------------------------------------------------------
@@ -151,6 +156,14 @@ class _ModuleWalker:
         if guard:
             self.guarded = True
         for statement in body:
+            if type(statement) is ast.Assert:
+                # `assert sys.platform == "win32"`: the checkers stop analysing the rest of the
+                # block where it is false (click's _winconsole module).
+                asserted = branch_guards(cast(ast.Assert, statement).test)
+                if asserted is not None and asserted[0]:
+                    guard = join_guards(guard, asserted[0])
+                    self.guarded = True
+                continue
             # Dispatched on the exact node type (the parser makes no subclasses): one lookup
             # per statement instead of a chain of `isinstance` calls.
             kind = _STATEMENT_KINDS.get(type(statement), _SIMPLE)
@@ -259,7 +272,12 @@ class _ModuleWalker:
     def _walk_local_classes(self, body: Sequence[ast.stmt], scope: str) -> None:
         """Index the classes a function body defines (statements only, never expressions)."""
         for statement in body:
-            if isinstance(statement, ast.ClassDef):
+            if isinstance(statement, ast.Import | ast.ImportFrom):
+                # The class's bases may name what the function imports (`import sqlite3` in
+                # the function, then `class Cursor(sqlite3.Cursor)`): an alternative binding
+                # of the module's, tried after any the module makes itself.
+                self._module_statement(statement, "fallback", "")
+            elif isinstance(statement, ast.ClassDef):
                 builder = ClassBuilder(statement, f"{scope}.{statement.name}", scope)
                 self.classes.append(builder)
                 self.walk_body(statement.body, "", builder)
@@ -325,7 +343,9 @@ class _ModuleWalker:
 
     def _bind(self, name: str, binding: Binding, mode: str, guard: str = "") -> None:
         if guard == NEVER:
-            guard = ""  # the `else` of `if TYPE_CHECKING:`: a fallback, as `mode` says
+            # The `else` of `if TYPE_CHECKING:`, which the checkers never read: tried last.
+            self.never.setdefault(name, []).append(binding)
+            return
         if mode == "type" or guard:
             binding = (
                 _OTHER_TYPE_ONLY
@@ -355,12 +375,17 @@ class _ModuleWalker:
         newline: str,
         facts: ImportFacts,
         suppression_lines: tuple[int, ...],
+        ignored_lines: tuple[int, ...] = (),
     ) -> ModuleSummary:
         symbols: dict[str, tuple[Binding, ...]] = {}
-        for name in {**self.primary, **self.fallback}:
+        for name in {**self.primary, **self.fallback, **self.never}:
             # The latest unconditional binding wins; except-handler and TYPE_CHECKING-else
             # alternatives are only tried after it.
-            ordered = [*reversed(self.primary.get(name, ())), *self.fallback.get(name, ())]
+            ordered = [
+                *reversed(self.primary.get(name, ())),
+                *self.fallback.get(name, ()),
+                *self.never.get(name, ()),
+            ]
             symbols[name] = tuple(ordered)
         # A class defined twice (`if`/`else`, `try`/`except`): the last definition keeps its
         # name (names resolve to it); earlier ones get a unique `Name@line` qualname.
@@ -368,7 +393,9 @@ class _ModuleWalker:
         for builder in self.classes:
             if last_line[builder.qualname] != builder.node.lineno:
                 builder.qualname = f"{builder.qualname}@{builder.node.lineno}"
-        freezer = Freezer(self.lines, self.ascii_only, symbols, self.stars, self.with_parameters)
+        freezer = Freezer(
+            self.lines, self.ascii_only, symbols, self.stars, self.with_parameters, self.assignments
+        )
         classes = tuple(freezer.freeze_class(builder) for builder in self.classes)
         # Module functions matter only to KVR102: skip those with no Iterable/Iterator hint.
         functions = tuple(
@@ -390,6 +417,7 @@ class _ModuleWalker:
             import_facts=facts,
             suppression_lines=suppression_lines,
             guarded=self.guarded,
+            type_ignore_lines=ignored_lines,
         )
 
 def _indented_class_lines(text: str) -> list[int]:
