@@ -159,7 +159,7 @@ class _ModuleWalker:
             if type(statement) is ast.Assert:
                 # `assert sys.platform == "win32"`: the checkers stop analysing the rest of the
                 # block where it is false (click's _winconsole module).
-                asserted = branch_guards(cast(ast.Assert, statement).test)
+                asserted = branch_guards(statement.test)
                 if asserted is not None and asserted[0]:
                     guard = join_guards(guard, asserted[0])
                     self.guarded = True
