@@ -149,7 +149,9 @@ class Agreement:
 
     @property
     def recall(self) -> float | None:
-        return len(self.hits) / len(self.consensus) if self.consensus else None
+        if self.kvref is None or not self.consensus:
+            return None
+        return len(self.hits) / len(self.consensus)
 
     @property
     def precision(self) -> float | None:

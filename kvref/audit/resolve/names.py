@@ -120,16 +120,32 @@ class NameResolver:
         return found
 
     def resolve_base(self, key: ClassKey, cls: ClassSummary, dotted: str) -> ClassKey | Unresolved:
-        """A base expression of `cls`; `class Thread(Thread):` means the name bound before."""
+        """A base expression of `cls`, with the name bound where the class statement runs:
+        `class Thread(Thread):` means the name bound before, and so does a name that a class
+        statement further down the module rebinds (Django's `Transform`, imported, then
+        defined after the classes that derive from the imported one)."""
         head, _, rest = dotted.partition(".")
-        if head != cls.name:
+        defining = key.qualname if head == cls.name else self._defined_later(key.module, head, cls)
+        if not defining:
             return self.resolve_class(key.module, dotted, cls.scope)
-        target = self._resolve_name_uncached(key.module, head, cls.scope, defining=key.qualname)
+        target = self._resolve_name_uncached(key.module, head, cls.scope, defining=defining)
         for attribute in rest.split(".") if rest else ():
             target = self._member(target, attribute)
         if isinstance(target, ClassKey | Unresolved):
             return target
         return Unresolved(frozenset({dotted}))
+
+    def _defined_later(self, module: str, name: str, cls: ClassSummary) -> str:
+        """The qualname of the module-level class statement that binds `name` first to the
+        checkers, when it comes after `cls`'s own (then not yet run there); else ""."""
+        summary = self.module(module)
+        if cls.scope or summary is None:
+            return ""
+        bindings = self.table.symbol_table(module, summary).get(name, ())
+        if not bindings or bindings[0].kind != "class" or len(bindings) < 2:
+            return ""
+        later = self.table.class_table(module, summary).get(bindings[0].target)
+        return bindings[0].target if later is not None and later.name_span.line > cls.name_span.line else ""
 
     def _resolve_global(
         self, module: str, summary: ModuleSummary, name: str, defining: str = ""

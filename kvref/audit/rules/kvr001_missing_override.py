@@ -79,14 +79,13 @@ class MissingOverride(Rule):
         infos.extend(context.partial_classes)
         infos.sort(key=lambda info: info.summary.name_span.line if info.summary else 0)
         for info in infos:
-            attributes = set(info.summary.attributes) if info.summary else set[str]()
+            # A method whose name the class body rebinds (`recv = wrapper(...)` after a `def
+            # recv` for the checkers) is still judged: the `def` is what the checkers check.
             for name, definitions in info.methods.items():
-                if is_private_name(name) or name in options.exempt_names or name in attributes:
+                if is_private_name(name) or name in options.exempt_names:
                     continue
                 if any(d.has_override for d in definitions):
                     continue
-                if all(d.is_accessor for d in definitions):
-                    continue  # `@Base.prop.setter` alone keeps the base's getter: not judged
                 hit = context.index.find_known_member(info.key, name)
                 if hit is None or not _required(hit, options):
                     continue

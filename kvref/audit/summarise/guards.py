@@ -19,7 +19,7 @@ not understand guards nothing, as the checkers analyse both branches of such a t
 from __future__ import annotations
 
 import ast
-from typing import Final, cast
+from typing import Final
 
 __all__ = ["NEVER", "branch_guards", "either_guard", "join_guards", "negate_guard"]
 
@@ -89,28 +89,29 @@ def negate_guard(guard: str) -> str:
 def branch_guards(test: ast.expr) -> tuple[str, str] | None:
     """(the `if` body's guard, the `else` branch's guard) of a condition the checkers
     evaluate, or None for any other condition."""
-    body = _condition(test)
-    return None if body is None else (body, negate_guard(body))
+    guards = _condition(test)
+    return None if guards == ("", "") else guards
 
 
-def _condition(test: ast.expr) -> str | None:
-    """The guard under which `test` holds, None when the checkers cannot tell."""
+def _condition(test: ast.expr) -> tuple[str, str]:
+    """(where `test` may be true, where it may be false) to the checkers: a part they cannot
+    evaluate may be either, so `not TYPE_CHECKING and anything` is never true."""
     atom = _atom(test)
     if atom is not None:
-        return atom
+        return atom, negate_guard(atom)
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        inner = _condition(test.operand)
-        return None if inner is None else negate_guard(inner)
+        true, false = _condition(test.operand)
+        return false, true
     if isinstance(test, ast.BoolOp):
-        parts = [_condition(value) for value in test.values]
-        if any(part is None for part in parts):
-            return None
-        combine = join_guards if isinstance(test.op, ast.And) else either_guard
-        result = cast(str, parts[0])
-        for part in parts[1:]:
-            result = combine(result, cast(str, part))
-        return result
-    return None
+        true, false = _condition(test.values[0])
+        for value in test.values[1:]:
+            more_true, more_false = _condition(value)
+            if isinstance(test.op, ast.And):
+                true, false = join_guards(true, more_true), either_guard(false, more_false)
+            else:
+                true, false = either_guard(true, more_true), join_guards(false, more_false)
+        return true, false
+    return "", ""
 
 
 def _negate(atom: str) -> str:

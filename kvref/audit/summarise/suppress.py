@@ -33,7 +33,7 @@ _CODE = r"[A-Za-z]+[0-9]+"
 _CODES = rf"{_CODE}(?:[\s,]+{_CODE})*"
 _NOQA = re.compile(rf"#\s*noqa\s*:\s*(?P<codes>{_CODES})", re.IGNORECASE)
 _KVREF_IGNORE = re.compile(r"#\s*kvref\s*:\s*ignore\[(?P<codes>[^\]]*)\]", re.IGNORECASE)
-_TYPE_IGNORE = re.compile(r"#\s*type:\s*ignore(?![\[\w])")
+_TYPE_IGNORE = re.compile(r"#\s*type:\s*ignore(?!\s*\[)(?!\w)")
 
 
 def codes_in_comment(comment: str) -> frozenset[str]:
