@@ -2,6 +2,7 @@
 
     python tools/compare_checkers.py [--corpus vllm==0.33.0]     # one corpus, every disagreement
     python tools/compare_checkers.py --popular                    # issue 44's corpus, and a table
+    python tools/compare_checkers.py --popular --fix-check        # and --fix on a copy of each
 
 Each checker is installed, pinned, into its own virtual environment and run once with only its
 missing-override check enabled, pointed at an interpreter that has nothing installed (as kvref
@@ -12,7 +13,9 @@ findings at least one checker makes) computed, by `_agreement.py`, whose docstri
 rules. Every disagreement is listed with who reported it and its source line; with several
 corpora, a table of every corpus's recall and precision ends the output (BENCHMARKS.md carries
 it). Caches live outside the repository (see `_audit_corpus.cache_root`); `--refresh` reruns
-the checkers.
+the checkers. `--fix-check` also applies `kvref audit --fix` to a copy of each package and
+checks the result (`_fix_safety.py`): every fixed file compiles, no fixable KVR001 is left, and
+the fixes add no KVR002.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from _audit_corpus import (  # noqa: E402
     python_files,
 )
 from _checker_runs import POPULAR, TOOLS, Package, Raw, parse_output, run_checker  # noqa: E402
+from _fix_safety import FixCheck, check_fixes  # noqa: E402
 
 __all__ = ["main"]
 
@@ -160,6 +164,20 @@ def _table(rows: Sequence[tuple[Corpus, str, Agreement, dict[str, Report]]]) -> 
         )
 
 
+def _fix_table(rows: Sequence[tuple[Corpus, FixCheck]]) -> None:
+    print("\n| package | fixable KVR001 | files fixed | not compiling | fixable again | new KVR002 | KVR002 before |")
+    print("|---|" + "---:|" * 6)
+    for corpus, check in rows:
+        print(
+            f"| {corpus.name} {corpus.version} | {check.fixable} | {check.changed} | "
+            f"{len(check.not_compiling)} | {len(check.still_fixable)} | {len(check.new_stale)} | "
+            f"{len(check.stale_before)} |"
+        )
+    for corpus, check in rows:
+        for problem in (*check.not_compiling, *check.still_fixable, *check.new_stale):
+            print(f"  {corpus.key}: {problem}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Compare kvref KVR001 with pyright, mypy and ty on published sdists."
@@ -186,6 +204,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--jobs", type=int, help="kvref worker processes (default: all CPUs)")
     parser.add_argument("--limit", type=int, default=1000, help="max rows per disagreement list")
+    parser.add_argument(
+        "--fix-check", action="store_true", help="also --fix a copy of each package and check it"
+    )
     args = parser.parse_args(argv)
 
     wanted = [name.strip() for name in str(args.tools).split(",") if name.strip()]
@@ -203,15 +224,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not packages:
         packages.append(Package("vllm==0.33.0", str(args.subdir or ""), ""))
     rows: list[tuple[Corpus, str, Agreement, dict[str, Report]]] = []
+    fixes: list[tuple[Corpus, FixCheck]] = []
     for package in packages:
         try:
             rows.append(_compare_one(package, args, wanted))
-        except (ValueError, OSError) as error:
+            if args.fix_check:
+                fixes.append((rows[-1][0], check_fixes(rows[-1][0], rows[-1][1])))
+        except (ValueError, OSError, RuntimeError) as error:
             print(f"error: {package.spec}: {error}", file=sys.stderr)
             return 2
     if len(rows) > 1:
         _table(rows)
-    return 0
+    if fixes:
+        _fix_table(fixes)
+    return 0 if all(check.safe for _, check in fixes) else 1
 
 
 if __name__ == "__main__":
