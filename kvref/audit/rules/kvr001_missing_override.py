@@ -41,11 +41,8 @@ class MissingOverride(Rule):
     exempt; overrides of `object`'s methods (`__repr__`, `__eq__`), implementations of
     abstract methods and members of Protocol bases are reported; class-private `__names`
     never override. A class with a base that cannot be resolved (an uninstalled package) is
-    still checked against the bases that do resolve, as the type checkers do. Standard-library
-    bases have the members typeshed declares. What the checkers never analyse is not reported:
-    the `else` of `if TYPE_CHECKING:`, `sys.version_info` and `sys.platform` checks that are
-    false for the project's floor and this platform, and a `def` line with a bare
-    `# type: ignore` (see docs/AUDIT_AGREEMENT.md).
+    still checked against the bases that do resolve, as the type checkers do, and what they
+    never analyse is not reported (docs/AUDIT_AGREEMENT.md).
 
     Example:
         class Tier(Base):
@@ -78,9 +75,7 @@ class MissingOverride(Rule):
         infos = [cls.info for cls in context.classes]
         infos.extend(context.partial_classes)
         infos.sort(key=lambda info: info.summary.name_span.line if info.summary else 0)
-        for info in infos:
-            # A method whose name the class body rebinds (`recv = wrapper(...)` after a `def
-            # recv` for the checkers) is still judged: the `def` is what the checkers check.
+        for info in infos:  # a `def` the body rebinds after it is still judged, as it is to them
             for name, definitions in info.methods.items():
                 if is_private_name(name) or name in options.exempt_names:
                     continue
