@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _audit_corpus import Corpus, cache_root  # noqa: E402
+from _audit_corpus import Corpus, bare_python, cache_root  # noqa: E402
 
-__all__ = ["Raw", "TOOLS", "Tool", "parse_output", "run_checker"]
+__all__ = ["POPULAR", "Package", "Raw", "TOOLS", "Tool", "parse_output", "run_checker"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +44,35 @@ TOOLS: tuple[Tool, ...] = (
     Tool("mypy", "2.4.1", "mypy==2.4.1"),
     Tool("ty", "1.0.0", "ty==1.0.0"),
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Package:
+    """One package of a published sdist to compare on: the sdist, the directory checked, and
+    what about it the comparison exercises."""
+
+    spec: str
+    subdir: str
+    exercises: str
+
+
+POPULAR: tuple[Package, ...] = (
+    Package("urllib3==2.8.0", "src/urllib3", "http.client and io subclasses; a class name rebound when ssl is missing"),
+    Package("requests==2.34.2", "src/requests", "bases from an uninstalled package (urllib3); MutableMapping"),
+    Package("httpx==0.28.1", "httpx", "deep transport and stream hierarchies; TYPE_CHECKING imports"),
+    Package("rich==15.0.0", "rich", "many small protocols; io.TextIOBase; sys.platform checks"),
+    Package("attrs==26.1.0", "src/attr", "methods defined under version checks; code hidden from checkers"),
+    Package("pydantic==2.14.3", "pydantic", "dunders under `if not TYPE_CHECKING:`; deep hierarchies"),
+    Package("click==8.5.1", "src/click", "parameter and context hierarchies; io wrappers"),
+    Package("jinja2==3.1.6", "src/jinja2", "node visitors; collections.abc mappings"),
+    Package("sqlalchemy==2.1.9", "lib/sqlalchemy", "the deepest hierarchies; TYPE_CHECKING everywhere"),
+    Package("werkzeug==3.1.9", "src/werkzeug", "http.server and socketserver subclasses; MultiDict over dict"),
+    Package("pytest==9.2.0", "src/_pytest", "node hierarchies; ast.NodeVisitor; version checks"),
+    Package("trio==0.35.0", "src/trio", "sys.platform branches; ABCs; version checks"),
+    Package("django==5.2.9", "django", "a large untyped codebase; sqlite3.Cursor; stdlib everywhere"),
+    Package("black==26.10.1", "src/black", "ast.NodeVisitor subclasses; dataclasses"),
+)
+"""The corpus of issue 44: popular typed packages nobody here wrote (`--popular`)."""
 
 
 # --- installing and running the checkers ---
@@ -128,8 +157,9 @@ def _pyright_argv(corpus: Corpus, tool: Tool, subdir: str, python_version: str) 
     return [
         str(home / "bin" / "pyright"),
         "--outputjson",
+        # An interpreter with nothing installed: the corpus's dependencies stay unresolved.
         "--pythonpath",
-        str(home / "bin" / "python"),
+        str(bare_python()),
         "-p",
         str(config_path),
     ]
@@ -173,7 +203,7 @@ def _ty_argv(corpus: Corpus, tool: Tool, subdir: str, python_version: str) -> li
         "--config-file",
         str(empty),
         "--python",
-        str(home / "bin" / "python"),
+        str(bare_python().parent.parent),
         "--python-version",
         python_version,
         "--ignore",

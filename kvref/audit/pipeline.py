@@ -18,10 +18,12 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvref.audit.dependents import dependent_classes, owning_class
 from kvref.audit.discover.paths import absolute_path, relative_path
 from kvref.audit.model import AnalysisOptions, AnalysisResult, FileError, Finding
 from kvref.audit.resolve.hierarchy import ProjectIndex
 from kvref.audit.resolve.modules import module_names_for
+from kvref.audit.resolve.reachability import Reachability
 from kvref.audit.resolve.stdlib import candidate_files
 from kvref.audit.resolve.targets import ClassInfo, ClassKey, Unresolved
 from kvref.audit.rules import rules_for
@@ -152,6 +154,7 @@ def index_project(
     roots: SearchRoots = SearchRoots(),
     *,
     held: Collection[Path] = (),
+    reach: Reachability | None = None,
 ) -> Indexed:
     """Stage 3: index the project and decide what to check.
 
@@ -164,6 +167,7 @@ def index_project(
         roots: where names outside the project are looked up.
         held: eager files summarised without error whose summaries `load` still holds (so
             they are not in `summaries`).
+        reach: decides version and platform checks (default: the running interpreter's).
     """
     errors: list[FileError] = []
     failed: set[Path] = set()
@@ -179,9 +183,9 @@ def index_project(
         elif summary is not None:
             loaded[path] = summary
     paths = [path for path in project.files if path not in failed]
-    primary, index, unreadable_tops = _build_index(project.root, paths, loaded, load, roots, failed)
+    primary, index, unreadable_tops = _build_index(project.root, paths, loaded, load, roots, failed, reach)
     summarised = set(project.eager).difference(failed)
-    dependents = _dependent_classes(project, summarised, primary, index) if project.partial else {}
+    dependents = dependent_classes(project, summarised, primary, index) if project.partial else {}
     checked = sorted(p for p in project.reported.union(dependents).intersection(summarised) if p.suffix != ".pyi")
     return Indexed(project, primary, index, errors, dependents, checked, unreadable_tops)
 
@@ -211,7 +215,7 @@ def check(indexed: Indexed, paths: Iterable[Path], options: AnalysisOptions) -> 
                 findings.extend(
                     finding
                     for finding in rule.check(context)
-                    if _owning_class(finding.symbol, summary) in affected
+                    if owning_class(finding.symbol, summary) in affected
                 )
         if summary.suppression_lines:
             suppression_lines[summary.path] = summary.suppression_lines
@@ -286,71 +290,9 @@ def analyze(
         return summary if isinstance(summary, ModuleSummary) else None
 
     roots = SearchRoots(search_paths, package_roots, import_roots)
-    indexed = index_project(project, many(project.eager), load, roots)
+    reach = Reachability.for_floor(options.python_floor)  # the project's, for version checks
+    indexed = index_project(project, many(project.eager), load, roots, reach=reach)
     return collect(indexed, [check(indexed, indexed.checked, options)])
-
-
-def _owning_class(symbol: str, summary: ModuleSummary) -> str:
-    """The innermost class of `summary` that a finding's symbol (`Class.method[.param]`) is in."""
-    qualnames = {cls.qualname for cls in summary.classes}
-    owner = symbol
-    while owner:
-        owner = owner.rpartition(".")[0]
-        if owner in qualnames:
-            return owner
-    return ""
-
-
-def _dependent_classes(
-    project: Project, summarised: Collection[Path], primary: Mapping[Path, str], index: ProjectIndex
-) -> dict[Path, frozenset[str]]:
-    """The classes outside the reported files that derive from a class defined in one.
-
-    Returns:
-        For each unreported file with such classes, their qualified names, and the names of
-        the classes nested in them (a finding's symbol is `Class.method`).
-    """
-    reported = project.reported
-    changed_modules = {primary[path] for path in reported if path in primary}
-    others = {
-        path: summary
-        for path in sorted(summarised)
-        if path not in reported and (summary := index.module(primary[path])) is not None
-    }
-    # Which classes can derive from a changed one is first decided by name (a base spelled
-    # `Base` or `mod.Base`), growing the names with each subclass found, so that only the
-    # few candidate classes have their MROs resolved.
-    names: set[str] = set()
-    for path in reported:
-        summary = index.module(primary[path]) if path in summarised else None
-        if summary is not None:
-            names.update(cls.name for cls in summary.classes)
-    candidates: dict[Path, list[str]] = {}
-    grew = True
-    while grew:
-        grew = False
-        for path, summary in others.items():
-            for cls in summary.classes:
-                if cls.qualname in candidates.get(path, ()):
-                    continue
-                if any(base.dotted.rpartition(".")[2] in names for base in cls.bases):
-                    candidates.setdefault(path, []).append(cls.qualname)
-                    if cls.name not in names:
-                        names.add(cls.name)
-                        grew = True
-    dependents: dict[Path, frozenset[str]] = {}
-    for path, qualnames in candidates.items():
-        affected = {
-            qualname
-            for qualname in qualnames
-            if any(
-                ancestor.module in changed_modules
-                for ancestor in index.known_ancestors(ClassKey(primary[path], qualname))
-            )
-        }
-        if affected:
-            dependents[path] = frozenset(affected)
-    return dependents
 
 
 def _missing_modules(
@@ -396,6 +338,7 @@ def _build_index(
     load: Load,
     roots: SearchRoots,
     unreadable: Collection[Path] = (),
+    reach: Reachability | None = None,
 ) -> tuple[dict[Path, str], ProjectIndex, frozenset[str]]:
     package_dirs = {
         os.path.dirname(str(path)) for path in paths if path.name in ("__init__.py", "__init__.pyi")
@@ -468,6 +411,7 @@ def _build_index(
         search_paths=roots.search_paths,
         package_roots=roots.package_roots,
         summarize_external=load,
+        reach=reach,
     )
     return primary, index, unreadable_tops
 
@@ -482,6 +426,8 @@ def _module_context(
     classes: list[ClassContext] = []
     partial: list[ClassInfo] = []
     for cls in summary.classes:
+        if cls.guard and not index.reach.reaches(cls.guard):
+            continue  # code the type checkers never analyse (`if not TYPE_CHECKING:`)
         key = ClassKey(module, cls.qualname)
         try:
             mro = index.mro(key)

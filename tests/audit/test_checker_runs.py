@@ -5,11 +5,19 @@ from __future__ import annotations
 
 import json
 
-from tools._checker_runs import TOOLS, parse_output
+from tools._audit_corpus import parse_spec
+from tools._checker_runs import POPULAR, TOOLS, parse_output
 
 
 def test_every_pinned_checker_has_a_reader() -> None:
     assert [tool.name for tool in TOOLS] == ["pyright", "mypy", "ty"]
+    assert [tool.version for tool in TOOLS] == ["1.1.414", "2.4.1", "1.0.0"]
+
+
+def test_the_popular_corpus_is_ten_pinned_distinct_packages_or_more() -> None:
+    names = [parse_spec(package.spec)[0] for package in POPULAR]
+    assert len(names) >= 10 and len(set(names)) == len(names)
+    assert all(package.subdir and package.exercises for package in POPULAR)
 
 
 def test_pyright_json_keeps_only_the_override_rule() -> None:

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import enum
-import json.encoder
-import sysconfig
-from pathlib import Path
-
-from kvref.audit.resolve.stdlib import standard_library_files
+from kvref.audit.resolve.stdlib import TYPESHED, standard_library_files
 from kvref.audit.summarise.summary import summarize
 
-STDLIB = Path(sysconfig.get_paths()["stdlib"])
+assert TYPESHED is not None, "typeshed_client (a dependency of kvref) ships the stubs"
 
 SOURCE = b"""\
 import abc
@@ -34,13 +29,14 @@ class G(NotImported): ...
 
 def test_standard_library_files_are_those_bases_and_star_imports_come_from() -> None:
     found = standard_library_files(summarize("m.py", SOURCE))
+    # The stubs the type checkers read, typeshed's, not the interpreter's sources.
     expected = {
-        enum.__file__,  # from enum import Enum
-        str(STDLIB / "abc.py"),  # abc.ABC
-        str(STDLIB / "collections" / "__init__.py"),  # collections.abc.Mapping: both
-        str(STDLIB / "collections" / "abc.py"),
-        json.encoder.__file__,  # `import json.encoder as encoder`: that module itself
-        str(STDLIB / "typing.py"),  # from typing import *
+        str(TYPESHED / "enum.pyi"),  # from enum import Enum
+        str(TYPESHED / "abc.pyi"),  # abc.ABC
+        str(TYPESHED / "collections" / "__init__.pyi"),  # collections.abc.Mapping: both
+        str(TYPESHED / "collections" / "abc.pyi"),
+        str(TYPESHED / "json" / "encoder.pyi"),  # `import json.encoder as encoder`: itself
+        str(TYPESHED / "typing.pyi"),  # from typing import *
     }
     # Relative imports, third-party packages and unbound names lead nowhere.
     assert set(found) == expected

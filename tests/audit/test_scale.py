@@ -15,6 +15,7 @@ import pytest
 import kvref.audit.pipeline
 import kvref.audit.resolve.modules
 import kvref.audit.runner.scale
+from kvref.audit.resolve.stdlib import TYPESHED
 from kvref.audit.runner.cache import SummaryCache
 from kvref.cli import audit_main as main
 from kvref.audit.model import DEFAULT_MAX_FILE_BYTES, AnalysisResult
@@ -191,7 +192,8 @@ def test_summaries_made_in_a_forked_checker_are_saved_with_the_parents_cache(
         kvref.audit.runner.scale.summary_stamp(project, DEFAULT_MAX_FILE_BYTES),
     )
     cache.load()
-    encoder = Path(json.__file__).parent / "encoder.py"
+    assert TYPESHED is not None
+    encoder = TYPESHED / "json" / "encoder.pyi"  # what the checkers read for json.encoder
     assert cache.lookup(encoder, encoder.stat()) is not None
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from kvref.audit.resolve.modules import ModuleTable
 from kvref.audit.resolve.names import NameResolver
+from kvref.audit.resolve.reachability import Reachability
 from kvref.audit.resolve.targets import BUILTINS, ClassInfo, ClassKey, MemberHit, Target, Unresolved
 from kvref.audit.summarise.records import FunctionSummary, ModuleSummary
 
@@ -49,6 +50,7 @@ class ProjectIndex:
         search_paths: Sequence[Path] = (),
         package_roots: Sequence[tuple[str, Path]] = (),
         summarize_external: Callable[[Path], ModuleSummary | None] | None = None,
+        reach: Reachability | None = None,
     ) -> None:
         """Build the index.
 
@@ -72,12 +74,17 @@ class ProjectIndex:
                 installs made through an import hook, searched after `search_paths`.
             summarize_external: summarizes a standard-library or installed file (the engine
                 passes its cached summarizer); by default the file is read and summarized.
+            reach: the Python version and platform that decide version and platform checks
+                (default: the running interpreter's); what they exclude is no class, member
+                or binding, as to the type checkers.
         """
         self._table = ModuleTable(
             modules, deferred or {}, aliases or {}, packages, scripts, search_paths,
-            package_roots, summarize_external,
+            package_roots, summarize_external, reach,
         )
+        self.reach = self._table.reach
         self._names = NameResolver(self._table, stubs or {})
+        self._names.ancestors = self.known_ancestors
         self._infos: dict[ClassKey, ClassInfo | None] = {}
         self._mros: dict[ClassKey, tuple[ClassKey, ...] | Unresolved] = {}
         self._in_progress: set[ClassKey] = set()
@@ -126,8 +133,13 @@ class ProjectIndex:
         if cls is None:
             return self._introspected_info(key)
         methods: dict[str, list[FunctionSummary]] = {}
+        reaches = self.reach.reaches
         for method in cls.methods:
-            methods.setdefault(method.name, []).append(method)
+            if not method.guard or reaches(method.guard):
+                methods.setdefault(method.name, []).append(method)
+        attributes = frozenset(cls.attributes) | frozenset(cls.instance_attributes)
+        if cls.guarded_attributes:
+            attributes |= {name for name, guard in cls.guarded_attributes if reaches(guard)}
         bases: list[ClassKey | Unresolved] = [
             self._names.resolve_base(key, cls, base.dotted) if base.dotted
             else Unresolved(frozenset({base.text}))
@@ -138,7 +150,7 @@ class ProjectIndex:
         return ClassInfo(
             key=key,
             summary=cls,
-            members=frozenset(methods) | frozenset(cls.attributes),
+            members=frozenset(methods) | attributes,
             methods=methods,
             bases=tuple(bases),
             is_protocol=any(b == ClassKey(*_PROTOCOL) for b in bases),

@@ -7,7 +7,8 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
-from kvref.audit.resolve.stdlib import STDLIB, STDLIB_NAMES, candidate_files, loaded_extension
+from kvref.audit.resolve.reachability import Reachability
+from kvref.audit.resolve.stdlib import STDLIB_NAMES, candidate_files, loaded_extension, stdlib_roots
 from kvref.audit.source import read_source, summary_or_error
 from kvref.audit.summarise.records import Binding, ClassSummary, ModuleSummary
 from kvref.audit.summarise.summary import summarize
@@ -74,7 +75,8 @@ def module_names_for(
 class ModuleTable:
     """The modules a `ProjectIndex` can read, by dotted name, summarised on first use.
 
-    The arguments are `ProjectIndex`'s (see there).
+    The arguments are `ProjectIndex`'s (see there). Bindings and classes under version or
+    platform guards that `reach` finds false are left out, as the checkers leave them out.
     """
 
     def __init__(
@@ -87,7 +89,9 @@ class ModuleTable:
         search_paths: Sequence[Path],
         package_roots: Sequence[tuple[str, Path]],
         summarize_external: Callable[[Path], ModuleSummary | None] | None,
+        reach: Reachability | None = None,
     ) -> None:
+        self.reach = reach or Reachability()
         self._modules: dict[str, ModuleSummary | None] = dict(modules)
         self._deferred = dict(deferred)
         self.aliases = dict(aliases)
@@ -120,8 +124,8 @@ class ModuleTable:
             return found
         # A project file that does not parse is absent, as if it were not there: the name may
         # still come from an installed package.
-        top = name.partition(".")[0]
-        roots = (STDLIB, *self._search_paths) if top in STDLIB_NAMES else (*self._search_paths, STDLIB)
+        standard = stdlib_roots(name, self.reach)
+        roots = (*self._search_paths,) if standard is None else standard
         for root in roots:
             found = _summarize_from(root, name, self._summarize_external)
             if found is not None:
@@ -183,8 +187,18 @@ class ModuleTable:
         table = self._symbols.get(name)
         if table is None:
             table = dict(summary.symbols)
+            classes = {c.qualname: c for c in summary.classes}
+            if summary.guarded:
+                reaches = self.reach.reaches
+                for symbol, bindings in summary.symbols:
+                    if any(binding.guard for binding in bindings):
+                        kept = tuple(binding for binding in bindings if reaches(binding.guard))
+                        if kept:
+                            table[symbol] = kept
+                        else:
+                            del table[symbol]
             self._symbols[name] = table
-            self._classes[name] = {c.qualname: c for c in summary.classes}
+            self._classes[name] = classes
         return table
 
     def class_table(self, name: str, summary: ModuleSummary) -> dict[str, ClassSummary]:

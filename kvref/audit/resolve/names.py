@@ -13,7 +13,7 @@ from __future__ import annotations
 import builtins
 import sys
 import types
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from kvref.audit.resolve.modules import ModuleTable
 from kvref.audit.resolve.stdlib import TYPING_REDIRECTS, is_loaded_stdlib, loaded_extension
@@ -50,6 +50,9 @@ class NameResolver:
         self._names: dict[tuple[str, str, str], Target] = {}
         self._live: dict[ClassKey, type] = {}
         self._resolving: set[tuple[str, str]] = set()
+        # A class's resolvable ancestors (`ProjectIndex.known_ancestors`), for the nested
+        # classes it inherits (`String.Comparator` defined in a base of `String`).
+        self.ancestors: Callable[[ClassKey], Sequence[ClassKey]] | None = None
 
     def module(self, name: str) -> ModuleSummary | None:
         """The summary of a module by dotted name (project, search paths, stdlib)."""
@@ -117,16 +120,32 @@ class NameResolver:
         return found
 
     def resolve_base(self, key: ClassKey, cls: ClassSummary, dotted: str) -> ClassKey | Unresolved:
-        """A base expression of `cls`; `class Thread(Thread):` means the name bound before."""
+        """A base expression of `cls`, with the name bound where the class statement runs:
+        `class Thread(Thread):` means the name bound before, and so does a name that a class
+        statement further down the module rebinds (Django's `Transform`, imported, then
+        defined after the classes that derive from the imported one)."""
         head, _, rest = dotted.partition(".")
-        if head != cls.name:
+        defining = key.qualname if head == cls.name else self._defined_later(key.module, head, cls)
+        if not defining:
             return self.resolve_class(key.module, dotted, cls.scope)
-        target = self._resolve_name_uncached(key.module, head, cls.scope, defining=key.qualname)
+        target = self._resolve_name_uncached(key.module, head, cls.scope, defining=defining)
         for attribute in rest.split(".") if rest else ():
             target = self._member(target, attribute)
         if isinstance(target, ClassKey | Unresolved):
             return target
         return Unresolved(frozenset({dotted}))
+
+    def _defined_later(self, module: str, name: str, cls: ClassSummary) -> str:
+        """The qualname of the module-level class statement that binds `name` first to the
+        checkers, when it comes after `cls`'s own (then not yet run there); else ""."""
+        summary = self.module(module)
+        if cls.scope or summary is None:
+            return ""
+        bindings = self.table.symbol_table(module, summary).get(name, ())
+        if not bindings or bindings[0].kind != "class" or len(bindings) < 2:
+            return ""
+        later = self.table.class_table(module, summary).get(bindings[0].target)
+        return bindings[0].target if later is not None and later.name_span.line > cls.name_span.line else ""
 
     def _resolve_global(
         self, module: str, summary: ModuleSummary, name: str, defining: str = ""
@@ -245,17 +264,26 @@ class NameResolver:
                 return ModuleTarget(submodule)
             return self._introspected_member(target.name, attribute)
         if isinstance(target, ClassKey):
-            # A class nested in a class the project's sources define (`Outer.Inner`).
-            summary = None if target.module == BUILTINS else self.module(target.module)
-            nested = f"{target.qualname}.{attribute}"
-            if summary is not None:
-                classes = self.table.class_table(target.module, summary)
-                if target.qualname in classes and nested in classes:
-                    return ClassKey(target.module, nested)
-            return NotAClass(f"{target.dotted}.{attribute}")
+            # A class nested in a class the sources define (`Outer.Inner`), or in one of its
+            # bases (`String.Comparator`, where a base of `String` defines `Comparator`).
+            nested = self._nested_class(target, attribute)
+            if nested is None and self.ancestors is not None:
+                for ancestor in self.ancestors(target):
+                    nested = self._nested_class(ancestor, attribute)
+                    if nested is not None:
+                        break
+            return nested or NotAClass(f"{target.dotted}.{attribute}")
         if isinstance(target, Unresolved):
             return Unresolved(frozenset(f"{n}.{attribute}" for n in target.names))
         return NotAClass(f"{target.dotted}.{attribute}")
+
+    def _nested_class(self, owner: ClassKey, attribute: str) -> ClassKey | None:
+        summary = None if owner.module == BUILTINS else self.module(owner.module)
+        if summary is None:
+            return None
+        classes = self.table.class_table(owner.module, summary)
+        nested = f"{owner.qualname}.{attribute}"
+        return ClassKey(owner.module, nested) if owner.qualname in classes and nested in classes else None
 
     def _introspected_member(
         self, module: str, name: str, loaded: types.ModuleType | None = None

@@ -41,7 +41,8 @@ class MissingOverride(Rule):
     exempt; overrides of `object`'s methods (`__repr__`, `__eq__`), implementations of
     abstract methods and members of Protocol bases are reported; class-private `__names`
     never override. A class with a base that cannot be resolved (an uninstalled package) is
-    still checked against the bases that do resolve, as the type checkers do.
+    still checked against the bases that do resolve, as the type checkers do, and what they
+    never analyse is not reported (docs/AUDIT_AGREEMENT.md).
 
     Example:
         class Tier(Base):
@@ -74,15 +75,12 @@ class MissingOverride(Rule):
         infos = [cls.info for cls in context.classes]
         infos.extend(context.partial_classes)
         infos.sort(key=lambda info: info.summary.name_span.line if info.summary else 0)
-        for info in infos:
-            attributes = set(info.summary.attributes) if info.summary else set[str]()
+        for info in infos:  # a `def` the body rebinds after it is still judged, as it is to them
             for name, definitions in info.methods.items():
-                if is_private_name(name) or name in options.exempt_names or name in attributes:
+                if is_private_name(name) or name in options.exempt_names:
                     continue
                 if any(d.has_override for d in definitions):
                     continue
-                if all(d.is_accessor for d in definitions):
-                    continue  # `@Base.prop.setter` alone keeps the base's getter: not judged
                 hit = context.index.find_known_member(info.key, name)
                 if hit is None or not _required(hit, options):
                     continue
@@ -92,6 +90,8 @@ class MissingOverride(Rule):
                 ):
                     continue  # a project module's re-export of typing_extensions' override
                 target = primary_definition(definitions)
+                if target.def_line in context.summary.type_ignore_lines:
+                    continue  # hidden from the type checkers by a bare `# type: ignore`
                 yield self.report(
                     context,
                     target.name_span,

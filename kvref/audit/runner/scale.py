@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Final, TextIO, cast
 from kvref.audit.discover.environment import InterpreterError, discover_environment
 from kvref.audit.discover.paths import absolute_path
 from kvref.audit.model import AnalysisOptions, AnalysisResult, FileError
+from kvref.audit.resolve.reachability import Reachability
 from kvref.audit.runner.cache import SummaryCache, default_cache_dir, dumps, loads, version_stamp
 from kvref.audit.runner.forked import fork_available, run_shares
 from kvref.audit.runner.parallel import Pickled, available_cpus, summarize_many
@@ -226,7 +227,10 @@ def run_pipeline(
             held[path] = summary
         else:
             ready[path] = summary
-    indexed = pipeline.index_project(project, ready, summaries.load, roots, held=held.keys())
+    reach = Reachability.for_floor(options.python_floor)
+    indexed = pipeline.index_project(
+        project, ready, summaries.load, roots, held=held.keys(), reach=reach
+    )
     weights = [held[p].weight if p in held else _UNKNOWN_WEIGHT for p in indexed.checked]
     shares = _split(indexed.checked, weights, min(jobs, len(indexed.checked) // MIN_SHARE))
     parent = os.getpid()

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kvref.audit.source import line_char_col
+from kvref.audit.summarise.assignments import instance_attributes
 from kvref.audit.summarise.imports import OVERRIDE_MODULES, canonical_type_name, dotted_name
 from kvref.audit.summarise.passes import multi_pass_facts
 from kvref.audit.summarise.records import (
@@ -48,7 +49,10 @@ class ClassBuilder:
     methods: list[tuple[ast.FunctionDef | ast.AsyncFunctionDef, str]] = field(
         default_factory=lambda: []
     )
+    """Each method with its guard (`kvref.audit.summarise.guards`)."""
     attributes: list[str] = field(default_factory=lambda: [])
+    guarded_attributes: list[tuple[str, str]] = field(default_factory=lambda: [])
+    guard: str = ""
 
 
 _LONG_BASE = 60  # characters of a base call shown whole
@@ -63,8 +67,10 @@ class Freezer:
         symbols: Mapping[str, tuple[Binding, ...]],
         stars: Sequence[tuple[str, int]],
         with_parameters: bool = True,
+        assignments: tuple[list[int], list[str]] = ([], []),
     ) -> None:
         self.lines = lines
+        self.assignments = assignments  # `instance_assignments` of the module's text
         self.with_parameters = with_parameters  # False: functions are frozen without them
         self.ascii_only = ascii_only  # byte columns are character columns: no conversion
         self.symbols = symbols
@@ -79,9 +85,10 @@ class Freezer:
         )
         display = builder.qualname.split("@")[0]
         methods = tuple(
-            self.freeze_function(method, f"{display}.{method.name}")
-            for method, _ in builder.methods
+            self.freeze_function(method, f"{display}.{method.name}", guard)
+            for method, guard in builder.methods
         )
+        unguarded = set(builder.attributes)
         return ClassSummary(
             name=node.name,
             qualname=builder.qualname,
@@ -90,10 +97,19 @@ class Freezer:
             bases=bases,
             methods=methods,
             attributes=tuple(dict.fromkeys(builder.attributes)),
+            instance_attributes=(
+                instance_attributes(self.assignments, [method for method, _ in builder.methods])
+                if self.assignments[0] and builder.methods
+                else ()
+            ),
+            guard=builder.guard,
+            guarded_attributes=tuple(
+                dict.fromkeys(item for item in builder.guarded_attributes if item[0] not in unguarded)
+            ),
         )
 
     def freeze_function(
-        self, node: ast.FunctionDef | ast.AsyncFunctionDef, qualname: str
+        self, node: ast.FunctionDef | ast.AsyncFunctionDef, qualname: str, guard: str = ""
     ) -> FunctionSummary:
         # The hottest code of a cold run (one call per `def` of the project): written for
         # speed, with the common cases (no decorator, ASCII line) taking the short paths.
@@ -113,7 +129,7 @@ class Freezer:
         if not node.decorator_list:
             return FunctionSummary(
                 node.name, qualname, name_col, line, indent, (),
-                False, False, False, False, False, False, params, multi,
+                False, False, False, False, False, False, params, multi, guard,
             )  # fmt: skip
         decorators = tuple(dotted_name(d) for d in node.decorator_list)
         lasts = {d.rpartition(".")[2] for d in decorators}
@@ -132,6 +148,7 @@ class Freezer:
             is_abstract=bool(lasts & _ABSTRACT_DECORATORS),
             parameters=params,
             multi_pass=multi,
+            guard=guard,
         )
 
     def _params(self, args: ast.arguments) -> tuple[ParamRow, ...]:

@@ -134,6 +134,8 @@ class FunctionSummary:
         parameters: the parameters as plain rows (see `ParamRow`); `params` gives them as
             `Param`s. ~10^5 parameter objects would be built, pickled and unpickled on a
             large project where only the pairs the rules compare are ever looked at.
+        guard: the conditions the checkers need to hold to analyse it ("" always; see
+            `kvref.audit.summarise.guards`).
     """
 
     name: str
@@ -150,6 +152,7 @@ class FunctionSummary:
     is_abstract: bool
     parameters: tuple[ParamRow, ...]
     multi_pass: tuple[MultiPass, ...] = ()
+    guard: str = ""
 
     @property
     def name_span(self) -> Span:
@@ -179,6 +182,11 @@ class ClassSummary:
             base expressions are evaluated in before the module's globals.
         attributes: names the class body binds other than by `def` (assignments, annotated
             declarations, nested classes, `__slots__` entries), so `__hash__ = None` counts.
+        guard: the conditions under which the checkers analyse the class (see
+            `kvref.audit.summarise.guards`; "" always).
+        guarded_attributes: (name, guard) of the attributes bound only under conditions.
+        instance_attributes: the names its methods assign on `self` (declared instance
+            attributes to the type checkers: `self.host = host` in `__init__`).
     """
 
     name: str
@@ -188,6 +196,9 @@ class ClassSummary:
     bases: tuple[BaseRef, ...]
     methods: tuple[FunctionSummary, ...]
     attributes: tuple[str, ...]
+    guard: str = ""
+    guarded_attributes: tuple[tuple[str, str], ...] = ()
+    instance_attributes: tuple[str, ...] = ()
 
 
 @_record
@@ -197,7 +208,8 @@ class Binding:
     kind: `class` (target = qualname), `import` (`from module import target`, with the
     relative `level`), `module` (`import module [as name]`: target = module), `alias`
     (`Name = dotted.name`: target = the dotted text) or `other`. `type_only` marks a binding
-    made under `if TYPE_CHECKING:` (absent at run time).
+    made under `if TYPE_CHECKING:` (absent at run time); `guard` one made under version or
+    platform conditions (`kvref.audit.summarise.guards`).
     """
 
     kind: str
@@ -205,6 +217,7 @@ class Binding:
     module: str = ""
     level: int = 0
     type_only: bool = False
+    guard: str = ""
 
 
 # Most bindings are "something other than a class or import": one shared object each (a
@@ -252,6 +265,9 @@ class ModuleSummary:
             module functions, so the rest are not kept).
         suppression_lines: the lines that mention `noqa` or `kvref` in any case (only they
             can carry a suppression comment).
+        guarded: something in the module has a guard (else none need deciding).
+        type_ignore_lines: the lines with a bare `# type: ignore`, which hides them from the
+            type checkers (`kvref.audit.summarise.suppress.type_ignore_lines`).
     """
 
     path: str
@@ -264,3 +280,5 @@ class ModuleSummary:
     functions: tuple[FunctionSummary, ...]
     import_facts: ImportFacts
     suppression_lines: tuple[int, ...] = ()
+    guarded: bool = False
+    type_ignore_lines: tuple[int, ...] = ()

@@ -26,11 +26,12 @@ from collections.abc import Iterator, Sequence
 from typing import Final, cast
 
 from kvref.audit.source import SummaryError, decode_source, detect_newline, split_lines
-from kvref.audit.summarise.assignments import target_names
+from kvref.audit.summarise.assignments import instance_assignments, target_names
 from kvref.audit.summarise.freeze import ClassBuilder, Freezer
+from kvref.audit.summarise.guards import NEVER, branch_guards, join_guards
 from kvref.audit.summarise.imports import dotted_name, import_facts
 from kvref.audit.summarise.records import Binding, ImportFacts, ModuleSummary
-from kvref.audit.summarise.suppress import candidate_lines
+from kvref.audit.summarise.suppress import candidate_lines, type_ignore_lines
 
 __all__ = ["summarize", "summarize_without_parameters"]
 
@@ -101,11 +102,14 @@ def _summarize(path: str, source: bytes, *, with_parameters: bool) -> ModuleSumm
         lines, path.endswith(".pyi"), text.isascii(), _indented_class_lines(text), with_parameters
     )
     walker.walk_body(tree.body, "", None)
+    if walker.classes:
+        walker.assignments = instance_assignments(text)
     return walker.finish(
         path,
         newline,
         import_facts(tree, lines, with_block=bool(walker.classes)),
         candidate_lines(text),
+        type_ignore_lines(text) if walker.classes else (),
     )
 
 
@@ -133,37 +137,61 @@ class _ModuleWalker:
         self.all_names: tuple[str, ...] | None = None
         self.classes: list[ClassBuilder] = []
         self.functions: list[ast.FunctionDef | ast.AsyncFunctionDef] = []
+        # How many `if` branches enclose the statement walked, and the names a class statement
+        # outside any binds: a type checker resolves such a name to the class even where a
+        # branch rebinds it (`if not ssl: HTTPSConnection = DummyConnection`).
+        self.conditional = 0
+        self.declared_classes: set[str] = set()
+        self.never: dict[str, list[Binding]] = {}
+        self.assignments: tuple[list[int], list[str]] = ([], [])
+        self.guarded = False
 
     # --- walking --------------------------------------------------------------------------
 
     def walk_body(
-        self, body: Sequence[ast.stmt], mode: str, owner: ClassBuilder | None
+        self, body: Sequence[ast.stmt], mode: str, owner: ClassBuilder | None, guard: str = ""
     ) -> None:
-        """Walk statements; mode is "" (runs), "type" (TYPE_CHECKING) or "fallback"."""
+        """Walk statements; mode is "" (runs), "type" (TYPE_CHECKING) or "fallback"; `guard`
+        is what the checkers need to hold to analyse them (`guards.py`)."""
+        if guard:
+            self.guarded = True
         for statement in body:
+            if type(statement) is ast.Assert:
+                # `assert sys.platform == "win32"`: the checkers stop analysing the rest of the
+                # block where it is false (click's _winconsole module).
+                asserted = branch_guards(statement.test)
+                if asserted is not None and asserted[0]:
+                    guard = join_guards(guard, asserted[0])
+                    self.guarded = True
+                continue
             # Dispatched on the exact node type (the parser makes no subclasses): one lookup
             # per statement instead of a chain of `isinstance` calls.
             kind = _STATEMENT_KINDS.get(type(statement), _SIMPLE)
             if kind == _SIMPLE:
                 if owner is not None:
-                    owner.attributes.extend(_assigned_names(statement, slots=True))
+                    if guard:
+                        owner.guarded_attributes.extend(
+                            (name, guard) for name in _assigned_names(statement, slots=True)
+                        )
+                    else:
+                        owner.attributes.extend(_assigned_names(statement, slots=True))
                 else:
-                    self._module_statement(statement, mode)
+                    self._module_statement(statement, mode, guard)
             elif kind == _FUNCTION:
                 function = cast("ast.FunctionDef | ast.AsyncFunctionDef", statement)
                 if owner is not None:
-                    owner.methods.append((function, mode))
+                    owner.methods.append((function, guard))
                     qualname = f"{owner.qualname}.{function.name}"
                 else:
                     self.functions.append(function)
-                    self._bind(function.name, _OTHER, mode)
+                    self._bind(function.name, _OTHER, mode, guard)
                     qualname = function.name
                     if function.name == "__getattr__":
                         self._lazy_attributes(function)
                 if self._may_define_classes(function):
                     self._walk_local_classes(function.body, f"{qualname}.<locals>")
             elif kind == _CLASS:
-                self._walk_class(cast(ast.ClassDef, statement), mode, owner)
+                self._walk_class(cast(ast.ClassDef, statement), mode, owner, guard)
             elif isinstance(statement, ast.If):
                 body_mode, else_mode = mode, mode
                 checking = _type_checking_test(statement.test)
@@ -171,16 +199,19 @@ class _ModuleWalker:
                     body_mode, else_mode = "type", "fallback"
                 elif checking is False:
                     body_mode, else_mode = "fallback", "type"
-                self.walk_body(statement.body, body_mode, owner)
-                self.walk_body(statement.orelse, else_mode, owner)
+                guards = branch_guards(statement.test) or ("", "")
+                self.conditional += 1
+                self.walk_body(statement.body, body_mode, owner, join_guards(guard, guards[0]))
+                self.walk_body(statement.orelse, else_mode, owner, join_guards(guard, guards[1]))
+                self.conditional -= 1
             elif isinstance(statement, ast.Try | ast.TryStar):
-                self.walk_body(statement.body, mode, owner)
+                self.walk_body(statement.body, mode, owner, guard)
                 for handler in statement.handlers:
-                    self.walk_body(handler.body, "fallback", owner)
-                self.walk_body(statement.orelse, mode, owner)
-                self.walk_body(statement.finalbody, mode, owner)
+                    self.walk_body(handler.body, "fallback", owner, guard)
+                self.walk_body(statement.orelse, mode, owner, guard)
+                self.walk_body(statement.finalbody, mode, owner, guard)
             elif isinstance(statement, ast.With | ast.AsyncWith):
-                self.walk_body(statement.body, mode, owner)
+                self.walk_body(statement.body, mode, owner, guard)
 
     def _lazy_attributes(self, function: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         """PEP 562: the names a module's `__getattr__` imports on first access become fallback
@@ -215,16 +246,21 @@ class _ModuleWalker:
             if name in named:
                 self._bind(name, binding, "fallback")
 
-    def _walk_class(self, node: ast.ClassDef, mode: str, owner: ClassBuilder | None) -> None:
+    def _walk_class(
+        self, node: ast.ClassDef, mode: str, owner: ClassBuilder | None, guard: str = ""
+    ) -> None:
         scope = owner.qualname if owner is not None else ""
         qualname = f"{scope}.{node.name}" if scope else node.name
-        builder = ClassBuilder(node, qualname, scope)
+        builder = ClassBuilder(node, qualname, scope, guard=guard)
         self.classes.append(builder)
         if owner is not None:
-            owner.attributes.append(node.name)
+            if guard:
+                owner.guarded_attributes.append((node.name, guard))
+            else:
+                owner.attributes.append(node.name)
         else:
-            self._bind(node.name, Binding("class", qualname), mode)
-        self.walk_body(node.body, "", builder)
+            self._bind(node.name, Binding("class", qualname), mode, guard)
+        self.walk_body(node.body, "", builder, guard)
 
     def _may_define_classes(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
         candidates = self.local_class_lines
@@ -236,7 +272,12 @@ class _ModuleWalker:
     def _walk_local_classes(self, body: Sequence[ast.stmt], scope: str) -> None:
         """Index the classes a function body defines (statements only, never expressions)."""
         for statement in body:
-            if isinstance(statement, ast.ClassDef):
+            if isinstance(statement, ast.Import | ast.ImportFrom):
+                # The class's bases may name what the function imports (`import sqlite3` in
+                # the function, then `class Cursor(sqlite3.Cursor)`): an alternative binding
+                # of the module's, tried after any the module makes itself.
+                self._module_statement(statement, "fallback", "")
+            elif isinstance(statement, ast.ClassDef):
                 builder = ClassBuilder(statement, f"{scope}.{statement.name}", scope)
                 self.classes.append(builder)
                 self.walk_body(statement.body, "", builder)
@@ -257,14 +298,14 @@ class _ModuleWalker:
                 for case in statement.cases:
                     self._walk_local_classes(case.body, scope)
 
-    def _module_statement(self, statement: ast.stmt, mode: str) -> None:
+    def _module_statement(self, statement: ast.stmt, mode: str, guard: str) -> None:
         if isinstance(statement, ast.Import):
             for alias in statement.names:
                 if alias.asname:
-                    self._bind(alias.asname, Binding("module", alias.name), mode)
+                    self._bind(alias.asname, Binding("module", alias.name), mode, guard)
                 else:
                     head = alias.name.partition(".")[0]
-                    self._bind(head, Binding("module", head), mode)
+                    self._bind(head, Binding("module", head), mode, guard)
         elif isinstance(statement, ast.ImportFrom):
             module = statement.module or ""
             for alias in statement.names:
@@ -272,14 +313,14 @@ class _ModuleWalker:
                     self.stars.append((module, statement.level))
                 else:
                     binding = Binding("import", alias.name, module, statement.level)
-                    self._bind(alias.asname or alias.name, binding, mode)
+                    self._bind(alias.asname or alias.name, binding, mode, guard)
         elif isinstance(statement, ast.Assign | ast.AnnAssign):
             value = statement.value
             targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
             for target in targets:
                 if not isinstance(target, ast.Name):
                     for name in target_names(target):
-                        self._bind(name, _OTHER, mode)
+                        self._bind(name, _OTHER, mode, guard)
                 elif target.id == "__all__":
                     self.all_names = _literal_strings(value)
                 elif value is not None:  # a bare `x: int` binds nothing at run time
@@ -287,7 +328,7 @@ class _ModuleWalker:
                     aliased = isinstance(value, ast.Name | ast.Attribute | ast.Subscript)
                     dotted = dotted_name(value) if aliased else ""
                     binding = Binding("alias", dotted) if dotted else _OTHER
-                    self._bind(target.id, binding, mode)
+                    self._bind(target.id, binding, mode, guard)
         elif (
             isinstance(statement, ast.AugAssign)
             and isinstance(statement.target, ast.Name)
@@ -298,18 +339,32 @@ class _ModuleWalker:
                 self.all_names = (*self.all_names, *added)
         else:
             for name in _assigned_names(statement, slots=False):
-                self._bind(name, _OTHER, mode)
+                self._bind(name, _OTHER, mode, guard)
 
-    def _bind(self, name: str, binding: Binding, mode: str) -> None:
-        if mode == "type":
+    def _bind(self, name: str, binding: Binding, mode: str, guard: str = "") -> None:
+        if guard == NEVER:
+            # The `else` of `if TYPE_CHECKING:`, which the checkers never read: tried last.
+            self.never.setdefault(name, []).append(binding)
+            return
+        if mode == "type" or guard:
             binding = (
                 _OTHER_TYPE_ONLY
-                if binding is _OTHER
-                else Binding(binding.kind, binding.target, binding.module, binding.level, True)
+                if binding is _OTHER and not guard
+                else Binding(
+                    binding.kind, binding.target, binding.module, binding.level, mode == "type", guard
+                )
             )
         if mode == "fallback":
             self.fallback.setdefault(name, []).append(binding)
+        elif name in self.declared_classes and self.conditional and binding.kind != "class":
+            # A class statement's name rebound in a branch: the class stays what the name
+            # means to the checkers; the other binding is only an alternative.
+            self.fallback.setdefault(name, []).append(binding)
         else:
+            if binding.kind == "class" and not self.conditional:
+                self.declared_classes.add(name)
+            elif not self.conditional:
+                self.declared_classes.discard(name)
             self.primary.setdefault(name, []).append(binding)
 
     # --- freezing -------------------------------------------------------------------------
@@ -320,12 +375,17 @@ class _ModuleWalker:
         newline: str,
         facts: ImportFacts,
         suppression_lines: tuple[int, ...],
+        ignored_lines: tuple[int, ...] = (),
     ) -> ModuleSummary:
         symbols: dict[str, tuple[Binding, ...]] = {}
-        for name in {**self.primary, **self.fallback}:
+        for name in {**self.primary, **self.fallback, **self.never}:
             # The latest unconditional binding wins; except-handler and TYPE_CHECKING-else
             # alternatives are only tried after it.
-            ordered = [*reversed(self.primary.get(name, ())), *self.fallback.get(name, ())]
+            ordered = [
+                *reversed(self.primary.get(name, ())),
+                *self.fallback.get(name, ()),
+                *self.never.get(name, ()),
+            ]
             symbols[name] = tuple(ordered)
         # A class defined twice (`if`/`else`, `try`/`except`): the last definition keeps its
         # name (names resolve to it); earlier ones get a unique `Name@line` qualname.
@@ -333,7 +393,9 @@ class _ModuleWalker:
         for builder in self.classes:
             if last_line[builder.qualname] != builder.node.lineno:
                 builder.qualname = f"{builder.qualname}@{builder.node.lineno}"
-        freezer = Freezer(self.lines, self.ascii_only, symbols, self.stars, self.with_parameters)
+        freezer = Freezer(
+            self.lines, self.ascii_only, symbols, self.stars, self.with_parameters, self.assignments
+        )
         classes = tuple(freezer.freeze_class(builder) for builder in self.classes)
         # Module functions matter only to KVR102: skip those with no Iterable/Iterator hint.
         functions = tuple(
@@ -354,6 +416,8 @@ class _ModuleWalker:
             functions=functions,
             import_facts=facts,
             suppression_lines=suppression_lines,
+            guarded=self.guarded,
+            type_ignore_lines=ignored_lines,
         )
 
 def _indented_class_lines(text: str) -> list[int]:

@@ -4,6 +4,11 @@ A finding's line is its `def` line (where the method's name is). Codes are separ
 and/or spaces; `noqa` is matched case-insensitively, codes are not case-sensitive either. A
 bare `# noqa` or `# kvref: ignore` suppresses nothing: kvref has no blanket suppression, so a
 suppression always says what it accepts.
+
+A bare `# type: ignore` is the type checkers' blanket suppression: pyright, mypy and ty report
+nothing on its line, so a method whose `def` line carries one is a method they never report a
+missing `@override` on. KVR001 follows them there (`type_ignore_lines`); with codes
+(`# type: ignore[override]`) the comment names other checks, and KVR001 still reports.
 """
 
 from __future__ import annotations
@@ -16,12 +21,19 @@ from dataclasses import dataclass
 
 from kvref.audit.model import Finding
 
-__all__ = ["candidate_lines", "suppressions_by_line", "codes_in_comment", "SuppressionFilter"]
+__all__ = [
+    "candidate_lines",
+    "suppressions_by_line",
+    "codes_in_comment",
+    "type_ignore_lines",
+    "SuppressionFilter",
+]
 
 _CODE = r"[A-Za-z]+[0-9]+"
 _CODES = rf"{_CODE}(?:[\s,]+{_CODE})*"
 _NOQA = re.compile(rf"#\s*noqa\s*:\s*(?P<codes>{_CODES})", re.IGNORECASE)
 _KVREF_IGNORE = re.compile(r"#\s*kvref\s*:\s*ignore\[(?P<codes>[^\]]*)\]", re.IGNORECASE)
+_TYPE_IGNORE = re.compile(r"#\s*type:\s*ignore(?!\s*\[)(?!\w)")
 
 
 def codes_in_comment(comment: str) -> frozenset[str]:
@@ -93,6 +105,22 @@ def candidate_lines(text: str) -> tuple[int, ...]:
     for start in starts:
         line += lowered.count("\n", position, start)
         position = start
+        if not found or found[-1] != line:
+            found.append(line)
+    return tuple(found)
+
+
+def type_ignore_lines(text: str) -> tuple[int, ...]:
+    """The 1-based lines with a bare `# type: ignore` comment (see the module docstring)."""
+    if "ignore" not in text:
+        return ()
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    found: list[int] = []
+    line, position = 1, 0
+    for match in _TYPE_IGNORE.finditer(text):
+        line += text.count("\n", position, match.start())
+        position = match.start()
         if not found or found[-1] != line:
             found.append(line)
     return tuple(found)
