@@ -205,11 +205,13 @@ class CPUOffloadingManager(OffloadingManager):
             req_context.set_state(state)
         return state
 
-    def _check_not_finished(self, operation: str, state: _RequestCacheAccess, keys: Collection[OffloadKey]) -> None:
+    def _check_not_finished(
+        self, operation: str, state: _RequestCacheAccess, keys: Collection[OffloadKey], req_context: ReqContext
+    ) -> None:
         """Refuse a finished request that names a key it never named before (vLLM asserts);
         nothing has changed yet when this raises."""
         if state.finished and not state.seen_keys.keys() >= set(keys):
-            raise OffloadProtocolError(operation, None, "finished", "the request already finished")
+            raise OffloadProtocolError(operation, None, "finished", f"request {req_context.req_id!r} already finished")
 
     def _record_request_cache_access(
         self, state: _RequestCacheAccess, keys: Collection[OffloadKey], req_context: ReqContext, reused_keys: Collection[OffloadKey] = ()
@@ -262,12 +264,11 @@ class CPUOffloadingManager(OffloadingManager):
         found = self._policy.get_many(keys)
         for key, chunk in zip(keys, found):  # every key checked before any pin
             if chunk is None or chunk.ref_cnt < 0:
-                state = "absent" if chunk is None else "pending (its store has not completed)"
-                raise OffloadProtocolError("prepare_load", key, state)
+                raise OffloadProtocolError("prepare_load", key, "absent" if chunk is None else "pending")
         chunks = cast("list[ChunkStatus]", found)  # none is None: checked above
         state = self._get_request_cache_access(req_context) if record_access else None
         if state is not None:
-            self._check_not_finished("prepare_load", state, keys)
+            self._check_not_finished("prepare_load", state, keys, req_context)
         for key, chunk in zip(keys, chunks):
             if chunk.ref_cnt == 0:
                 self._num_evictable_cache_chunks -= 1  # ref_cnt 0 -> 1
@@ -295,20 +296,21 @@ class CPUOffloadingManager(OffloadingManager):
         if not isinstance(keys, list):  # see _LIST
             check_key_collection(keys, "complete_load")
         chunks = self._policy.get_many(keys)
+        idle: list[OffloadKey] = []  # keys whose chunk no load reads any more
         for index, (key, chunk) in enumerate(zip(keys, chunks)):
             if chunk is None or chunk.ref_cnt < 1:
                 for released in chunks[:index]:  # undo the releases made so far
                     assert released is not None
                     released.ref_cnt += 1
-                state = "absent" if chunk is None else "not being read"
+                state = "absent" if chunk is None else f"read by {max(chunk.ref_cnt, 0)} loads"
                 raise OffloadProtocolError("complete_load", key, state)
             chunk.ref_cnt -= 1
-        for key, chunk in zip(keys, chunks):
-            assert chunk is not None
             if chunk.ref_cnt == 0:
-                self._num_evictable_cache_chunks += 1  # ref_cnt 1 -> 0
-                if self._calls_evictability_hooks:
-                    self._policy.mark_evictable(key)
+                idle.append(key)
+        self._num_evictable_cache_chunks += len(idle)  # ref_cnt 1 -> 0
+        if self._calls_evictability_hooks:
+            for key in idle:
+                self._policy.mark_evictable(key)
 
     @override
     def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
@@ -325,7 +327,7 @@ class CPUOffloadingManager(OffloadingManager):
             check_key_collection(keys, "prepare_store")
         keys = list(dict.fromkeys(keys))  # a key offered twice takes one chunk
         state = self._get_request_cache_access(req_context)
-        self._check_not_finished("prepare_store", state, keys)
+        self._check_not_finished("prepare_store", state, keys, req_context)
         if self.counts is not None:
             self._record_accesses(keys)
         # Ready resident chunks are reuses even if the tracker forgot them; the threshold
@@ -365,6 +367,7 @@ class CPUOffloadingManager(OffloadingManager):
             evicted = self._policy.evict(num_chunks_to_evict, set(keys))
             if evicted is None:
                 return None
+            assert len(evicted) == num_chunks_to_evict, f"{type(self._policy).__name__} evicted {len(evicted)} chunks, not {num_chunks_to_evict}"
             self._num_evictable_cache_chunks -= len(evicted)
             for key, chunk in evicted:
                 self._free_chunk(chunk)
@@ -393,7 +396,9 @@ class CPUOffloadingManager(OffloadingManager):
             check_key_collection(keys, "complete_store")
         stored_keys: list[OffloadKey] = []
         removed_keys: list[OffloadKey] = []
-        for key, chunk in zip(keys, self._policy.get_many(keys)):
+        found = zip(keys, self._policy.get_many(keys))
+        # A stored chunk is ready at its second mention; a dropped one must be freed only once.
+        for key, chunk in found if success else dict(found).items():
             if chunk is None or chunk.ref_cnt >= 0:  # absent, or already stored (ready)
                 continue
             self._num_write_pending_chunks -= 1

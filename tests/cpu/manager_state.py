@@ -64,8 +64,7 @@ def _describe_request(req_context: ReqContext) -> Any:
         if access is None
         else (
             access.cache_generation,
-            access.key_groups,
-            sorted(access.seen_keys),
+            list(access.seen_keys),  # in the order first named
             sorted(access.inserted_keys),
             sorted(access.reused_keys),
             sorted(access.store_miss_keys),
