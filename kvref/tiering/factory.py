@@ -1,5 +1,5 @@
 """`SecondaryTierFactory`: secondary tiers built from configuration dicts, by type (vLLM 0.33:
-`tiering/factory.py`).
+`tiering/factory.py`); `create_tiering_manager` builds a whole tiering manager from them.
 
     SecondaryTierFactory.create_secondary_tier(
         {"type": "fs", "root_dir": "/mnt/nvme/kv"}, primary_kv_view, offloading_spec)
@@ -19,16 +19,22 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from kvref.tiering.backpressure import BackpressureDetector
 from kvref.tiering.base import SecondaryTierManager
+from kvref.tiering.manager import TieringOffloadingManager
+from kvref.tiering.poll_thread import DEFAULT_TIER_POLL_INTERVAL_S
+from kvref.tiering.primary import CPUPrimaryTierOffloadingManager
 
 if TYPE_CHECKING:
     from kvref.base import OffloadingSpec
 
-__all__ = ["SecondaryTierFactory", "build_tier"]
+__all__ = ["SecondaryTierFactory", "build_tier", "create_tiering_manager"]
+
+logger = logging.getLogger(__name__)
 
 _DEFAULT_BACKPRESSURE_MODULE = "kvref.tiering.backpressure"
 
@@ -176,3 +182,40 @@ def _backpressure_detector(bp_config: object, tier_type: str, locality: object) 
 SecondaryTierFactory.register_tier("memory", "kvref.tiering.memory", "InMemorySecondaryTier")
 SecondaryTierFactory.register_tier("fs", "kvref.tiering.fs", "FileSystemSecondaryTier")
 SecondaryTierFactory.register_tier("redis", "kvref.tiering.redis", "RedisSecondaryTier")
+
+
+def create_tiering_manager(
+    primary_tier: CPUPrimaryTierOffloadingManager,
+    tier_configs: Sequence[dict[str, Any]],
+    offloading_spec: OffloadingSpec,
+    tier_poll_interval_s: float = DEFAULT_TIER_POLL_INTERVAL_S,
+) -> TieringOffloadingManager:
+    """Build each configured tier over the primary's memory, and the tiering manager over all
+    (what vLLM's `TieringOffloadingSpec.get_manager` does once it has the primary).
+
+    Args:
+        primary_tier: the CPU tier; the manager owns it from now on.
+        tier_configs: one dict per secondary tier, in lookup order (`secondary_tiers`).
+        offloading_spec: the engine's spec, handed to every tier.
+        tier_poll_interval_s: as `TieringOffloadingManager`.
+
+    Raises:
+        ValueError: `tier_configs` is not a list of dicts, or a config is invalid. The tiers
+            built so far and the primary are shut down first, as on any other error.
+    """
+    tiers: list[SecondaryTierManager] = []
+    try:
+        if not isinstance(tier_configs, list | tuple) or not all(isinstance(c, dict) for c in tier_configs):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise ValueError(f"secondary_tiers must be a list of tier configurations (dicts), got {tier_configs!r}")
+        primary_kv_view = primary_tier.get_kv_memoryview()
+        for tier_config in tier_configs:
+            tiers.append(SecondaryTierFactory.create_secondary_tier(tier_config, primary_kv_view, offloading_spec))
+        return TieringOffloadingManager(primary_tier, tiers, tier_poll_interval_s)
+    except BaseException:
+        for tier in reversed(tiers):
+            try:
+                tier.shutdown()
+            except Exception:
+                logger.exception("Failed to shut down secondary tier %r during initialization cleanup", tier.tier_type)
+        primary_tier.shutdown()
+        raise
