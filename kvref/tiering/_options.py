@@ -112,4 +112,4 @@ def check_locality(field: str, value: object) -> Locality | None:
     try:
         return Locality(value)
     except ValueError:
-        raise ValueError(f"{field} must be None, 'LOCAL' or 'REMOTE', got {value!r}") from None
+        raise ValueError(f"{field} must be None or a Locality ('LOCAL' or 'REMOTE'), got {value!r}") from None

@@ -129,7 +129,7 @@ def test_an_out_of_tree_tier_needs_only_its_module_path() -> None:
         ({"type": "fs"}, r"secondary tier 'fs': invalid options: missing a required argument: 'root_dir'"),
         ({"type": "memory", "capacity_chunks": "2"}, r"capacity_chunks must be None or an integer >= 1, got '2'"),
         ({"type": "memory", "enable_kv_events": "yes"}, r"enable_kv_events must be true or false, got 'yes'"),
-        ({"type": "memory", "locality": "NEAR"}, r"locality must be None, 'LOCAL' or 'REMOTE', got 'NEAR'"),
+        ({"type": "memory", "locality": "NEAR"}, r"locality must be None or a Locality \('LOCAL' or 'REMOTE'\), got 'NEAR'"),
         ({"type": "memory", "backpressure": {}}, r"must include 'backpressure_cls'"),
         ({"type": "memory", "backpressure": "EMA"}, r"backpressure must be a dict, got 'EMA'"),
         (

@@ -641,7 +641,7 @@ def test_a_garbled_config_is_refused_naming_the_file_never_a_bare_error(garbage:
         ({"stale_tmp_s": 7200}, "stale_tmp_s must be a number of seconds in (0, 3600], got 7200"),
         ({"stale_tmp_s": "1h"}, "stale_tmp_s must be a number of seconds in (0, 3600], got '1h'"),
         ({"enable_kv_events": 1}, "enable_kv_events must be true or false, got 1"),
-        ({"locality": "local"}, "locality must be None, 'LOCAL' or 'REMOTE', got 'local'"),
+        ({"locality": "local"}, "locality must be None or a Locality ('LOCAL' or 'REMOTE'), got 'local'"),
     ],
 )
 def test_invalid_arguments(tmp_path: Path, kwargs: dict[str, Any], message: str) -> None:

@@ -193,7 +193,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         self._waiting: list[FsJob] = []  # stores done but for blocks other jobs are writing
         self._closed = False
         self._tasks = JobTasks(self._io, self._capacity, self._dirs, self._reading, tier_type)
-        self._lookups = BlockFileLookups(tier_type, self.block_path)
+        self._lookup_manager = BlockFileLookups(tier_type, self.block_path)
 
         # Stores are pipelined (each block's checksum and copy made while the one before is
         # written) where the C path writes a task's blocks in one call: a bounded root stores
@@ -278,18 +278,18 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             return LookupResult.RETRY  # this engine's write is in flight: ask again
         if self._closed or block_name(key) in self._unreadable:
             return LookupResult.MISS
-        found = self._lookups.lookup(key, req_context)
+        found = self._lookup_manager.lookup(key, req_context)
         if found is None:
             return LookupResult.RETRY  # checked on the lookup thread after this step
         return LookupResult.HIT if found else LookupResult.MISS
 
     @override
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
-        self._lookups.flush()
+        self._lookup_manager.flush()
 
     @override
     def on_request_finished(self, req_context: ReqContext) -> None:
-        self._lookups.cleanup(req_context.req_id)
+        self._lookup_manager.cleanup(req_context.req_id)
 
     # --- stores ---
 
@@ -435,7 +435,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         self._reports.counters.chunks_lost += len(lost)
         # As vLLM's fs tier: the lost blocks answer MISS from now on, so that the manager does
         # not promote them again and again.
-        self._lookups.mark_miss(lost)
+        self._lookup_manager.mark_miss(lost)
         self._reports.removed(removed)
 
     def _announce_stored(self, state: FsJob) -> None:
@@ -482,7 +482,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         if self._closed:
             return
         self._closed = True
-        self._lookups.shutdown()
+        self._lookup_manager.shutdown()
         self._pool.shutdown()
         self._primary.release()
 

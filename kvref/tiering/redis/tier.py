@@ -229,7 +229,7 @@ class RedisSecondaryTier(SecondaryTierManager):
         ]
         for thread in self._threads:
             thread.start()
-        self._lookups = _ServerLookups(tier_type, self._io)
+        self._lookup_manager = _ServerLookups(tier_type, self._io)
 
     def redis_key(self, key: OffloadKey) -> bytes:
         """Return the Redis key block `key` is stored under."""
@@ -247,18 +247,18 @@ class RedisSecondaryTier(SecondaryTierManager):
             return LookupResult.RETRY  # this tier's store is in flight: ask again
         if self._closed:
             return LookupResult.MISS
-        found = self._lookups.lookup(key, req_context)
+        found = self._lookup_manager.lookup(key, req_context)
         if found is None:
             return LookupResult.RETRY  # checked on the lookup thread after this step
         return LookupResult.HIT if found else LookupResult.MISS
 
     @override
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
-        self._lookups.flush()
+        self._lookup_manager.flush()
 
     @override
     def on_request_finished(self, req_context: ReqContext) -> None:
-        self._lookups.cleanup(req_context.req_id)
+        self._lookup_manager.cleanup(req_context.req_id)
 
     # --- jobs ---
 
@@ -320,7 +320,7 @@ class RedisSecondaryTier(SecondaryTierManager):
         self._counters.chunks_lost += len(lost)
         # The lost blocks answer MISS from now on, so that the manager does not promote them
         # again and again (as vLLM's fs tier does).
-        self._lookups.mark_miss(lost)
+        self._lookup_manager.mark_miss(lost)
         self._events.announce(state.missing_keys, removed=True)
 
     @override
@@ -362,7 +362,7 @@ class RedisSecondaryTier(SecondaryTierManager):
             self._tokens.put(False)  # after every queued job's token: those get cancelled
         for thread in self._threads:
             thread.join()
-        self._lookups.shutdown()
+        self._lookup_manager.shutdown()
         self._primary.release()
 
     @override
