@@ -4,7 +4,8 @@ they move, the engine a kvref tier serves (its spec and primary memory), and the
 baseline, a redis-py pipeline moving the same bytes.
 
 It lives below them, so `bench_tiering.py --redis` can run `bench_redis.py` without the two
-importing each other.
+importing each other; the tiering tests (`tests/tiering/helpers.py`) build their engines with it
+too.
 """
 
 from __future__ import annotations
@@ -58,29 +59,32 @@ def key_of(i: int) -> OffloadKey:
 
 
 class _BenchSpec(OffloadingSpec):
-    """The engine a benchmarked tier serves: its configuration only (tiers read nothing else)."""
+    """The engine a tier serves, described only (tiers read its config and KV-events flag)."""
 
     @override
     def get_manager(self) -> OffloadingManager:
-        raise NotImplementedError("the benchmarks build their managers themselves")
+        raise NotImplementedError("build the manager yourself (kvref.tiering.factory.create_tiering_manager)")
 
     @override
     def get_worker(self, kv_caches: Any) -> OffloadingWorker:
-        raise NotImplementedError("the benchmarks move no GPU memory")
+        raise NotImplementedError("no GPU memory is moved here")
 
 
-def bench_spec(block_bytes: int) -> OffloadingSpec:
-    """One model on one rank, one block per chunk of `block_bytes` (a tier's identity follows)."""
+def bench_spec(
+    block_bytes: int, *, model: str = "kvref-bench/model", rank: int = 0, tp_size: int = 1, kv_events: bool = False
+) -> OffloadingSpec:
+    """One model on `rank` of `tp_size`, one KV-cache group, one block of `block_bytes` per
+    chunk, the engine's KV-events flag: what a tier reads of its engine (its identity follows)."""
     config = OffloadingConfig(
         groups=(OffloadingGroupConfig(16, ("layer.0",), 0),),
         worker_kv_bytes_per_block=block_bytes,
-        enable_kv_cache_events=False,
+        enable_kv_cache_events=kv_events,
         extra_config={},
-        engine_id="kvref-bench",
-        model=OffloadingModelConfig(name="kvref-bench/model", dtype="float16"),
+        engine_id=f"{model}-{rank}",
+        model=OffloadingModelConfig(name=model, dtype="float16"),
         cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
         parallel=OffloadingParallelConfig(
-            rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1,
+            rank=rank, world_size=tp_size, tp_size=tp_size, pp_size=1, pcp_size=1, dcp_size=1,
             data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
             is_parallelism_agnostic=False,
         ),  # fmt: skip

@@ -4,47 +4,30 @@ answered by a tier's lookup thread, a scripted tier and a small tiering manager.
 from __future__ import annotations
 
 import itertools
-import mmap
 import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 from typing_extensions import override
 
-from kvref.base import (
-    LookupResult,
-    OffloadingManager,
-    OffloadingSpec,
-    OffloadingWorker,
-    OffloadKey,
-    ReqContext,
-    ScheduleEndContext,
-    make_offload_key,
-)
-from kvref.config import (
-    OffloadingCacheConfig,
-    OffloadingConfig,
-    OffloadingGroupConfig,
-    OffloadingModelConfig,
-    OffloadingParallelConfig,
-)
+from kvref.base import LookupResult, OffloadingSpec, OffloadKey, ReqContext, ScheduleEndContext, make_offload_key
 from kvref.cpu.common import CPULoadStoreSpec
 from kvref.tiering.base import JobResult, PrimaryBlocks, SecondaryTierManager, TransferJob
 from kvref.tiering.factory import create_tiering_manager
 from kvref.tiering.manager import CPUPrimaryTierOffloadingManager, TieringOffloadingManager
 from kvref.tiering.memory import InMemorySecondaryTier
+from tools._tier_bench import PrimaryRegion, bench_spec
 
 __all__ = [
     "BLOCK_BYTES",
     "CTX",
     "END_OF_STEP",
-    "MmapRegion",
-    "ScriptedTier",
-    "SpecForTests",
+        "ScriptedTier",
     "content",
     "holds",
     "job",
     "load_chunks",
+    "make_region",
     "make_spec",
     "make_tiering",
     "store_chunks",
@@ -77,37 +60,11 @@ def content(key: bytes, size: int = BLOCK_BYTES) -> bytes:
     return bytes((b + i) % 256 for i, b in enumerate(pattern))
 
 
-class SpecForTests(OffloadingSpec):
-    """A spec that only describes the engine (tiers read its config and KV-events flag)."""
-
-    @override
-    def get_manager(self) -> OffloadingManager:
-        raise NotImplementedError("tests build their managers themselves")
-
-    @override
-    def get_worker(self, kv_caches: Any) -> OffloadingWorker:
-        raise NotImplementedError("tests build no worker")
-
-
 def make_spec(
     *, kv_events: bool = False, model: str = "kvref-tests/model", rank: int = 0, tp_size: int = 1
-) -> SpecForTests:
+) -> OffloadingSpec:
     """The spec of one engine: one KV-cache group, one block per chunk."""
-    config = OffloadingConfig(
-        groups=(OffloadingGroupConfig(16, ("layer.0",), 0),),
-        worker_kv_bytes_per_block=BLOCK_BYTES,
-        enable_kv_cache_events=kv_events,
-        extra_config={},
-        engine_id=f"kvref-tests-{rank}",
-        model=OffloadingModelConfig(name=model, dtype="float16"),
-        cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
-        parallel=OffloadingParallelConfig(
-            rank=rank, world_size=tp_size, tp_size=tp_size, pp_size=1, pcp_size=1, dcp_size=1,
-            data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
-            is_parallelism_agnostic=False,
-        ),  # fmt: skip
-    )
-    return SpecForTests(config)
+    return bench_spec(BLOCK_BYTES, model=model, rank=rank, tp_size=tp_size, kv_events=kv_events)
 
 
 def make_view(num_blocks: int, block_bytes: int = BLOCK_BYTES) -> memoryview:
@@ -115,22 +72,9 @@ def make_view(num_blocks: int, block_bytes: int = BLOCK_BYTES) -> memoryview:
     return memoryview(bytearray(num_blocks * block_bytes)).cast("B", (num_blocks, block_bytes))
 
 
-class MmapRegion:
-    """The primary's memory for a tiering manager: anonymous and page-aligned, as vLLM's shared
-    region is (a `KVMemoryRegion`)."""
-
-    def __init__(self, num_chunks: int, chunk_bytes: int = BLOCK_BYTES) -> None:
-        self._memory = mmap.mmap(-1, num_chunks * chunk_bytes)
-        self._shape = (num_chunks, chunk_bytes)
-
-    def create_kv_memoryview(self) -> memoryview:
-        return memoryview(self._memory).cast("B", self._shape)
-
-    def cleanup(self) -> None:
-        try:
-            self._memory.close()
-        except BufferError:
-            pass  # a view is still alive somewhere: the memory goes with the last one
+def make_region(num_chunks: int, chunk_bytes: int = BLOCK_BYTES) -> PrimaryRegion:
+    """The primary's memory for a tiering manager: anonymous and page-aligned, as vLLM's region is."""
+    return PrimaryRegion(num_chunks, chunk_bytes)
 
 
 def job(keys: Sequence[OffloadKey], chunk_ids: Sequence[int], promotion: bool, ctx: ReqContext = CTX) -> TransferJob:
@@ -260,7 +204,7 @@ def make_tiering(
     tier_poll_interval_s: float = 0.0,
 ) -> tuple[TieringOffloadingManager, list[ScriptedTier]]:
     """A tiering manager over `num_blocks` primary chunks and `num_tiers` scripted tiers."""
-    primary = CPUPrimaryTierOffloadingManager(num_blocks, MmapRegion(num_blocks), cache_policy, enable_events=enable_events)
+    primary = CPUPrimaryTierOffloadingManager(num_blocks, make_region(num_blocks), cache_policy, enable_events=enable_events)
     spec = make_spec(kv_events=enable_events)
     tiers = [
         ScriptedTier(
@@ -279,7 +223,7 @@ def tiering_from_configs(
     num_chunks: int, chunk_bytes: int, tier_configs: list[dict[str, Any]], spec: OffloadingSpec | None = None
 ) -> TieringOffloadingManager:
     """An engine's tiering manager: a primary of `num_chunks` rows and the configured tiers."""
-    primary = CPUPrimaryTierOffloadingManager(num_chunks, MmapRegion(num_chunks, chunk_bytes))
+    primary = CPUPrimaryTierOffloadingManager(num_chunks, make_region(num_chunks, chunk_bytes))
     return create_tiering_manager(primary, tier_configs, spec or make_spec(), tier_poll_interval_s=0.0)
 
 

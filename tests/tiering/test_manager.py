@@ -26,10 +26,10 @@ from kvref.tiering.tier_reporting import KvrefTierMetrics
 from tests.tiering.helpers import (
     BLOCK_BYTES,
     END_OF_STEP,
-    MmapRegion,
     ScriptedTier,
     content,
     load_chunks,
+    make_region,
     make_spec,
     make_tiering,
     store_chunks,
@@ -227,7 +227,7 @@ class DrainCheckingTier(ScriptedTier):
 
 
 def test_reset_drains_every_tier_before_the_primary_then_holds_promotions_until_flushed() -> None:
-    primary = CPUPrimaryTierOffloadingManager(4, MmapRegion(4))
+    primary = CPUPrimaryTierOffloadingManager(4, make_region(4))
     tier = DrainCheckingTier(make_spec(), primary.get_kv_memoryview(), "drain")
     manager = TieringOffloadingManager(primary, [tier], tier_poll_interval_s=0)
     tier.manager = manager
@@ -266,7 +266,7 @@ def test_shutdown_stops_every_tier_before_the_primary_and_keeps_its_memory_if_on
     assert all(tier.shutdown_called for tier in tiers)
     with pytest.raises(ValueError):  # released with the primary
         view.cast("B")
-    primary = CPUPrimaryTierOffloadingManager(4, MmapRegion(4))
+    primary = CPUPrimaryTierOffloadingManager(4, make_region(4))
     good = ScriptedTier(make_spec(), primary.get_kv_memoryview(), "good")
     bad = FailingShutdownTier(make_spec(), primary.get_kv_memoryview(), "bad")
     manager = TieringOffloadingManager(primary, [bad, good], tier_poll_interval_s=0)
@@ -319,7 +319,7 @@ class PeerTier(ScriptedTier):
 
 
 def make_peer_tiering(interval_s: float) -> tuple[TieringOffloadingManager, PeerTier, ScriptedTier]:
-    primary = CPUPrimaryTierOffloadingManager(8, MmapRegion(8))
+    primary = CPUPrimaryTierOffloadingManager(8, make_region(8))
     peer = PeerTier(make_spec(), primary.get_kv_memoryview(), "peer")
     other = ScriptedTier(make_spec(), primary.get_kv_memoryview(), "other")
     manager = TieringOffloadingManager(primary, [peer, other], tier_poll_interval_s=interval_s)
@@ -441,7 +441,7 @@ class RecordingTier(ScriptedTier):
 
 
 def test_a_request_finishes_in_the_tiers_after_its_last_store_was_submitted() -> None:
-    primary = CPUPrimaryTierOffloadingManager(4, MmapRegion(4))
+    primary = CPUPrimaryTierOffloadingManager(4, make_region(4))
     tier = RecordingTier(make_spec(), primary.get_kv_memoryview(), "rec")
     manager = TieringOffloadingManager(primary, [tier], tier_poll_interval_s=0)
     ctx = request(manager, "r1")

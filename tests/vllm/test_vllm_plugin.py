@@ -479,3 +479,34 @@ def test_kvref_keys_and_vllms_are_the_same_bytes() -> None:
 
     raw: KvrefKey = kvref_key(b"\x01" * 8, 3)
     assert raw == make_offload_key(b"\x01" * 8, 3)
+
+
+@pytest.mark.parametrize(
+    ("changes", "rank"),
+    [
+        ({}, 0),
+        ({"tp_size": 2, "world_size": 2, "rank": 1}, 1),
+        ({"tp_size": 2, "world_size": 2, "rank": 1, "is_parallelism_agnostic": True}, 1),
+        ({"replicated_layout": True, "tp_size": 4, "world_size": 4, "rank": 3}, 3),
+        ({"canonical_layout": True, "kv_cache_layout": "LBNHC"}, 0),
+        ({"canonical_layout": True, "kv_cache_layout": "BLHNC"}, 0),
+    ],
+)
+def test_the_run_identity_is_the_directory_vllms_fs_tier_names(changes: dict[str, Any], rank: int) -> None:
+    # kvref's tiers name their storage as vLLM's fs tier names its directories, from the same
+    # spec: engines share chunks exactly when vLLM's would.
+    import dataclasses
+
+    from vllm.v1.kv_offload.file_mapper import FileMapper
+
+    from kvref.tiering.run_identity import run_identity
+
+    spec = offloading_spec()
+    parallel = {k: v for k, v in changes.items() if k in {f.name for f in dataclasses.fields(spec.config.parallel)}}
+    top = {k: v for k, v in changes.items() if k not in parallel}
+    spec.config = dataclasses.replace(spec.config, parallel=dataclasses.replace(spec.config.parallel, **parallel), **top)
+    mapper = FileMapper.from_offloading_spec(
+        root_dir="", offloading_spec=spec, blocks_per_file=spec.blocks_per_chunk, parallel_agnostic=True
+    )
+    assert run_identity(spec) == f"{os.path.basename(mapper.base_path)}_r{mapper.rank}"
+    assert mapper.rank == (0 if changes.get("is_parallelism_agnostic") or changes.get("replicated_layout") else rank)
