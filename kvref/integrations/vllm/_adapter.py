@@ -40,7 +40,8 @@ def _job(job: TransferJob) -> kt.TransferJob:
 
 
 class VllmTier(SecondaryTierManager):
-    """The kvref tier `kvref_tier_class` (the instance: `kvref_tier`), built from the same options."""
+    """The kvref tier `kvref_tier_class` (the instance: `kvref_tier`), built from the same options.
+    It serves no external requests (kvref's tiers serve none), so it is polled at steps only."""
 
     kvref_tier_class: ClassVar[type[kt.SecondaryTierManager]]
 
@@ -48,7 +49,6 @@ class VllmTier(SecondaryTierManager):
         super().__init_subclass__(**kwargs)
         cls.medium = _vllm(cls.kvref_tier_class.medium)
         cls.cache_hit_source = _vllm(cls.kvref_tier_class.cache_hit_source)
-        cls.tolerates_off_thread_polling = cls.kvref_tier_class.tolerates_off_thread_polling
 
     def __init__(self, offloading_spec: v.OffloadingSpec, primary_kv_view: memoryview, tier_type: str,
                  backpressure_detector: BackpressureDetector | None = None, **options: Any) -> None:  # fmt: skip
