@@ -28,18 +28,21 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kvref.base import ReqContext
-from kvref.tiering.base import JobMetadata
+from kvref.tiering.base import TransferJob
 from kvref.tiering.redis import RedisSecondaryTier
 from kvref.tiering.redis.local import LocalRedisServer, redis_server_path
 
 # Sizes and keys are spelled as in the tiering benchmark, which runs this one with --redis.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _tier_bench import RedisPyPipeline, human, key_of, parse_size  # noqa: E402
+from _tier_bench import RedisPyPipeline, bench_spec, human, key_of, parse_size, transfer_job  # noqa: E402
 
 __all__ = ["main", "bench_block_size", "bench_latency", "percentile"]
 
-CTX = ReqContext(req_id="bench")
+
+def redis_tier(view: memoryview, url: str, connections: int) -> RedisSecondaryTier:
+    block_bytes = view.strides[0] if view.strides else 0
+    spec = bench_spec(block_bytes)
+    return RedisSecondaryTier(spec, view, "redis", url=url, num_connections=connections, socket_timeout_s=30)
 
 
 def best_of(repeats: int, run: Callable[[], float]) -> float:
@@ -66,28 +69,25 @@ def bench_block_size(
     def row(i: int) -> memoryview:
         return flat[i * block_bytes : (i + 1) * block_bytes]
 
-    def jobs(promotion: bool, first_id: int) -> list[JobMetadata]:
+    def jobs(promotion: bool) -> list[TransferJob]:
         offset = count if promotion else 0
         return [
-            JobMetadata(
-                first_id + n,
+            transfer_job(
                 keys[start : start + job_blocks],
                 [offset + i for i in range(start, min(start + job_blocks, count))],
                 promotion,
-                CTX,
             )
-            for n, start in enumerate(range(0, count, job_blocks))
+            for start in range(0, count, job_blocks)
         ]
 
     for n_connections in connections:
 
         def tier_store() -> float:
             baseline.flush()
-            # A new tier each time: it remembers no stores, so every block is sent.
-            tier = RedisSecondaryTier(view, url, num_connections=n_connections, socket_timeout_s=30)
+            tier = redis_tier(view, url, n_connections)
             try:
                 started = time.perf_counter()
-                for job in jobs(False, 0):
+                for job in jobs(False):
                     tier.submit_store(job)
                 tier.drain_jobs()
                 elapsed = time.perf_counter() - started
@@ -97,12 +97,12 @@ def bench_block_size(
             return elapsed
 
         figures[f"tier store ({n_connections})"] = moved / best_of(repeats, tier_store)
-        tier = RedisSecondaryTier(view, url, num_connections=n_connections, socket_timeout_s=30)
+        tier = redis_tier(view, url, n_connections)
         try:
 
             def tier_load() -> float:
                 started = time.perf_counter()
-                for job in jobs(True, 1 << 20):
+                for job in jobs(True):
                     tier.submit_load(job)
                 tier.drain_jobs()
                 elapsed = time.perf_counter() - started
@@ -154,12 +154,12 @@ def bench_latency(url: str, block_bytes: int, job_blocks: int, jobs: int, connec
     baseline = RedisPyPipeline(url)
     baseline.flush()
     samples: dict[str, list[float]] = {name: [] for name in ("tier store", "tier load", "redis-py store", "redis-py load")}
-    tier = RedisSecondaryTier(view, url, num_connections=connections, socket_timeout_s=30)
+    tier = redis_tier(view, url, connections)
     try:
         for promotion, direction in ((False, "store"), (True, "load")):
             first_row = job_blocks if promotion else 0
             for j in range(jobs):
-                job = JobMetadata(j, keys[j], range(first_row, first_row + job_blocks), promotion, CTX)
+                job = transfer_job(keys[j], range(first_row, first_row + job_blocks), promotion)
                 started = time.perf_counter()
                 (tier.submit_load if promotion else tier.submit_store)(job)
                 tier.drain_jobs()

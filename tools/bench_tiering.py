@@ -63,10 +63,8 @@ if __package__ in (None, ""):
 import xxhash
 
 import kvref.tiering.fs.tier as fs_tier_module
-from kvref.base import OffloadingManager, ReqContext
+from kvref.base import OffloadingManager, ReqContext, ScheduleEndContext
 from kvref.cpu.manager import CPUOffloadingManager
-from kvref.cpu.shared_region import DEFAULT_REGION_DIR, SharedOffloadRegion
-from kvref.tiering.base import JobMetadata
 from kvref.tiering.fs import FileSystemSecondaryTier
 from kvref.tiering.fs.format import file_bytes
 from kvref.tiering.fs.root import BLOCK_SUFFIX
@@ -87,12 +85,13 @@ from _disk_bench import (  # noqa: E402
     resident_bytes,
     rotated,
 )
-from _tier_bench import human, key_of, parse_size  # noqa: E402
+from _tier_bench import PrimaryRegion, bench_spec, human, key_of, parse_size, transfer_job  # noqa: E402
 from bench_redis import main as bench_redis  # noqa: E402  (run by --redis)
 
 __all__ = ["main"]
 
 CTX = ReqContext(req_id="bench")
+END_OF_STEP = ScheduleEndContext(new_req_ids=(), preempted_req_ids=())
 _TIER, _FALLBACK, _ONE, _MANY, _DEVICE = "tier", "tier, buffered fallback", "1 stream", "streams", "device"
 _PLAIN, _PLAIN_WORK = "plain block files", "plain block files, checksum + copy"
 
@@ -127,25 +126,26 @@ def make_tier(
     view: memoryview, root: Path, *, fallback: bool = False, page_cache: bool = False, write_threads: int | None = None
 ) -> FileSystemSecondaryTier:
     with o_direct_refused() if fallback else contextlib.nullcontext():
-        return FileSystemSecondaryTier(view, root, page_cache=page_cache, n_write_threads=write_threads)
+        spec = bench_spec(view.strides[0] if view.strides else 0)
+        return FileSystemSecondaryTier(
+            spec, view, "fs", root_dir=root, page_cache=page_cache, n_write_threads=write_threads
+        )
 
 
-def run_jobs(
-    tier: FileSystemSecondaryTier, num_blocks: int, job_blocks: int, promotion: bool, first_id: int, first_key: int = 0
-) -> float:
+def run_jobs(tier: FileSystemSecondaryTier, num_blocks: int, job_blocks: int, promotion: bool, first_key: int = 0) -> float:
     """Submit jobs storing (or loading) blocks `first_key...` from (into) rows 0...; the seconds
     until the tier drained them, all reported successful."""
     start = time.perf_counter()
-    job_id = first_id
+    jobs = 0
     for first in range(0, num_blocks, job_blocks):
         ids = list(range(first, min(first + job_blocks, num_blocks)))
-        job = JobMetadata(job_id, tuple(key_of(first_key + i) for i in ids), ids, promotion, CTX)
+        job = transfer_job([key_of(first_key + i) for i in ids], ids, promotion)
         (tier.submit_load if promotion else tier.submit_store)(job)
-        job_id += 1
+        jobs += 1
     tier.drain_jobs()
     elapsed = time.perf_counter() - start
     results = list(tier.get_finished_jobs())
-    assert len(results) == job_id - first_id and all(r.success for r in results), "a job failed"
+    assert len(results) == jobs and all(r.success for r in results), "a job failed"
     return elapsed
 
 
@@ -173,7 +173,7 @@ def bench_throughput(args: argparse.Namespace, work_dir: Path) -> list[str]:
             if name in (_PLAIN, _PLAIN_WORK)
         }
         rounds = Rounds()
-        with SharedOffloadRegion(f"bench{os.getpid()}_{block_bytes}", num_blocks, block_bytes, directory=args.region_dir) as region:
+        with PrimaryRegion(num_blocks, block_bytes) as region:
             view = region.create_kv_memoryview()
             rows = view.cast("B")
             fill(rows)
@@ -195,10 +195,10 @@ def bench_throughput(args: argparse.Namespace, work_dir: Path) -> list[str]:
                     root = work_dir / f"{'fallback' if name == _FALLBACK else 'tier'}-{block_bytes}-{round_index}"
                     tier = make_tier(view, root, fallback=name == _FALLBACK)
                     try:
-                        rounds.add(name, "store", run_jobs(tier, num_blocks, args.job_blocks, False, 0))
+                        rounds.add(name, "store", run_jobs(tier, num_blocks, args.job_blocks, False))
                         methods.add(drop_page_cache([root], args.cold))
                         rows[:] = bytes(len(rows))
-                        rounds.add(name, "load", run_jobs(tier, num_blocks, args.job_blocks, True, 1 << 30))
+                        rounds.add(name, "load", run_jobs(tier, num_blocks, args.job_blocks, True))
                         assert xxhash.xxh3_64_intdigest(rows) == expected, "the tier loaded other bytes"
                     finally:
                         tier.shutdown()
@@ -255,7 +255,7 @@ def bench_residency(args: argparse.Namespace, work_dir: Path) -> list[str]:
     stored = num_blocks * block_bytes
     print(f"\n== page cache after an engine stores {human(stored)} ({human(block_bytes)} blocks) and its jobs finish ==")
     verdicts: list[str] = []
-    with SharedOffloadRegion(f"benchres{os.getpid()}", num_blocks, block_bytes, directory=args.region_dir) as region:
+    with PrimaryRegion(num_blocks, block_bytes) as region:
         view = region.create_kv_memoryview()
         fill(view.cast("B"))
         for label, fallback, page_cache in (
@@ -267,9 +267,9 @@ def bench_residency(args: argparse.Namespace, work_dir: Path) -> list[str]:
             drop_page_cache([work_dir], args.cold)
             tier = make_tier(view, root, fallback=fallback, page_cache=page_cache)
             try:
-                run_jobs(tier, num_blocks, 16, False, 0)
+                run_jobs(tier, num_blocks, 16, False)
                 after_store, counter = resident_bytes(block_files(root))
-                run_jobs(tier, num_blocks, 16, True, 1 << 30)
+                run_jobs(tier, num_blocks, 16, True)
                 after_load, _ = resident_bytes(block_files(root))
                 direct = tier.direct
             finally:
@@ -313,6 +313,7 @@ def drive(manager: OffloadingManager, steps: int, keys_per_step: int, lookups: i
     """Steps of: store new blocks (cascade), look up old ones (promotion), end the step."""
     samples: dict[str, list[float]] = {}
     next_key = 0
+    manager.on_new_request(CTX)
     for step in range(steps):
         keys = [key_of(i) for i in range(next_key, next_key + keys_per_step)]
         next_key += keys_per_step
@@ -323,7 +324,7 @@ def drive(manager: OffloadingManager, steps: int, keys_per_step: int, lookups: i
             old = key_of((step * 7919 + j * 104729) % max(1, next_key))
             timed(samples, "lookup", lambda: manager.lookup(old, CTX))
         if isinstance(manager, TieringOffloadingManager):
-            timed(samples, "end_step", manager.end_step)
+            timed(samples, "end_step", lambda: manager.on_schedule_end(END_OF_STEP))
     return samples
 
 
@@ -336,25 +337,19 @@ def bench_scheduler(args: argparse.Namespace, work_dir: Path) -> None:
         f"blocks, fs tier I/O in flight =="
     )
     baseline = drive(CPUOffloadingManager(num_blocks), args.steps, args.keys_per_step, args.lookups)
-    with SharedOffloadRegion(
-        f"benchsched{os.getpid()}", num_blocks, block_bytes, directory=args.region_dir
-    ) as region:
-        primary = CPUPrimaryTierOffloadingManager(region)
-        tier = FileSystemSecondaryTier(
-            primary.get_kv_memoryview(),
-            work_dir / "sched-tier",
-        )
-        manager = TieringOffloadingManager(primary, [tier])
-        io_start = time.perf_counter()
-        tiering = drive(manager, args.steps, args.keys_per_step, args.lookups)
-        drive_s = time.perf_counter() - io_start
-        inflight_at_end = manager.num_inflight_jobs
-        tier.drain_jobs()
-        io_s = time.perf_counter() - io_start
-        manager.shutdown()
+    primary = CPUPrimaryTierOffloadingManager(num_blocks, PrimaryRegion(num_blocks, block_bytes))
+    tier = FileSystemSecondaryTier(bench_spec(block_bytes), primary.get_kv_memoryview(), "fs", root_dir=work_dir / "sched-tier")
+    manager = TieringOffloadingManager(primary, [tier], tier_poll_interval_s=0)
+    io_start = time.perf_counter()
+    tiering = drive(manager, args.steps, args.keys_per_step, args.lookups)
+    drive_s = time.perf_counter() - io_start
+    inflight_at_end = manager.has_pending_work()
+    tier.drain_jobs()
+    io_s = time.perf_counter() - io_start
+    manager.shutdown()
     print(
         f"(driving took {drive_s * 1e3:.0f} ms, the tier's I/O {io_s * 1e3:.0f} ms; "
-        f"{inflight_at_end} jobs still in flight when driving ended)"
+        f"jobs {'still' if inflight_at_end else 'no longer'} in flight when driving ended)"
     )
     print(f"{'call':>15} | {'cpu p50':>8} {'p99':>8} {'max':>8} | {'tiering p50':>11} {'p99':>8} {'max':>8} | p99 ratio")
     for name in ("prepare_store", "complete_store", "lookup", "end_step"):
@@ -394,35 +389,33 @@ def bench_loads_behind_stores(args: argparse.Namespace, work_dir: Path) -> None:
     behind: list[float] = []
     store_gbps: list[float] = []
     root = work_dir / "behind"
-    with SharedOffloadRegion(f"benchbehind{os.getpid()}", loads + stores, block_bytes, directory=args.region_dir) as region:
+    with PrimaryRegion(loads + stores, block_bytes) as region:
         view = region.create_kv_memoryview()
         fill(view.cast("B"))
         tier = make_tier(view, root, write_threads=args.behind_write_threads)
         print(f"  {tier.n_read_threads} read + {tier.n_write_threads} write threads, direct={tier.direct}")
         try:
-            run_jobs(tier, loads, args.job_blocks, False, 0, first_key=1 << 40)  # the blocks to load
-            job_id = 1 << 20
+            run_jobs(tier, loads, args.job_blocks, False, first_key=1 << 40)  # the blocks to load
             for round_index in range(args.repeats):
                 drop_page_cache([root], args.cold)
-                alone.append(run_jobs(tier, loads, args.job_blocks, True, job_id, first_key=1 << 40))
-                job_id += loads
+                alone.append(run_jobs(tier, loads, args.job_blocks, True, first_key=1 << 40))
                 drop_page_cache([root], args.cold)
                 start = time.perf_counter()
-                first_store = job_id
+                pending: set[int] = set()
                 for first in range(0, stores, args.job_blocks):
                     ids = list(range(loads + first, loads + min(first + args.job_blocks, stores)))
-                    keys = tuple(key_of((round_index + 1) * stores + i - loads) for i in ids)
-                    tier.submit_store(JobMetadata(job_id, keys, ids, False, CTX))
-                    job_id += 1
-                load_job = job_id
-                tier.submit_load(JobMetadata(load_job, tuple(key_of((1 << 40) + i) for i in range(loads)), list(range(loads)), True, CTX))
-                job_id += 1
-                pending = set(range(first_store, job_id))
+                    keys = [key_of((round_index + 1) * stores + i - loads) for i in ids]
+                    store = transfer_job(keys, ids, False)
+                    pending.add(store.job_id)
+                    tier.submit_store(store)
+                load = transfer_job([key_of((1 << 40) + i) for i in range(loads)], list(range(loads)), True)
+                pending.add(load.job_id)
+                tier.submit_load(load)
                 while pending:
                     for result in tier.get_finished_jobs():
                         assert result.success, f"job {result.job_id} failed"
                         pending.discard(result.job_id)
-                        if result.job_id == load_job:
+                        if result.job_id == load.job_id:
                             behind.append(time.perf_counter() - start)
                     if pending:
                         time.sleep(0.0002)
@@ -439,7 +432,6 @@ def bench_loads_behind_stores(args: argparse.Namespace, work_dir: Path) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", type=Path, default=None, help="where block files go (default: a temp dir under /tmp)")
-    parser.add_argument("--region-dir", default=DEFAULT_REGION_DIR, help="where the primary's shared region lives")
     parser.add_argument("--total", type=parse_size, default=parse_size("1G"), help="bytes per phase and block size (default 1G)")
     parser.add_argument(
         "--block-sizes",

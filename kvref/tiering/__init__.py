@@ -19,7 +19,11 @@ if TYPE_CHECKING:
         SecondaryTierManager,
         TransferJob,
     )
+    from kvref.tiering.factory import SecondaryTierFactory, create_tiering_manager
+    from kvref.tiering.fs import FileSystemSecondaryTier
     from kvref.tiering.manager import CPUPrimaryTierOffloadingManager, TieringOffloadingManager
+    from kvref.tiering.memory import InMemorySecondaryTier
+    from kvref.tiering.redis import RedisSecondaryTier
 
 _EXPORTS: dict[str, str] = {
     "JobId": "kvref.tiering.base",
@@ -30,6 +34,11 @@ _EXPORTS: dict[str, str] = {
     "TransferJob": "kvref.tiering.base",
     "CPUPrimaryTierOffloadingManager": "kvref.tiering.manager",
     "TieringOffloadingManager": "kvref.tiering.manager",
+    "SecondaryTierFactory": "kvref.tiering.factory",
+    "create_tiering_manager": "kvref.tiering.factory",
+    "InMemorySecondaryTier": "kvref.tiering.memory",
+    "FileSystemSecondaryTier": "kvref.tiering.fs",
+    "RedisSecondaryTier": "kvref.tiering.redis",
 }
 if not TYPE_CHECKING:
     __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
@@ -43,4 +52,9 @@ __all__ = [
     "TransferJob",
     "CPUPrimaryTierOffloadingManager",
     "TieringOffloadingManager",
+    "SecondaryTierFactory",
+    "create_tiering_manager",
+    "InMemorySecondaryTier",
+    "FileSystemSecondaryTier",
+    "RedisSecondaryTier",
 ]

@@ -10,9 +10,12 @@ import operator
 import os
 from pathlib import Path
 
+from kvref.base import Locality
+
 __all__ = [
     "check_bool",
     "check_int",
+    "check_locality",
     "check_optional_int",
     "check_path",
     "check_seconds",
@@ -95,3 +98,18 @@ def check_seconds(field: str, value: object, *, maximum: float) -> float:
     if not 0 < value <= maximum:
         raise ValueError(f"{field} must be a number of seconds in (0, {maximum:g}], got {value!r}")
     return float(value)
+
+
+def check_locality(field: str, value: object) -> Locality | None:
+    """Return `value` ("LOCAL" or "REMOTE", where a tier's storage is) as a `Locality`; None
+    passes through.
+
+    Raises:
+        ValueError: it is neither.
+    """
+    if value is None or isinstance(value, Locality):
+        return value
+    try:
+        return Locality(value)
+    except ValueError:
+        raise ValueError(f"{field} must be None or a Locality ('LOCAL' or 'REMOTE'), got {value!r}") from None

@@ -30,10 +30,13 @@ import xxhash
 from typing_extensions import Buffer
 
 from kvref.base import OffloadKey, ReqContext, make_offload_key
-from kvref.tiering.base import JobMetadata
+from kvref.tiering.base import TransferJob
 from kvref.tiering.fs import FileSystemSecondaryTier
 from kvref.tiering.fs.format import file_bytes
 from kvref.tiering.fs.root import BLOCK_SUFFIX, FANOUT, TMP_SUFFIX, block_name
+from kvref.tiering.run_identity import run_identity
+from kvref.tiering.tier_reporting import KvrefTierMetrics
+from tests.tiering.helpers import holds, make_spec
 
 __all__ = [
     "BLOCK_BYTES",
@@ -45,6 +48,7 @@ __all__ = [
     "key_of",
     "kill_writers_while_loading",
     "load_loop",
+    "run_dir",
     "scan_root",
     "serve",
     "store_stream",
@@ -56,7 +60,14 @@ BLOCK_BYTES = 4096
 FILE_BYTES = file_bytes(12, BLOCK_BYTES)
 """The size of one block file of the 12-byte keys used here."""
 CTX = ReqContext(req_id="engines")
+ENGINE_SPEC = make_spec()
+"""Every engine here serves the same model and layout: they share one run directory."""
 _POISON = 0xEE
+
+
+def run_dir(root: str | os.PathLike[str]) -> Path:
+    """The directory the engines' tiers keep their blocks in under `root` (their run identity's)."""
+    return Path(root) / run_identity(ENGINE_SPEC)
 
 
 def key_of(number: int) -> OffloadKey:
@@ -94,7 +105,7 @@ class Engine:
     """One engine's tier over a page-aligned primary, with blocking and streaming job helpers.
 
     Args:
-        root: the shared root directory.
+        root: the shared root directory (the blocks go under `run_dir(root)`).
         num_blocks: primary slots (the most blocks in flight at once).
         block_bytes: the primary's row size.
         options: keyword arguments of `FileSystemSecondaryTier`.
@@ -110,11 +121,12 @@ class Engine:
         options.setdefault("n_read_threads", 2)
         options.setdefault("n_write_threads", 2)
         try:
-            self.tier = FileSystemSecondaryTier(self._view, root, **options)
+            self.tier = FileSystemSecondaryTier(ENGINE_SPEC, self._view, "fs", root_dir=root, **options)
         except BaseException:
             self._release()
             raise
         self._free = list(range(num_blocks - 1, -1, -1))
+        self._evicted = 0
         self._jobs: dict[int, tuple[bool, tuple[int, ...], list[int]]] = {}
         self._next_job = 0
 
@@ -145,7 +157,7 @@ class Engine:
         self._next_job += 1
         job_id = self._next_job
         self._jobs[job_id] = (promotion, tuple(numbers), slots)
-        job = JobMetadata(job_id, tuple(key_of(n) for n in numbers), tuple(slots), promotion, CTX)
+        job = TransferJob(job_id, tuple(key_of(n) for n in numbers), tuple(slots), promotion, CTX)
         (self.tier.submit_load if promotion else self.tier.submit_store)(job)
         return job_id
 
@@ -199,17 +211,15 @@ class Engine:
 
     # --- the rest of the tier's API ---
 
-    def lookup(self, numbers: Sequence[int]) -> list[bool | None]:
-        return [self.tier.lookup(key_of(n), CTX) for n in numbers]
-
-    def contains(self, numbers: Sequence[int]) -> list[bool]:
-        return self.tier.contains([key_of(n) for n in numbers])
+    def lookup(self, numbers: Sequence[int]) -> list[bool]:
+        """Whether each block is a lookup hit here, for a new request (once checked)."""
+        return holds(self.tier, [key_of(n) for n in numbers])
 
     def wait_hit(self, numbers: Sequence[int], timeout: float) -> float | None:
         """Seconds until every block is a lookup hit here, or None after `timeout`."""
         start = time.monotonic()
         while True:
-            if all(self.tier.lookup(key_of(n), CTX) is True for n in numbers):
+            if all(self.lookup(numbers)):
                 return time.monotonic() - start
             if time.monotonic() - start > timeout:
                 return None
@@ -223,8 +233,10 @@ class Engine:
         self.tier.drain_jobs()
 
     def evicted(self) -> int:
-        self.tier.get_finished_jobs()  # evictions are counted when results are collected
-        return self.tier.num_evicted_blocks()
+        """Blocks this engine evicted since it opened."""
+        _, values = self.tier.get_stats().metric_sections()
+        self._evicted += values.get(KvrefTierMetrics.CHUNKS_EVICTED, {}).get(("fs",), 0)
+        return self._evicted
 
     def block_path(self, number: int) -> str:
         return self.tier.block_path(key_of(number))
@@ -400,7 +412,7 @@ def load_loop(
 
 
 def scan_root(root: Path) -> tuple[int, list[str], list[str]]:
-    """The root's file bytes (its fan-out directories' block and temporary files), its block
+    """The run directory's (`run_dir(root)`) file bytes (its fan-out directories' block and temporary files), its block
     file names and its temporary file paths.
 
     A file renamed from its temporary name while the directory is read may be listed under
@@ -412,7 +424,7 @@ def scan_root(root: Path) -> tuple[int, list[str], list[str]]:
     tmps: list[str] = []
     for index in range(FANOUT):
         try:
-            with os.scandir(root / f"{index:02x}") as listing:
+            with os.scandir(run_dir(root) / f"{index:02x}") as listing:
                 entries = list(listing)
         except FileNotFoundError:
             continue
@@ -562,8 +574,8 @@ def kill_writers_while_loading(
         later.drain()  # its start-up sweep
         after_sweep = temporary_files(root)
         numbers = sorted(stored)
-        hits = [later.tier.lookup(key_of(n), CTX) is True for n in numbers]
-        files = [os.path.exists(root / name[:2] / name) for name in (block_name(key_of(n)) for n in numbers)]
+        hits = later.lookup(numbers)
+        files = [os.path.exists(run_dir(root) / name[:2] / name) for name in (block_name(key_of(n)) for n in numbers)]
         lookups_wrong = sum(hit != exists for hit, exists in zip(hits, files))
         unbounded = options.get("capacity_bytes") is None
         missing = [n for n, hit in zip(numbers, hits) if unbounded and not hit]

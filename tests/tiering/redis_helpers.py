@@ -14,15 +14,13 @@ from typing import Any
 
 import pytest
 
-from kvref.base import OffloadKey, ReqContext
-from kvref.tiering.base import JobMetadata, JobResult
+from kvref.base import LookupResult, OffloadKey
+from kvref.tiering.base import JobResult, TransferJob
 from kvref.tiering.redis import RedisSecondaryTier
 from kvref.tiering.redis.local import redis_server_path
-from tests.tiering.helpers import make_view
+from tests.tiering.helpers import CTX, make_spec, make_view, resolve
 
 __all__ = ["require_redis_server", "RedisHarness", "CTX", "wait_for", "payload"]
-
-CTX = ReqContext(req_id="r1")
 
 
 def payload(key: bytes, size: int) -> bytes:
@@ -51,15 +49,15 @@ class RedisHarness:
     """A Redis tier over a bytearray primary of `num_blocks` rows of `block_bytes`."""
 
     def __init__(self, url: str, num_blocks: int = 8, block_bytes: int = 4096, **kwargs: Any) -> None:
+        self.url = url
         self.block_bytes = block_bytes
         self.view = make_view(num_blocks, block_bytes)
         self.rows = self.view.cast("B")
         kwargs.setdefault("num_connections", 2)
         kwargs.setdefault("socket_timeout_s", 0.5)
         kwargs.setdefault("connect_timeout_s", 0.5)
-        kwargs.setdefault("lookup_cache_s", 0.2)
-        kwargs.setdefault("enable_events", True)
-        self.tier = RedisSecondaryTier(self.view, url, **kwargs)
+        kwargs.setdefault("enable_kv_events", True)
+        self.tier = RedisSecondaryTier(make_spec(kv_events=True), self.view, "redis", url=url, **kwargs)
         self.job_ids = 0
 
     def row(self, block_id: int) -> bytes:
@@ -73,7 +71,7 @@ class RedisHarness:
 
     def submit(self, keys: list[OffloadKey], block_ids: list[int], promotion: bool) -> int:
         self.job_ids += 1
-        job = JobMetadata(self.job_ids, tuple(keys), tuple(block_ids), promotion, CTX)
+        job = TransferJob(self.job_ids, tuple(keys), tuple(block_ids), promotion, CTX)
         (self.tier.submit_load if promotion else self.tier.submit_store)(job)
         return self.job_ids
 
@@ -105,20 +103,13 @@ class RedisHarness:
         self.last_result: JobResult = results[0]
         return results[0].success
 
-    def settled_lookup(self, key: OffloadKey, timeout_s: float = 5.0) -> bool:
-        """Ask until the tier answers True or False (its existence check is asynchronous)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            answer = self.tier.lookup(key, CTX)
-            if answer is not None:
-                return answer
-            if time.monotonic() > deadline:
-                raise AssertionError(f"lookup of {key.hex()} stayed None")
-            time.sleep(0.005)
-
-    def forget_answers(self) -> None:
-        """Wait until every cached lookup answer has expired."""
-        time.sleep(self.tier.lookup_cache_s + 0.05)
+    def has(self, key: OffloadKey) -> bool:
+        """Whether the tier answers HIT for `key`, asked by a request of its own once the
+        tier's existence check came back (see `resolve`)."""
+        answer = resolve(self.tier, key)
+        if answer is LookupResult.RETRY:
+            raise AssertionError(f"lookup of {key.hex()} stayed RETRY")
+        return answer is LookupResult.HIT
 
     def close(self) -> None:
         self.tier.shutdown()

@@ -1,4 +1,6 @@
-"""Tiering base types (JobMetadata, PrimaryBlocks) and the secondary-tier factory."""
+"""Tiering base types (PrimaryBlocks, the tier base class) and `SecondaryTierFactory`, vLLM 0.33's
+factory: registered types, out-of-tree tiers by module path, back-pressure, and configuration
+mistakes as ValueErrors naming the entry."""
 
 from __future__ import annotations
 
@@ -8,20 +10,17 @@ from typing import Any
 
 import pytest
 
-from kvref.base import ReqContext
-from kvref.tiering.base import JobMetadata, PrimaryBlocks, SecondaryTierManager
-from kvref.tiering.factory import create_secondary_tier, register_tier, registered_tier_types
+from kvref.base import CacheHitSource, Medium
+from kvref.tiering.backpressure import DropStorePolicy, EMABackpressureDetector
+from kvref.tiering.base import PrimaryBlocks, SecondaryTierManager
+from kvref.tiering.factory import SecondaryTierFactory
 from kvref.tiering.fs import FileSystemSecondaryTier
 from kvref.tiering.memory import InMemorySecondaryTier
-from tests.tiering.helpers import make_view, to_keys
+from kvref.tiering.redis import RedisSecondaryTier
+from kvref.tiering.tier_reporting import KvrefTierMetrics
+from tests.tiering.helpers import make_spec, make_view
 
-CTX = ReqContext(req_id="r1")
-
-
-def test_job_metadata_keys_and_block_ids_are_co_indexed() -> None:
-    with pytest.raises(ValueError, match=r"keys \(2\) and block_ids \(1\) must be co-indexed"):
-        JobMetadata(1, tuple(to_keys([1, 2])), (0,), False, CTX)
-
+SPEC = make_spec()
 
 def test_primary_blocks_rows() -> None:
     view = make_view(3, 8)
@@ -82,95 +81,118 @@ def test_primary_blocks_accept_views_of_any_item_format(make: Any) -> None:
     blocks.release()
 
 
+class OutOfTreeTier(InMemorySecondaryTier):
+    """A tier no registry knows: found by its class name in this module."""
+
+
+NOT_A_TIER = 42
+
+
+def create(config: dict[str, Any]) -> SecondaryTierManager:
+    return SecondaryTierFactory.create_secondary_tier(config, make_view(2), SPEC)
+
+
 def test_builtin_tier_types(tmp_path: Path) -> None:
-    assert {"fs", "memory"} <= set(registered_tier_types())
-    memory = create_secondary_tier({"type": "memory", "capacity_blocks": 2}, make_view(2))
-    assert isinstance(memory, InMemorySecondaryTier)
-    disk = create_secondary_tier(
-        {"type": "fs", "root_dir": str(tmp_path)}, make_view(2), enable_events=True
-    )
-    assert isinstance(disk, FileSystemSecondaryTier) and disk.medium == "fs"
-    disk.shutdown()
+    memory = create({"type": "memory", "capacity_chunks": 2})
+    assert isinstance(memory, InMemorySecondaryTier) and memory.tier_type == "memory"
+    assert (memory.medium, memory.cache_hit_source) == (Medium.CPU, CacheHitSource.HOST)
+    disk = create({"type": "fs", "root_dir": str(tmp_path), "locality": "LOCAL"})
+    try:
+        assert isinstance(disk, FileSystemSecondaryTier) and disk.tier_type == "fs"
+        assert (disk.medium, disk.cache_hit_source, disk.locality.value if disk.locality else None) == (
+            Medium.STORAGE,
+            CacheHitSource.DISK,
+            "LOCAL",
+        )
+    finally:
+        disk.shutdown()
+    assert SecondaryTierFactory.get_tier_class({"type": "redis"}) is RedisSecondaryTier
+    # A remote store: not "disk" (what its medium would give).
+    assert RedisSecondaryTier.cache_hit_source is CacheHitSource.EXTERNAL_UNSPECIFIED
+
+
+def test_an_out_of_tree_tier_needs_only_its_module_path() -> None:
+    tier = create({"type": "OutOfTreeTier", "module_path": __name__, "capacity_chunks": 1})
+    assert type(tier) is OutOfTreeTier and tier.tier_type == "OutOfTreeTier"
 
 
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        ({}, r"'type' is missing; registered types: .*fs, memory"),
-        ({"type": "tape"}, r"'type' is 'tape', which is not registered; registered types:"),
-        ({"type": "memory", "size": 3}, r"invalid options for secondary tier type 'memory'"),
+        ({}, r"must include 'type'"),
+        ({"type": 3}, r"must include 'type' \(a string\), got 3"),
+        ({"type": "tape"}, r"Unknown secondary tier type: 'tape'. Supported types: \[.*'fs', 'memory', 'redis'.*module_path"),
+        ({"type": "Missing", "module_path": __name__}, r"type: 'Missing' is not a class of module_path"),
+        ({"type": "Tier", "module_path": "no.such.module"}, r"type: 'Tier' is not a class of module_path 'no.such.module'"),
+        ({"type": "NOT_A_TIER", "module_path": __name__}, r"type: 42 is not a SecondaryTierManager subclass"),
+        ({"type": "memory", "size": 3}, r"secondary tier 'memory': invalid options: .*'size'"),
+        ({"type": "fs"}, r"secondary tier 'fs': invalid options: missing a required argument: 'root_dir'"),
+        ({"type": "memory", "capacity_chunks": "2"}, r"capacity_chunks must be None or an integer >= 1, got '2'"),
+        ({"type": "memory", "enable_kv_events": "yes"}, r"enable_kv_events must be true or false, got 'yes'"),
+        ({"type": "memory", "locality": "NEAR"}, r"locality must be None or a Locality \('LOCAL' or 'REMOTE'\), got 'NEAR'"),
+        ({"type": "memory", "backpressure": {}}, r"must include 'backpressure_cls'"),
+        ({"type": "memory", "backpressure": "EMA"}, r"backpressure must be a dict, got 'EMA'"),
+        (
+            {"type": "memory", "backpressure": {"backpressure_cls": "NoSuchDetector"}},
+            r"backpressure.backpressure_cls: 'NoSuchDetector' is not an importable class",
+        ),
+        (
+            {"type": "memory", "backpressure": {"backpressure_cls": "DropStorePolicy"}},
+            r"backpressure.backpressure_cls: 'DropStorePolicy' is not a BackpressureDetector",
+        ),
+        (
+            {"type": "memory", "backpressure": {"backpressure_cls": "EMABackpressureDetector", "speed": 1}},
+            r"backpressure: invalid options: .*'speed'",
+        ),
     ],
 )
-def test_bad_configs(config: dict[str, Any], message: str) -> None:
+def test_bad_configs_are_value_errors_naming_the_entry(config: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        create_secondary_tier(config, make_view(1))
+        create(config)
 
 
-@pytest.fixture
-def fresh_registry(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Registrations made by a test vanish with it."""
-    from kvref.tiering import factory
-
-    registry = dict(factory._registry)  # pyright: ignore[reportPrivateUsage]
-    monkeypatch.setattr(factory, "_registry", registry)
-
-
-# The registry behaves as the cache-policy registry does (tests/cpu/test_policies.py asserts the
-# same behaviours of register_cache_policy).
-
-
-@pytest.mark.usefixtures("fresh_registry")
-def test_register_lists_sorted_names_and_builds_them() -> None:
-    def build(primary_kv_view: memoryview, *, label: str) -> SecondaryTierManager:
-        return InMemorySecondaryTier(primary_kv_view, name=label)
-
-    before = registered_tier_types()
-    assert before == sorted(before)
-    register_tier("a-custom", build)
-    assert registered_tier_types() == sorted([*before, "a-custom"])
-    tier = create_secondary_tier({"type": "a-custom", "label": "x"}, make_view(1))
-    assert tier.medium == "x"
+def test_backpressure_builds_the_detector_with_its_defaults_for_the_tier() -> None:
+    config = {"backpressure_cls": "EMABackpressureDetector", "policy_cls": "DropStorePolicy", "warmup_completions": 2}
+    tier = create({"type": "memory", "locality": "REMOTE", "backpressure": config})
+    detector = tier.bp_detector
+    assert isinstance(detector, EMABackpressureDetector) and isinstance(detector.policy, DropStorePolicy)
+    remote = EMABackpressureDetector.default_config("memory", locality="REMOTE")
+    assert detector.high_water_s == remote["high_water_s"]  # the remote defaults, for a REMOTE tier
+    dotted = {"backpressure_cls": "kvref.tiering.backpressure.EMABackpressureDetector"}
+    assert isinstance(create({"type": "memory", "backpressure": dotted}).bp_detector, EMABackpressureDetector)
+    assert create({"type": "memory"}).bp_detector is None
 
 
-@pytest.mark.parametrize("unknown", ["tape", "", "MEMORY"])
-def test_unknown_names_fail_listing_the_registered_ones(unknown: str) -> None:
-    listed = ", ".join(registered_tier_types())
-    with pytest.raises(ValueError, match=rf"{unknown!r}, which is not registered; .*: {listed}$"):
-        create_secondary_tier({"type": unknown}, make_view(1))
+def test_the_registry_resolves_lazily_and_refuses_duplicates(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(SecondaryTierFactory, "_registry", dict(SecondaryTierFactory._registry))  # pyright: ignore[reportPrivateUsage]
+    SecondaryTierFactory.register_tier("later", "no.such.module", "Tier")  # imported on first use only
+    with pytest.raises(ModuleNotFoundError):
+        SecondaryTierFactory.get_tier_class({"type": "later"})
+    with pytest.raises(ValueError, match="Tier 'memory' is already registered"):
+        SecondaryTierFactory.register_tier("memory", __name__, "OutOfTreeTier")
+    SecondaryTierFactory.register_tier("oot", __name__, "OutOfTreeTier")
+    assert SecondaryTierFactory.get_tier_class({"type": "oot"}) is OutOfTreeTier
 
 
-@pytest.mark.usefixtures("fresh_registry")
-def test_register_refuses_duplicates_unless_replacing(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"'memory' is already registered; pass replace=True"):
-        register_tier("memory", FileSystemSecondaryTier)
-    register_tier("memory", FileSystemSecondaryTier, replace=True)
-    disk = create_secondary_tier({"type": "memory", "root_dir": str(tmp_path)}, make_view(1))
-    try:
-        assert isinstance(disk, FileSystemSecondaryTier)
-    finally:
-        disk.shutdown()
+@pytest.mark.parametrize("tier_type", ["memory", "fs", "redis"])
+def test_every_tier_declares_its_metrics_and_info_labels(tier_type: str) -> None:
+    tier_cls = SecondaryTierFactory.get_tier_class({"type": tier_type})
+    metrics = tier_cls.build_metric_definitions({})
+    assert set(metrics) == {
+        KvrefTierMetrics.CHUNKS_STORED,
+        KvrefTierMetrics.CHUNKS_LOADED,
+        KvrefTierMetrics.CHUNKS_EVICTED,
+        KvrefTierMetrics.CHUNKS_LOST,
+        KvrefTierMetrics.USAGE_PERC,
+    }
+    assert all(metadata.labelnames == ("tier_type",) for metadata in metrics.values())
+    keys = tier_cls.config_info_keys({"type": tier_type})
+    assert keys and "tier" not in keys and all(key.startswith(f"{tier_type}_") for key in keys)
 
 
-@pytest.mark.usefixtures("fresh_registry")
-def test_register_refuses_an_empty_name() -> None:
-    before = registered_tier_types()
-    with pytest.raises(ValueError, match="tier_type must be a non-empty str"):
-        register_tier("", InMemorySecondaryTier)
-    assert registered_tier_types() == before
+def test_the_tier_base_class_refuses_a_view_without_strides() -> None:
+    class NoStrides:
+        strides = None
 
-
-@pytest.mark.usefixtures("fresh_registry")
-@pytest.mark.parametrize("not_a_name", [None, 3, b"memory"])
-def test_register_refuses_a_name_that_is_not_a_str(not_a_name: Any) -> None:
-    before = registered_tier_types()
-    with pytest.raises(TypeError, match="tier_type must be a str"):
-        register_tier(not_a_name, InMemorySecondaryTier)
-    assert registered_tier_types() == before
-
-
-@pytest.mark.usefixtures("fresh_registry")
-@pytest.mark.parametrize("not_a_tier", [dict, object(), "memory", None])
-def test_register_rejects_what_is_not_a_tier_factory(not_a_tier: Any) -> None:
-    with pytest.raises(TypeError, match="factory must be a SecondaryTierManager subclass"):
-        register_tier("not-a-tier", not_a_tier)
-    assert "not-a-tier" not in registered_tier_types()
+    with pytest.raises(ValueError, match="primary_kv_view has no strides"):
+        InMemorySecondaryTier(SPEC, NoStrides(), "memory")  # type: ignore[arg-type]

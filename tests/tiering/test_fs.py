@@ -19,7 +19,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +27,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvref.base import OffloadingEvent, OffloadKey, ReqContext, make_offload_key
+from kvref.base import LookupResult, Medium, OffloadingEvent, OffloadKey, ReqContext, make_offload_key
 from kvref.errors import KVRefError
-from kvref.tiering.base import JobMetadata, JobResult
+from kvref.tiering.base import JobResult, TransferJob
 from kvref.tiering.fs import (
     CONFIG_FILE_NAME,
     RECORD_HEADER_BYTES,
@@ -39,13 +39,40 @@ from kvref.tiering.fs import (
 from kvref.tiering.fs import block_io, tier as tier_module
 from kvref.tiering.fs.block_io import Transfer
 from kvref.tiering.fs.format import file_bytes, header_bytes
-from tests.tiering.helpers import BLOCK_BYTES, content, make_view, to_key, to_keys
+from kvref.tiering.run_identity import run_identity
+from kvref.tiering.tier_reporting import KvrefTierMetrics
+from tests.tiering.helpers import BLOCK_BYTES, CTX, content, make_spec, make_view, resolve, to_key, to_keys
 
-CTX = ReqContext(req_id="r1")
+SPEC = make_spec(kv_events=True)
 NUM_BLOCKS = 8
 RECORD = file_bytes(12, BLOCK_BYTES)  # the block file of a 12-byte test key
 HEADER = RECORD_HEADER_BYTES + 12  # the bytes of its header the checksums cover
 PAYLOAD = header_bytes(12)  # where its payload starts
+
+
+def fs_tier(view: memoryview, root: Any, **options: Any) -> FileSystemSecondaryTier:
+    """A tier of the test spec's engine under `root` (its blocks: under `root/<run identity>`)."""
+    return FileSystemSecondaryTier(SPEC, view, "fs", root_dir=root, **options)
+
+
+def metric(tier: FileSystemSecondaryTier, name: str) -> float:
+    """The tier's value of metric `name` since it was last asked (0 if none)."""
+    _, values = tier.get_stats().metric_sections()
+    return values.get(name, {}).get(("fs",), 0)
+
+
+def outcomes(results: Iterable[JobResult]) -> list[tuple[int, bool, Any]]:
+    """(job id, success, successful keys) of each result: what a tier decides, not what it measured."""
+    return [(result.job_id, result.success, result.successful_keys) for result in results]
+
+
+RUN = r"kvref-tests_model_[0-9a-f]{12}_r0"
+"""The run identity of the test spec's engine, as a pattern."""
+
+
+def run_dir(root: Path) -> Path:
+    """Where the test spec's engine keeps its blocks under `root`."""
+    return root / run_identity(SPEC)
 
 
 def aligned_view(num_blocks: int, block_bytes: int) -> memoryview:
@@ -57,14 +84,15 @@ class Harness:
     """A tier over a primary of `block_bytes` rows, with helpers to run jobs to completion."""
 
     def __init__(self, root: Path, view: memoryview | None = None, **kwargs: Any) -> None:
-        self.root = root
+        self.root_dir = root
         self.view = view if view is not None else make_view(NUM_BLOCKS)
         self.block_bytes = self.view.strides[0] if self.view.strides else BLOCK_BYTES
         self.rows = self.view.cast("B")
         kwargs.setdefault("n_read_threads", 2)
         kwargs.setdefault("n_write_threads", 2)
-        kwargs.setdefault("enable_events", True)
-        self.tier = FileSystemSecondaryTier(self.view, root, **kwargs)
+        kwargs.setdefault("enable_kv_events", True)
+        self.tier = fs_tier(self.view, root, **kwargs)
+        self.root = self.tier.root_dir  # root_dir/<run identity>: where the blocks are
         self.job_ids = 0
 
     def row(self, block_id: int) -> bytes:
@@ -76,9 +104,13 @@ class Harness:
         for key, block_id in zip(keys, block_ids):
             self.rows[block_id * size : (block_id + 1) * size] = content(key, size)
 
-    def job(self, keys: list[OffloadKey], block_ids: list[int], promotion: bool) -> JobMetadata:
+    def job(self, keys: list[OffloadKey], block_ids: list[int], promotion: bool) -> TransferJob:
         self.job_ids += 1
-        return JobMetadata(self.job_ids, tuple(keys), tuple(block_ids), promotion, CTX)
+        return TransferJob(self.job_ids, tuple(keys), tuple(block_ids), promotion, CTX)
+
+    def has(self, key: OffloadKey) -> bool:
+        """Whether the tier answers HIT for `key`, once its lookup thread has checked."""
+        return resolve(self.tier, key) is LookupResult.HIT
 
     def store(self, keys: list[OffloadKey], block_ids: list[int] | None = None) -> bool:
         block_ids = block_ids if block_ids is not None else list(range(len(keys)))
@@ -150,9 +182,9 @@ def age(path: Path, seconds: float) -> None:
 def test_store_then_load_round_trip(harness: Harness) -> None:
     k1, k2 = to_keys([1, 2])
     assert harness.tier.direct  # tmp_path is on a filesystem that takes O_DIRECT
-    assert harness.tier.lookup(k1, CTX) is False
+    assert not harness.has(k1)
     assert harness.store([k1, k2], [0, 1])
-    assert harness.tier.lookup(k1, CTX) is True
+    assert harness.has(k1)
     # One file per block: root/<hh>/<xxh3-128 of the key>.kvb, header page then payload page.
     assert [p.relative_to(harness.root).parts for p in harness.files()] == sorted(
         (p.parent.name, p.name) for p in map(Path, map(harness.tier.block_path, (k1, k2)))
@@ -163,7 +195,7 @@ def test_store_then_load_round_trip(harness: Harness) -> None:
     assert harness.tier.location(k2) == (str(file_of(harness, k2)), PAYLOAD, RECORD)
     assert harness.load([k2, k1], [5, 6])
     assert harness.row(5) == content(k2) and harness.row(6) == content(k1)
-    assert harness.tier.take_events() == [OffloadingEvent([k1, k2], "fs", removed=False)]
+    assert harness.tier.take_events() == [OffloadingEvent([k1, k2], Medium.STORAGE, removed=False, ownership="fs")]
     assert harness.files(".tmp") == []
 
 
@@ -198,13 +230,13 @@ def test_pending_write_answers_none_and_lookup_never_waits(
     k1 = to_key(1)
     harness.fill([k1], [0])
     harness.tier.submit_store(harness.job([k1], [0], promotion=False))
-    assert harness.tier.lookup(k1, CTX) is None  # the write is stuck in an I/O thread
-    assert harness.tier.contains([k1]) == [False]  # not held yet
+    assert harness.tier.lookup(k1, CTX) is LookupResult.RETRY  # the write is stuck in an I/O thread
+    assert resolve(harness.tier, k1, timeout_s=0.05) is LookupResult.RETRY  # not held yet
     assert list(harness.tier.get_finished_jobs()) == []
     gate.set()
     harness.tier.drain_jobs()
-    assert list(harness.tier.get_finished_jobs()) == [JobResult(harness.job_ids, True)]
-    assert harness.tier.lookup(k1, CTX) is True and harness.tier.contains([k1]) == [True]
+    assert outcomes(harness.tier.get_finished_jobs()) == [(harness.job_ids, True, None)]
+    assert harness.has(k1)
 
 
 def test_stored_blocks_are_not_written_twice(harness: Harness) -> None:
@@ -225,7 +257,7 @@ def test_load_of_a_missing_block_fails_and_loads_the_others(harness: Harness) ->
     # As vLLM's: the job fails, and the block that was there is loaded and reported as such.
     assert harness.last_result.successful_keys == (k1,)
     assert harness.row(3) == content(k1)
-    assert harness.tier.lookup(k1, CTX) is True  # k1 itself is fine
+    assert harness.has(k1)  # k1 itself is fine
     assert not harness.load([k2], [4])
     assert harness.last_result.successful_keys is None  # nothing loaded: no partial success
 
@@ -251,12 +283,12 @@ def test_a_store_of_a_block_being_written_ends_with_that_write(
     harness.tier.submit_store(harness.job([k], [0], promotion=False))
     harness.tier.submit_store(harness.job([k], [1], promotion=False))
     assert list(harness.tier.get_finished_jobs()) == []  # the second waits for the first's write
-    assert harness.tier.lookup(k, CTX) is None
+    assert harness.tier.lookup(k, CTX) is LookupResult.RETRY
     gate.set()
     harness.tier.drain_jobs()
     results = list(harness.tier.get_finished_jobs())  # both, in the first poll after the drain
     assert sorted((r.job_id, r.success) for r in results) == [(1, not first_write_fails), (2, not first_write_fails)]
-    assert harness.tier.lookup(k, CTX) is (not first_write_fails)
+    assert harness.has(k) is (not first_write_fails)
 
 
 @pytest.mark.python_io
@@ -290,13 +322,14 @@ def test_capacity_evicts_least_recently_used_blocks(tmp_path: Path) -> None:
     h.tier.drain_jobs()
     h.tier.take_events()
     assert h.store([k3], [2])
-    assert [h.tier.lookup(k, CTX) for k in (k1, k2, k3)] == [True, False, True]
+    assert [h.has(k) for k in (k1, k2, k3)] == [True, False, True]
     assert h.tier.take_events() == [
-        OffloadingEvent([k2], "fs", removed=True),
-        OffloadingEvent([k3], "fs", removed=False),
+        OffloadingEvent([k2], Medium.STORAGE, removed=True, ownership="fs"),
+        OffloadingEvent([k3], Medium.STORAGE, removed=False, ownership="fs"),
     ]
-    assert h.tier.num_evicted_blocks() == 1
-    assert len(h.files()) == 2 and h.tier.used_bytes == 2 * RECORD and h.tier.usage() == 1.0
+    assert metric(h.tier, KvrefTierMetrics.CHUNKS_EVICTED) == 1
+    assert len(h.files()) == 2 and h.tier.used_bytes == 2 * RECORD
+    assert metric(h.tier, KvrefTierMetrics.USAGE_PERC) == 1.0
     h.close()
 
 
@@ -308,7 +341,7 @@ def test_a_load_marks_a_block_used(tmp_path: Path) -> None:
     age(file_of(h, k2), 10)
     assert h.load([k1], [4])
     assert h.store([k3], [2])
-    assert [h.tier.lookup(k, CTX) for k in (k1, k2, k3)] == [True, False, True]
+    assert [h.has(k) for k in (k1, k2, k3)] == [True, False, True]
     h.close()
 
 
@@ -330,7 +363,7 @@ def test_a_job_never_evicts_its_own_blocks(tmp_path: Path) -> None:
     assert h.store([k1], [0])
     # k1 is stored already and named by the job: k2 fits, k3 finds no room.
     assert not h.store([k1, k2, k3])
-    assert [h.tier.lookup(k, CTX) for k in (k1, k2, k3)] == [True, True, False]
+    assert [h.has(k) for k in (k1, k2, k3)] == [True, True, False]
     h.close()
 
 
@@ -343,7 +376,7 @@ def test_capacity_counts_the_files_of_every_writer(tmp_path: Path) -> None:
     in_flight.parent.mkdir(exist_ok=True)
     in_flight.write_bytes(bytes(RECORD))
     assert h.store([to_key(3)], [0])  # 2 files + 1 in flight: the oldest block goes
-    assert sorted(h.tier.lookup(k, CTX) is True for k in to_keys([1, 2, 3])) == [False, True, True]
+    assert sorted(h.has(k) for k in to_keys([1, 2, 3])) == [False, True, True]
     assert in_flight.exists()  # a fresh temporary file of a live writer stays
     other.close()
     h.close()
@@ -367,11 +400,8 @@ def test_capacity_never_evicts_blocks_being_read(tmp_path: Path, monkeypatch: py
     h.tier.submit_store(h.job([k2], [1], promotion=False))  # k1 is being read: no room
     gate.set()
     h.tier.drain_jobs()
-    assert sorted(h.tier.get_finished_jobs(), key=lambda r: r.job_id) == [
-        JobResult(load_id, True),
-        JobResult(h.job_ids, False),
-    ]
-    assert h.tier.lookup(k1, CTX) is True and h.tier.lookup(k2, CTX) is False
+    assert sorted(outcomes(h.tier.get_finished_jobs())) == [(load_id, True, None), (h.job_ids, False, None)]
+    assert h.has(k1) and not h.has(k2)
     h.close()
 
 
@@ -392,8 +422,8 @@ def test_many_domains_bound_the_root_and_evict_old_blocks_first(tmp_path: Path) 
         for start in range(0, 512, 64):
             assert h.store(second[start : start + 64])
         assert sum(p.stat().st_size for p in h.files()) <= capacity
-        kept_first = sum(h.tier.lookup(k, CTX) is True for k in first)
-        kept_second = sum(h.tier.lookup(k, CTX) is True for k in second)
+        kept_first = sum(h.has(k) for k in first)
+        kept_second = sum(h.has(k) for k in second)
         # Uneven domains keep some old blocks; none is kept while its domain evicts a new one.
         assert kept_second > 4 * kept_first and kept_first + kept_second == len(h.files())
     finally:
@@ -407,15 +437,15 @@ def test_tiers_on_one_root_share_blocks(tmp_path: Path) -> None:
     a = Harness(tmp_path / "fs")
     b = Harness(tmp_path / "fs")  # no lock: a second tier on the root is welcome
     k1, k2 = to_keys([1, 2])
-    assert b.tier.lookup(k1, CTX) is False
+    assert not b.has(k1)
     assert a.store([k1])
-    assert b.tier.lookup(k1, CTX) is True and b.tier.contains([k1, k2]) == [True, False]
+    assert [b.has(k) for k in (k1, k2)] == [True, False]
     assert b.load([k1], [3]) and b.row(3) == content(k1)
     assert b.store([k1, k2])  # k1 is there already: only k2 is written
     assert a.load([k2], [4]) and a.row(4) == content(k2)
     # What one evicts or loses is a miss for the other.
     file_of(a, k2).unlink()
-    assert a.tier.lookup(k2, CTX) is False and b.tier.lookup(k2, CTX) is False
+    assert not a.has(k2) and not b.has(k2)
     a.close()
     b.close()
 
@@ -426,17 +456,17 @@ def test_blocks_another_engine_evicts_are_announced_removed_once_seen_gone(tmp_p
     b = Harness(tmp_path / "fs", capacity_bytes=2 * RECORD)
     k1 = to_key(1)
     assert a.store([k1])
-    assert a.tier.take_events() == [OffloadingEvent([k1], "fs", removed=False)]
+    assert a.tier.take_events() == [OffloadingEvent([k1], Medium.STORAGE, removed=False, ownership="fs")]
     age(file_of(a, k1), 10)
     assert b.store(to_keys([2, 3]))  # one domain: k1 is the oldest and goes
-    assert not file_of(a, k1).exists() and b.tier.num_evicted_blocks() == 1
-    assert b.tier.take_events() == [OffloadingEvent(to_keys([2, 3]), "fs", removed=False)]
+    assert not file_of(a, k1).exists() and metric(b.tier, KvrefTierMetrics.CHUNKS_EVICTED) == 1
+    assert b.tier.take_events() == [OffloadingEvent(to_keys([2, 3]), Medium.STORAGE, removed=False, ownership="fs")]
     assert a.store([to_key(4)])  # A's next listing finds k1 gone
     assert a.tier.take_events() == [
-        OffloadingEvent([k1], "fs", removed=True),
-        OffloadingEvent([to_key(4)], "fs", removed=False),
+        OffloadingEvent([k1], Medium.STORAGE, removed=True, ownership="fs"),
+        OffloadingEvent([to_key(4)], Medium.STORAGE, removed=False, ownership="fs"),
     ]
-    assert a.tier.num_evicted_blocks() == 0  # A evicted nothing itself
+    assert metric(a.tier, KvrefTierMetrics.CHUNKS_EVICTED) == 0  # A evicted nothing itself
     a.close()
     b.close()
 
@@ -450,7 +480,7 @@ def test_blocks_survive_a_restart(tmp_path: Path) -> None:
     assert first.store(keys)
     first.close()
     second = Harness(tmp_path / "fs")
-    assert [second.tier.lookup(key, CTX) for key in keys] == [True, True, True]
+    assert [second.has(key) for key in keys] == [True, True, True]
     assert second.load(keys, [5, 6, 7])
     assert [second.row(i) for i in (5, 6, 7)] == [content(key) for key in keys]
     second.close()
@@ -483,24 +513,24 @@ def test_stale_temporary_files_of_dead_writers_are_deleted(tmp_path: Path, capac
     same_dir = next(k for k in to_keys(range(2, 5000)) if file_of(second, k).parent == path.parent)
     assert second.store([same_dir])
     assert not fresh.exists()
-    assert second.tier.lookup(k1, CTX) is True
+    assert second.has(k1)
     second.close()
 
 
 def test_restart_with_another_block_size_is_refused(tmp_path: Path) -> None:
     Harness(tmp_path / "fs").close()
-    with pytest.raises(TierRootError, match=r"root_dir '.*fs' is not usable: .*kvref_fs_tier.json says it holds blocks written as"):
-        FileSystemSecondaryTier(make_view(2, 128), tmp_path / "fs")
+    with pytest.raises(TierRootError, match=rf"root_dir '.*fs/{RUN}' is not usable: .*kvref_fs_tier.json says it holds blocks written as"):
+        fs_tier(make_view(2, 128), tmp_path / "fs")
 
 
 @pytest.mark.parametrize("version", [2, 3])
 def test_root_of_a_previous_format_is_refused_not_misread(tmp_path: Path, version: int) -> None:
     # Formats 2 and 3 kept many blocks per segment file: never read as format 4.
-    root = tmp_path / "fs"
-    root.mkdir()
+    root = run_dir(tmp_path / "fs")
+    root.mkdir(parents=True)
     (root / CONFIG_FILE_NAME).write_text(json.dumps({"format": version, "block_bytes": BLOCK_BYTES}))
     with pytest.raises(OSError, match=rf"written as \{{'format': {version}.*needs \{{'format': 4"):
-        FileSystemSecondaryTier(make_view(2), root)
+        fs_tier(make_view(2), tmp_path / "fs")
 
 
 def test_a_file_of_another_format_or_block_size_is_never_read(harness: Harness) -> None:
@@ -514,7 +544,7 @@ def test_a_file_of_another_format_or_block_size_is_never_read(harness: Harness) 
         path.write_bytes(bytes(data))
     assert not harness.load([k1, k2], [3, 4])
     assert harness.last_result.successful_keys is None
-    assert [harness.tier.lookup(k, CTX) for k in (k1, k2)] == [False, False]
+    assert [harness.has(k) for k in (k1, k2)] == [False, False]
     assert harness.files() == []  # deleted: a miss for every engine
 
 
@@ -522,15 +552,16 @@ def test_a_file_of_another_format_or_block_size_is_never_read(harness: Harness) 
 
 
 def test_root_that_is_a_file_is_refused(tmp_path: Path) -> None:
-    (tmp_path / "file").write_text("x")
-    with pytest.raises(TierRootError, match=r"root_dir '.*file' is not usable: it is not a directory"):
-        FileSystemSecondaryTier(make_view(2), tmp_path / "file")
+    (tmp_path / "fs").mkdir()
+    run_dir(tmp_path / "fs").write_text("x")
+    with pytest.raises(TierRootError, match=rf"root_dir '.*fs/{RUN}' is not usable: it is not a directory"):
+        fs_tier(make_view(2), tmp_path / "fs")
 
 
 def test_root_under_a_file_cannot_be_created(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
-    with pytest.raises(OSError, match=r"root_dir '.*file/sub/fs' is not usable: Not a directory") as info:
-        FileSystemSecondaryTier(make_view(2), tmp_path / "file" / "sub" / "fs")
+    with pytest.raises(OSError, match=rf"root_dir '.*file/sub/fs/{RUN}' is not usable: Not a directory") as info:
+        fs_tier(make_view(2), tmp_path / "file" / "sub" / "fs")
     assert info.value.errno == errno.ENOTDIR
     assert isinstance(info.value, KVRefError)
 
@@ -541,7 +572,7 @@ def _open_tier_as_nobody(root: str, result: Any) -> None:
         if os.geteuid() == 0:
             os.setgid(65534)
             os.setuid(65534)
-        FileSystemSecondaryTier(make_view(2), root).shutdown()
+        fs_tier(make_view(2), root).shutdown()
         result.put("opened")
     except OSError as exc:
         result.put(f"{type(exc).__name__}: {exc}")
@@ -567,18 +598,18 @@ def test_root_without_write_permission_is_refused() -> None:
             child.join(30)
             outcome = result.get()
             assert outcome.startswith("TierRootError:"), outcome
-            assert f"root_dir '{root}' is not usable: Permission denied" in outcome, outcome
+            assert re.search(rf"root_dir '{root}/{RUN}' is not usable: Permission denied", outcome), outcome
     finally:
         os.chmod(base / "locked", 0o755)
         shutil.rmtree(base)
 
 
 def test_corrupt_config_is_refused_naming_the_file(tmp_path: Path) -> None:
-    (tmp_path / "fs").mkdir()
-    config = tmp_path / "fs" / CONFIG_FILE_NAME
+    run_dir(tmp_path / "fs").mkdir(parents=True)
+    config = run_dir(tmp_path / "fs") / CONFIG_FILE_NAME
     config.write_text("{not json")
     with pytest.raises(TierRootError, match=rf"{re.escape(str(config))} is not a kvref fs tier config"):
-        FileSystemSecondaryTier(make_view(2), tmp_path / "fs")
+        fs_tier(make_view(2), tmp_path / "fs")
 
 
 @settings(max_examples=60, deadline=None)
@@ -586,10 +617,11 @@ def test_corrupt_config_is_refused_naming_the_file(tmp_path: Path) -> None:
 def test_a_garbled_config_is_refused_naming_the_file_never_a_bare_error(garbage: bytes) -> None:
     # Invalid UTF-8 used to escape as a bare UnicodeDecodeError naming no file.
     with tempfile.TemporaryDirectory(prefix="kvref-config-") as tmp:
-        config = Path(tmp) / CONFIG_FILE_NAME
+        config = run_dir(Path(tmp)) / CONFIG_FILE_NAME
+        config.parent.mkdir()
         config.write_bytes(garbage)
         try:
-            FileSystemSecondaryTier(make_view(2), tmp, n_read_threads=1, n_write_threads=1).shutdown()
+            fs_tier(make_view(2), tmp, n_read_threads=1, n_write_threads=1).shutdown()
         except TierRootError as exc:
             assert str(config) in str(exc)
         else:
@@ -608,21 +640,20 @@ def test_a_garbled_config_is_refused_naming_the_file_never_a_bare_error(garbage:
         ({"stale_tmp_s": 0}, "stale_tmp_s must be a number of seconds in (0, 3600], got 0"),
         ({"stale_tmp_s": 7200}, "stale_tmp_s must be a number of seconds in (0, 3600], got 7200"),
         ({"stale_tmp_s": "1h"}, "stale_tmp_s must be a number of seconds in (0, 3600], got '1h'"),
-        ({"enable_events": 1}, "enable_events must be true or false, got 1"),
-        ({"name": ""}, "name must be a non-empty string, got ''"),
-        ({"name": 7}, "name must be a non-empty string, got 7"),
+        ({"enable_kv_events": 1}, "enable_kv_events must be true or false, got 1"),
+        ({"locality": "local"}, "locality must be None or a Locality ('LOCAL' or 'REMOTE'), got 'local'"),
     ],
 )
 def test_invalid_arguments(tmp_path: Path, kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
-        FileSystemSecondaryTier(make_view(2), tmp_path / "fs", **kwargs)
+        fs_tier(make_view(2), tmp_path / "fs", **kwargs)
     assert not (tmp_path / "fs").exists()  # refused before touching the disk
 
 
 @pytest.mark.parametrize("root_dir", ["", 42, None])
 def test_invalid_root_dir(tmp_path: Path, root_dir: Any) -> None:
     with pytest.raises(ValueError, match="root_dir must be a non-empty path"):
-        FileSystemSecondaryTier(make_view(2), root_dir)
+        fs_tier(make_view(2), root_dir)
 
 
 # --- O_DIRECT and its fallback ---
@@ -757,10 +788,10 @@ def test_shutdown_fails_queued_jobs_and_later_submits(tmp_path: Path, monkeypatc
     h.tier.submit_store(h.job(keys, list(range(6)), promotion=False))
     threading.Timer(0.05, gate.set).start()
     h.tier.shutdown()  # two blocks are being written, four queued: cancelled
-    assert list(h.tier.get_finished_jobs()) == [JobResult(h.job_ids, False)]
+    assert outcomes(h.tier.get_finished_jobs()) == [(h.job_ids, False, None)]
     h.tier.submit_store(h.job([to_key(9)], [0], promotion=False))
-    assert list(h.tier.get_finished_jobs()) == [JobResult(h.job_ids, False)]
-    assert h.tier.lookup(to_key(9), CTX) is False and h.files(".tmp") == []
+    assert outcomes(h.tier.get_finished_jobs()) == [(h.job_ids, False, None)]
+    assert not h.has(to_key(9)) and h.files(".tmp") == []
     h.tier.shutdown()  # idempotent
     h.rows.release()
 
@@ -815,10 +846,10 @@ def test_damaged_file_fails_the_load_and_becomes_a_miss(harness: Harness, damage
     assert not harness.load([k1, k2], [4, 5])
     assert harness.row(4) == content(k1)
     assert harness.last_result.successful_keys == (k1,)  # only the block verified whole
-    assert harness.tier.lookup(k2, CTX) is False  # never offered again, by any engine:
+    assert not harness.has(k2)  # never offered again, by any engine:
     assert not file_of(harness, k2).exists()  # the file is gone
-    assert harness.tier.lookup(k1, CTX) is True
-    assert harness.tier.take_events() == [OffloadingEvent([k2], "fs", removed=True)]
+    assert harness.has(k1)
+    assert harness.tier.take_events() == [OffloadingEvent([k2], Medium.STORAGE, removed=True, ownership="fs")]
     # The block can be stored again and then loads correctly.
     assert harness.store([k2], [0])
     assert harness.load([k2], [6]) and harness.row(6) == content(k2)
@@ -861,9 +892,27 @@ def test_files_deleted_by_hand_fail_loads_and_are_stored_again(harness: Harness,
     else:
         shutil.rmtree(harness.root)
     assert not harness.load([k1], [4])
-    assert harness.tier.lookup(k1, CTX) is False
+    assert not harness.has(k1)
     assert harness.store([k1], [0])  # directories are made again as needed
     assert harness.load([k1], [4]) and harness.row(4) == content(k1)
+
+
+def test_lookups_are_answered_by_the_lookup_thread_and_a_failed_load_turns_them_to_miss(harness: Harness) -> None:
+    k1, k2 = to_keys([1, 2])
+    assert harness.store([k1, k2])
+    request = ReqContext(req_id="asks-twice")
+    # The first lookup never touches the disk: it answers RETRY, and the step's end sends it.
+    assert harness.tier.lookup(k1, request) is LookupResult.RETRY
+    assert resolve(harness.tier, k1, request) is LookupResult.HIT
+    file_of(harness, k1).unlink()  # another engine evicts it: the verdict still says HIT
+    assert harness.tier.lookup(k1, request) is LookupResult.HIT
+    assert not harness.load([k1, k2], [4, 5])
+    assert harness.last_result.successful_keys == (k2,)
+    # As vLLM's fs tier: the lost chunk is a MISS from now on, not promoted again and again.
+    assert harness.tier.lookup(k1, request) is LookupResult.MISS
+    assert resolve(harness.tier, k2, request) is LookupResult.HIT
+    harness.tier.on_request_finished(request)
+    assert harness.store([k1], [0]) and harness.has(k1)  # a new request sees the new truth
 
 
 @pytest.mark.python_io
@@ -891,7 +940,7 @@ def test_crash_between_write_and_rename(harness: Harness, monkeypatch: pytest.Mo
     monkeypatch.setattr(os, "replace", crash)
     k1 = to_key(1)
     assert not harness.store([k1])
-    assert harness.tier.lookup(k1, CTX) is False
+    assert not harness.has(k1)
     assert harness.files() == [] and harness.files(".tmp") == []
     monkeypatch.undo()
     assert harness.store([k1])
@@ -905,7 +954,7 @@ def test_disk_full_fails_the_store(harness: Harness, monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(os, "pwritev", full)
     keys = to_keys([1, 2, 3])
     assert not harness.store(keys)
-    assert [harness.tier.lookup(key, CTX) for key in keys] == [False, False, False]
+    assert [harness.has(key) for key in keys] == [False, False, False]
     assert harness.files(".tmp") == [] and harness.files() == []
     assert harness.tier.take_events() == []  # never announced
     monkeypatch.undo()
@@ -942,11 +991,11 @@ def test_permission_denied_on_write_and_read(harness: Harness, monkeypatch: pyte
     monkeypatch.setattr(os, "open", guarded_open)
     k1, k2 = to_keys([1, 2])
     assert not harness.store([k1])
-    assert harness.tier.lookup(k1, CTX) is False
+    assert not harness.has(k1)
     denied.update(write=False, read=True)
     assert harness.store([k2])
     assert not harness.load([k2], [4])
-    assert harness.tier.lookup(k2, CTX) is False  # an unreadable block is a miss afterwards
+    assert not harness.has(k2)  # an unreadable block is a miss afterwards
     assert file_of(harness, k2).exists()  # but not deleted: another engine may read it
 
 
@@ -980,12 +1029,12 @@ def test_a_flipped_bit_anywhere_never_serves_wrong_bytes(
             path.write_bytes(bytes(data))
             if restart:
                 h.tier.shutdown()
-                h.tier = FileSystemSecondaryTier(h.view, h.root, n_read_threads=1, n_write_threads=1)
+                h.tier = fs_tier(h.view, h.root_dir, n_read_threads=1, n_write_threads=1)
             for key in (GROUP_0, GROUP_1):
-                if h.tier.lookup(key, CTX) is True and h.load([key], [5]):
+                if h.has(key) and h.load([key], [5]):
                     assert h.row(5) == content(key), f"{key.hex()} loaded another block's bytes"
             # The undamaged block is never lost to its neighbour's damage.
-            assert h.tier.lookup(other, CTX) is True
+            assert h.has(other)
             assert h.load([other], [6]) and h.row(6) == content(other)
         finally:
             h.close()
@@ -1020,7 +1069,7 @@ def test_restart_on_a_full_disk_starts_and_serves_what_it_holds(
     monkeypatch.setattr(Path, "write_text", no_space)
     second = Harness(tmp_path / "fs")
     assert second.tier.direct  # probed by reading, which needs no space
-    assert [second.tier.lookup(key, CTX) for key in keys] == [True, True]
+    assert [second.has(key) for key in keys] == [True, True]
     assert second.load(keys, [4, 5])
     assert (second.row(4), second.row(5)) == (content(keys[0]), content(keys[1]))
     assert not second.store([to_key(3)], [0])  # stores fail as jobs, nothing raises
@@ -1034,6 +1083,6 @@ def test_a_new_root_on_a_full_disk_is_refused(tmp_path: Path, monkeypatch: pytes
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(Path, "write_text", no_space)
-    with pytest.raises(TierRootError, match=r"root_dir '.*fs' is not usable: No space left on device"):
-        FileSystemSecondaryTier(make_view(2), tmp_path / "fs")
-    assert list((tmp_path / "fs").iterdir()) == []
+    with pytest.raises(TierRootError, match=rf"root_dir '.*fs/{RUN}' is not usable: No space left on device"):
+        fs_tier(make_view(2), tmp_path / "fs")
+    assert list(run_dir(tmp_path / "fs").iterdir()) == []

@@ -36,6 +36,7 @@ def test_the_c_extension_is_clean_under_sanitizers(tmp_path: Path) -> None:
     copy = tmp_path / "copy"
     shutil.copytree(REPO / "kvref", copy / "kvref", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
     shutil.copytree(REPO / "tests", copy / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "tools", copy / "tools", ignore=shutil.ignore_patterns("__pycache__"))  # the tests' engines
     shutil.copy(REPO / "pyproject.toml", copy / "pyproject.toml")
     target = copy / "kvref" / "tiering" / "fs" / f"_batch_io{sysconfig.get_config_var('EXT_SUFFIX')}"
     subprocess.run(

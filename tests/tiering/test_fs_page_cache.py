@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from kvref.base import ReqContext, make_offload_key
-from kvref.tiering.base import JobMetadata
+from kvref.tiering.base import TransferJob
 from kvref.tiering.fs import FileSystemSecondaryTier
 from kvref.tiering.fs import tier as tier_module
+from tests.tiering.helpers import make_spec
 
 CTX = ReqContext(req_id="page-cache")
 BLOCK_BYTES = 1 << 20
@@ -84,7 +85,7 @@ def run(tier: FileSystemSecondaryTier, promotion: bool, first_id: int) -> None:
     for first in range(0, NUM_BLOCKS, JOB_BLOCKS):
         ids = list(range(first, first + JOB_BLOCKS))
         keys = tuple(make_offload_key(i.to_bytes(32, "big"), 0) for i in ids)
-        (tier.submit_load if promotion else tier.submit_store)(JobMetadata(job_id, keys, ids, promotion, CTX))
+        (tier.submit_load if promotion else tier.submit_store)(TransferJob(job_id, keys, ids, promotion, CTX))
         job_id += 1
     tier.drain_jobs()
     results = list(tier.get_finished_jobs())
@@ -107,7 +108,7 @@ def test_stored_and_loaded_blocks_leave_the_page_cache(
     for i in range(NUM_BLOCKS):
         rows[i * BLOCK_BYTES : (i + 1) * BLOCK_BYTES] = pattern[i:] + pattern[:i]  # each block its own
     caplog.set_level(logging.WARNING, logger=tier_module.__name__)
-    tier = FileSystemSecondaryTier(view, root)
+    tier = FileSystemSecondaryTier(make_spec(), view, "fs", root_dir=root)
     try:
         assert tier.direct is not fallback
         # An engine stores 256 MiB; once its jobs have finished, its blocks are on the disk only.
@@ -120,7 +121,7 @@ def test_stored_and_loaded_blocks_leave_the_page_cache(
         for first in range(0, NUM_BLOCKS, JOB_BLOCKS):
             batch = slice(first, first + JOB_BLOCKS)
             rows_to = [NUM_BLOCKS + i for i in ids[batch]]
-            tier.submit_load(JobMetadata(1000 + first, keys[batch], rows_to, True, CTX))
+            tier.submit_load(TransferJob(1000 + first, keys[batch], rows_to, True, CTX))
         tier.drain_jobs()
         assert all(result.success for result in tier.get_finished_jobs())
         half = NUM_BLOCKS * BLOCK_BYTES

@@ -1,7 +1,7 @@
 """A hypothesis state machine over the filesystem tier, with damage and restarts.
 
 Invariants: a load that reports success returned exactly the stored bytes; a block whose load
-failed is a miss afterwards; the root's block files never exceed the capacity; a lookup hits
+failed is a miss afterwards (for every new request); the root's block files never exceed the capacity; a lookup hits
 exactly when the block's file exists; and a restart keeps every block, also on a full disk.
 Loads run alone or two at a time (concurrent promotions sharing blocks).
 """
@@ -22,14 +22,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from typing_extensions import override
 
-from kvref.base import OffloadKey, ReqContext
-from kvref.tiering.base import JobMetadata
+from kvref.base import OffloadKey
+from kvref.tiering.base import TransferJob
 from kvref.tiering.fs import FileSystemSecondaryTier
 from kvref.tiering.fs.format import RECORD_HEADER_BYTES, file_bytes, header_bytes
-from tests.tiering.helpers import BLOCK_BYTES, content, make_view, to_keys
+from tests.tiering.helpers import BLOCK_BYTES, CTX, content, holds, make_spec, make_view, to_keys
 
 KEYS = to_keys(range(10))
-CTX = ReqContext(req_id="r")
 NUM_BLOCKS = 4
 RECORD = file_bytes(12, BLOCK_BYTES)  # one block file of a 12-byte test key
 CAPACITY = 6 * RECORD
@@ -50,8 +49,10 @@ class FsTierMachine(RuleBasedStateMachine):
 
     def open_tier(self) -> FileSystemSecondaryTier:
         return FileSystemSecondaryTier(
+            make_spec(),
             self.view,
-            self.root,
+            "fs",
+            root_dir=self.root,
             capacity_bytes=CAPACITY,
             n_read_threads=1,
             n_write_threads=1,
@@ -66,12 +67,16 @@ class FsTierMachine(RuleBasedStateMachine):
     def run(self, keys: list[OffloadKey], promotion: bool) -> bool:
         self.job_ids += 1
         block_ids = list(range(len(keys)))
-        job = JobMetadata(self.job_ids, tuple(keys), tuple(block_ids), promotion, CTX)
+        job = TransferJob(self.job_ids, tuple(keys), tuple(block_ids), promotion, CTX)
         (self.tier.submit_load if promotion else self.tier.submit_store)(job)
         self.tier.drain_jobs()
         (result,) = self.tier.get_finished_jobs()
         assert result.job_id == self.job_ids
         return result.success
+
+    def held(self, keys: list[OffloadKey] = KEYS) -> dict[OffloadKey, bool]:
+        """Whether the tier answers HIT for each key (to a new request)."""
+        return dict(zip(keys, holds(self.tier, keys)))
 
     def row(self, block_id: int) -> bytes:
         return bytes(self.rows[block_id * BLOCK_BYTES : (block_id + 1) * BLOCK_BYTES])
@@ -81,14 +86,13 @@ class FsTierMachine(RuleBasedStateMachine):
         for block_id, key in enumerate(keys):
             self.rows[block_id * BLOCK_BYTES : (block_id + 1) * BLOCK_BYTES] = content(key)
         if self.run(keys, promotion=False):
-            for key in keys:
-                # A key already stored was skipped (its old file, maybe damaged, remains).
-                if self.tier.lookup(key, CTX) is not True:
-                    raise AssertionError(f"{key.hex()} not stored by a successful job")
+            # A key already stored was skipped (its old file, maybe damaged, remains).
+            missing = [key.hex() for key, held in self.held(keys).items() if not held]
+            assert not missing, f"{missing} not stored by a successful job"
 
     @rule(keys=st.lists(st.sampled_from(KEYS), min_size=1, max_size=NUM_BLOCKS, unique=True))
     def load(self, keys: list[OffloadKey]) -> None:
-        present = [self.tier.lookup(key, CTX) is True for key in keys]
+        present = list(self.held(keys).values())
         self.rows[:] = bytes(len(self.rows))
         ok = self.run(keys, promotion=True)
         if ok:
@@ -99,11 +103,10 @@ class FsTierMachine(RuleBasedStateMachine):
         elif all(present):
             # Every block was read: the job failed because of a damaged one, now a miss.
             assert self.damaged.intersection(keys)
-            for key in self.damaged.intersection(keys):
-                assert self.tier.lookup(key, CTX) is False
+            assert not any(self.held(sorted(self.damaged.intersection(keys))).values())
         # A damaged file that was read is deleted (a later store writes a good one).
-        for key in self.damaged.intersection(keys):
-            if self.tier.lookup(key, CTX) is False:
+        for key, held in self.held(sorted(self.damaged.intersection(keys))).items():
+            if not held:
                 self.damaged.discard(key)
 
     @rule(keys=st.lists(st.sampled_from(KEYS), max_size=3))
@@ -130,14 +133,14 @@ class FsTierMachine(RuleBasedStateMachine):
     @rule(keys_a=st.lists(st.sampled_from(KEYS), min_size=1, max_size=2, unique=True),
           keys_b=st.lists(st.sampled_from(KEYS), min_size=1, max_size=2, unique=True))
     def concurrent_loads(self, keys_a: list[OffloadKey], keys_b: list[OffloadKey]) -> None:
-        present = {key for key in KEYS if self.tier.lookup(key, CTX) is True}
+        present = {key for key, held in self.held().items() if held}
         self.rows[:] = bytes(len(self.rows))
         jobs: dict[int, list[tuple[OffloadKey, int]]] = {}
         for keys, first_block in ((keys_a, 0), (keys_b, 2)):
             self.job_ids += 1
             block_ids = [first_block + i for i in range(len(keys))]
             jobs[self.job_ids] = list(zip(keys, block_ids))
-            self.tier.submit_load(JobMetadata(self.job_ids, tuple(keys), tuple(block_ids), True, CTX))
+            self.tier.submit_load(TransferJob(self.job_ids, tuple(keys), tuple(block_ids), True, CTX))
         self.tier.drain_jobs()
         results = {result.job_id: result.success for result in self.tier.get_finished_jobs()}
         assert set(results) == set(jobs)
@@ -147,8 +150,8 @@ class FsTierMachine(RuleBasedStateMachine):
                 assert present.issuperset(keys) and not self.damaged.intersection(keys)
                 for key, block_id in placed:
                     assert self.row(block_id) == content(key), f"wrong bytes for {key.hex()}"
-        for key in list(self.damaged):
-            if self.tier.lookup(key, CTX) is False:
+        for key, held in self.held(sorted(self.damaged)).items():
+            if not held:
                 self.damaged.discard(key)
 
     @contextlib.contextmanager
@@ -181,13 +184,13 @@ class FsTierMachine(RuleBasedStateMachine):
 
     @rule(full=st.booleans())
     def restart(self, full: bool) -> None:
-        before = {key for key in KEYS if self.tier.lookup(key, CTX) is True}
+        before = {key for key, held in self.held().items() if held}
         self.tier.shutdown()
         with self.full_disk() if full else contextlib.nullcontext():
             self.tier = self.open_tier()
             # Served while the disk is still full.
-            after_full = {key for key in KEYS if self.tier.lookup(key, CTX) is True}
-        after = {key for key in KEYS if self.tier.lookup(key, CTX) is True}
+            after_full = {key for key, held in self.held().items() if held}
+        after = {key for key, held in self.held().items() if held}
         assert before == after, before ^ after  # nothing re-indexed: the files are the truth
         assert after <= before, after - before  # nothing dropped comes back
         assert after_full == after
@@ -198,8 +201,7 @@ class FsTierMachine(RuleBasedStateMachine):
         root_bytes = sum(path.stat().st_size for path in self.root.rglob("*.kvb"))
         assert root_bytes <= CAPACITY
         assert self.tier.used_bytes <= CAPACITY
-        for key in KEYS:
-            assert self.tier.lookup(key, CTX) is os.path.exists(self.tier.block_path(key))
+        assert self.held() == {key: os.path.exists(self.tier.block_path(key)) for key in KEYS}
 
 
 FsTierMachine.TestCase.settings = settings(max_examples=30, stateful_step_count=20, deadline=None)

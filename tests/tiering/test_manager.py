@@ -1,745 +1,458 @@
-"""Scenario tests of `TieringOffloadingManager`: one rule of kv-offload.md section 5 per test.
+"""`TieringOffloadingManager` with kvref's own tiers, its misuse errors, its reset and shutdown
+order, its lock and its tier-poll thread.
 
-Keys are small integers; "step" comments mark where the connector would end a scheduler step.
+vLLM 0.33's own tests of the manager run against kvref separately (`tools/vllm_suite.py
+--kvref`); these cover what they do not. Keys are small integers; `step` ends a scheduler step.
 """
 
 from __future__ import annotations
 
-import logging
-import re
+import threading
 import time
+from collections.abc import Collection, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
+from typing_extensions import override
 
-from kvref.base import OffloadingEvent, OffloadKey, ReqContext
+from kvref.base import CacheHitSource, LookupResult, OffloadKey, ReqContext
 from kvref.cpu.common import CPULoadStoreSpec
-from kvref.errors import KVRefError, OffloadProtocolError
-from kvref.tiering.base import JobMetadata
+from kvref.errors import OffloadProtocolError
+from kvref.tiering.base import JobResult, ParentManager, PrimaryBlocks, TransferJob
 from kvref.tiering.fs import FileSystemSecondaryTier
-from kvref.tiering.manager import (
-    CPUPrimaryTierOffloadingManager,
-    TieringOffloadingManager,
-    create_tiering_manager,
-)
+from kvref.tiering.manager import CPUPrimaryTierOffloadingManager, TieringOffloadingManager
+from kvref.tiering.tier_reporting import KvrefTierMetrics
 from tests.tiering.helpers import (
     BLOCK_BYTES,
+    END_OF_STEP,
     ScriptedTier,
     content,
+    load_chunks,
     make_region,
+    make_spec,
     make_tiering,
+    store_chunks,
+    tiering_from_configs,
     to_key,
     to_keys,
+    wait_for_hits,
 )
 
 R1 = ReqContext(req_id="r1")
-R2 = ReqContext(req_id="r2")
 
 
-def store(manager: TieringOffloadingManager, keys: list[OffloadKey], ctx: ReqContext = R1) -> None:
-    """GPU -> primary: prepare, write each key's content into its slot, complete."""
-    output = manager.prepare_store(keys, ctx)
-    assert output is not None, f"no room to store {keys}"
-    assert isinstance(output.store_spec, CPULoadStoreSpec)
-    rows = manager.primary.get_kv_memoryview().cast("B")
-    for key, block_id in zip(output.keys_to_store, output.store_spec.block_ids):
-        rows[block_id * BLOCK_BYTES : (block_id + 1) * BLOCK_BYTES] = content(key)
-    manager.complete_store(keys, ctx)
+def step(manager: TieringOffloadingManager) -> None:
+    with manager.lock:
+        manager.on_schedule_end(END_OF_STEP)
 
 
-def load(manager: TieringOffloadingManager, key: OffloadKey, ctx: ReqContext = R1) -> bytes:
-    """Primary -> GPU: the bytes the worker would copy for `key`."""
-    spec = manager.prepare_load([key], ctx)
-    block_id = spec.block_ids[0]
-    data = bytes(manager.primary.get_kv_memoryview().cast("B")[block_id * BLOCK_BYTES :][:BLOCK_BYTES])
-    manager.complete_load([key], ctx)
-    return data
+def request(manager: TieringOffloadingManager, req_id: str) -> ReqContext:
+    ctx = ReqContext(req_id=req_id)
+    with manager.lock:
+        manager.on_new_request(ctx)
+    return ctx
 
 
-def ref_cnt(manager: TieringOffloadingManager, key: OffloadKey) -> int | None:
-    block = manager.primary.policy.get(key)
-    return None if block is None else block.ref_cnt
+def settle(manager: TieringOffloadingManager) -> None:
+    """End steps until no job is in flight."""
+    deadline = time.monotonic() + 10
+    while manager.has_pending_work():
+        assert time.monotonic() < deadline, "jobs still in flight"
+        step(manager)
+        time.sleep(0.001)
 
 
-def evict_from_primary(manager: TieringOffloadingManager, keys: list[OffloadKey], fillers: list[OffloadKey]) -> None:
-    """Store `fillers` so that `keys` are evicted from a full primary (cascades settled first)."""
-    manager.end_step()
-    store(manager, fillers)
-    manager.end_step()
-    for key in keys:
-        assert manager.primary.lookup(key, R1) is False
+def store(manager: TieringOffloadingManager, keys: list[OffloadKey], ctx: ReqContext) -> None:
+    """GPU -> primary, without waiting for the cascades."""
+    with manager.lock:
+        output = manager.prepare_store(keys, ctx)
+    assert output is not None and isinstance(output.store_spec, CPULoadStoreSpec)
+    rows = PrimaryBlocks(manager.primary_tier.get_kv_memoryview())
+    for key, chunk_id in zip(output.keys_to_store, output.store_spec.chunk_ids):
+        rows.row(chunk_id)[:] = content(key)
+    rows.release()
+    with manager.lock:
+        manager.complete_store(output.keys_to_store, ctx)
 
 
-# --- cascade ---
+def evict_from_primary(manager: TieringOffloadingManager, fillers: list[OffloadKey]) -> None:
+    """Fill the primary with `fillers`: every other chunk is evicted (cascades settled)."""
+    filler = request(manager, "filler")
+    store_chunks(manager, fillers, filler, content)
+    with manager.lock:
+        manager.on_request_finished(filler)
 
 
-def test_store_cascades_to_every_tier_with_one_reference_per_tier(tmp_path: Path) -> None:
-    manager, (t0, t1) = make_tiering(tmp_path, num_blocks=4)
+# --- kvref's tiers under the manager ---
+
+
+def test_chunks_round_trip_through_the_memory_and_fs_tiers(tmp_path: Path) -> None:
+    manager = tiering_from_configs(
+        4,
+        BLOCK_BYTES,
+        [{"type": "memory", "capacity_chunks": 6}, {"type": "fs", "root_dir": str(tmp_path / "fs")}],
+    )
+    try:
+        ctx = request(manager, "r1")
+        keys = to_keys([1, 2, 3])
+        store_chunks(manager, keys, ctx, content)  # cascaded to both tiers
+        evict_from_primary(manager, to_keys([10, 11, 12, 13]))  # and these: memory drops k1
+        reader = request(manager, "reader")
+        wait_for_hits(manager, keys, reader)  # promoted: k1 from the disk, k2 and k3 from memory
+        assert load_chunks(manager, keys, reader) == [content(key) for key in keys]
+        sources = [manager.get_load_source(key, reader) for key in keys]
+        assert sources == [CacheHitSource.DISK, CacheHitSource.HOST, CacheHitSource.HOST]
+        with manager.lock:
+            stats = manager.get_stats()
+        assert stats is not None
+        _, values = stats.metric_sections()
+        assert values[KvrefTierMetrics.CHUNKS_EVICTED] == {("memory",): 1}
+        assert values[KvrefTierMetrics.CHUNKS_LOADED] == {("memory",): 2, ("fs",): 1}
+        info = manager.config_info()
+        assert [series["tier"] for series in info] == ["0:primary", "1:memory", "2:fs"]
+        assert info[1]["memory_capacity_chunks"] == 6 and info[2]["fs_fsync"] is False
+    finally:
+        manager.shutdown()
+
+
+def test_an_fs_lookup_retries_until_the_lookup_thread_answers_then_promotes(tmp_path: Path) -> None:
+    manager = tiering_from_configs(2, BLOCK_BYTES, [{"type": "fs", "root_dir": str(tmp_path / "fs")}])
+    try:
+        k1 = to_key(1)
+        store_chunks(manager, [k1], request(manager, "writer"), content)
+        evict_from_primary(manager, to_keys([10, 11]))
+        reader = request(manager, "reader")
+        with manager.lock:
+            assert manager.lookup(k1, reader) is LookupResult.RETRY  # no disk access on this thread
+        answers: list[LookupResult] = []
+        while not answers or answers[-1] is not LookupResult.HIT:
+            step(manager)
+            time.sleep(0.002)
+            with manager.lock:
+                answers.append(manager.lookup(k1, reader))
+        assert LookupResult.HIT_PENDING in answers  # its promotion, submitted at a step's end
+        assert load_chunks(manager, [k1], reader) == [content(k1)]
+    finally:
+        manager.shutdown()
+
+
+def test_a_damaged_chunk_fails_its_promotion_once_then_misses(tmp_path: Path) -> None:
+    manager = tiering_from_configs(2, BLOCK_BYTES, [{"type": "fs", "root_dir": str(tmp_path / "fs")}])
+    try:
+        k1 = to_key(1)
+        store_chunks(manager, [k1], request(manager, "writer"), content)
+        evict_from_primary(manager, to_keys([10, 11]))
+        (tier,) = manager.secondary_tiers
+        assert isinstance(tier, FileSystemSecondaryTier)
+        location = tier.location(k1)
+        assert location is not None
+        path, payload_offset, _size = location
+        with open(path, "r+b") as file:  # bit rot in the payload: the checksum catches it
+            file.seek(payload_offset + 1)
+            byte = file.read(1)
+            file.seek(payload_offset + 1)
+            file.write(bytes([byte[0] ^ 1]))
+        reader = request(manager, "reader")
+        answers: list[LookupResult] = []
+        deadline = time.monotonic() + 10
+        while not answers or answers[-1] is not LookupResult.MISS:
+            assert time.monotonic() < deadline, answers
+            with manager.lock:
+                answers.append(manager.lookup(k1, reader))
+            step(manager)
+            time.sleep(0.002)
+        # Found (the file exists), promoted once, failed; never promoted again.
+        assert answers.count(LookupResult.HIT_PENDING) >= 1 and LookupResult.HIT not in answers
+        for _ in range(3):
+            step(manager)
+            with manager.lock:
+                assert manager.lookup(k1, reader) is LookupResult.MISS
+        assert not manager.has_pending_work()
+    finally:
+        manager.shutdown()
+
+
+# --- misuse ---
+
+
+def test_complete_load_of_a_chunk_only_a_cascade_reads_raises_and_changes_nothing() -> None:
+    manager, (tier,) = make_tiering(4, num_tiers=1)
+    ctx = request(manager, "r1")
+    k1 = to_key(1)
+    tier.hold = True  # the cascade stays in flight: the primary holds k1 for it
+    store(manager, [k1], ctx)
+    with manager.lock, pytest.raises(OffloadProtocolError, match="not loaded by the GPU"):
+        manager.complete_load([k1], ctx)
+    tier.hold = False
+    settle(manager)  # the cascade ends and releases its pin, which the error left alone
+    with manager.lock:
+        spec = manager.prepare_load([k1], ctx)
+        manager.complete_load([k1], ctx)
+    assert list(spec.chunk_ids) != []
+    manager.shutdown()
+
+
+def test_complete_load_counts_repeated_keys_and_refuses_more_than_was_loaded() -> None:
+    manager, _tiers = make_tiering(4, num_tiers=1)
+    ctx = request(manager, "r1")
     k1, k2 = to_keys([1, 2])
-    store(manager, [k1, k2])
-    # complete_store -> one submit_store per tier, each holding a read ref: ref_cnt 2
-    assert t0.kinds("store") == [("store", "r1", (k1, k2))]
-    assert t1.kinds("store") == [("store", "r1", (k1, k2))]
-    assert ref_cnt(manager, k1) == ref_cnt(manager, k2) == 2
-    assert manager.num_inflight_jobs == 2
-
-    t1.hold = True
-    manager.end_step()
-    assert manager.lookup(k1, R1) is True  # polls: t0 finished, t1 still copying
-    assert ref_cnt(manager, k1) == 1
-    assert t0.lookup(k1, R1) is True and t1.lookup(k1, R1) is None
-
-    t1.hold = False
-    manager.end_step()
-    manager.lookup(k1, R1)
-    assert ref_cnt(manager, k1) == ref_cnt(manager, k2) == 0
-    assert manager.num_inflight_jobs == 0
-    assert t1.lookup(k2, R1) is True
-    assert load(manager, k2) == content(k2)
+    store_chunks(manager, [k1, k2], ctx, content)
+    with manager.lock:
+        manager.prepare_load([k1, k1, k2], ctx)
+        with pytest.raises(OffloadProtocolError):
+            manager.complete_load([k1, k1, k1], ctx)
+        manager.complete_load([k1, k1, k2], ctx)  # the refused call released nothing
+        with pytest.raises(OffloadProtocolError):
+            manager.complete_load([k2], ctx)
+    manager.shutdown()
 
 
-def test_failed_store_cascades_nothing(tmp_path: Path) -> None:
-    manager, (t0, t1) = make_tiering(tmp_path, num_blocks=4)
-    k1 = to_key(1)
-    assert manager.prepare_store([k1], R1) is not None
-    manager.complete_store([k1], R1, success=False)
-    assert t0.calls == t1.calls == []
-    assert manager.lookup(k1, R1) is False
-    assert manager.primary.num_free_blocks == 4
+# --- reset and shutdown order ---
 
 
-def test_complete_store_only_finishes_keys_it_prepared(tmp_path: Path) -> None:
-    manager, (t0,) = make_tiering(tmp_path, num_blocks=2, num_tiers=1)
-    k1, k2, k3 = to_keys([1, 2, 3])
-    store(manager, [k1])
-    evict_from_primary(manager, [k1], [k2, k3])
-    assert manager.lookup(k1, R2) is None  # promotion staged: k1's slot is pending
-    # A caller passing a superset must not mark the promotion's slot as written.
-    manager.complete_store([k1, to_key(9)], R1)
-    assert manager.primary.lookup(k1, R1) is None
-    assert t0.kinds("store") == [("store", "r1", (k1,)), ("store", "r1", (k2, k3))]
+class DrainCheckingTier(ScriptedTier):
+    """Holds its jobs until drained; records what the primary held when the drain came."""
+
+    manager: TieringOffloadingManager | None = None
+    primary_at_drain: list[LookupResult] | None = None
+
+    @override
+    def drain_jobs(self) -> None:
+        assert self.manager is not None
+        self.primary_at_drain = [
+            self.manager.primary_tier.lookup(key, R1) for key in to_keys([1, 2])
+        ]
+        self.hold = False
 
 
-def test_eviction_in_primary_waits_for_cascades(tmp_path: Path) -> None:
-    manager, tiers = make_tiering(tmp_path, num_blocks=2)
-    k1, k2, k3 = to_keys([1, 2, 3])
-    for tier in tiers:
-        tier.hold = True
-    store(manager, [k1, k2])
-    manager.end_step()
-    # Both blocks are pinned by cascades in flight: nothing can be evicted.
-    assert manager.prepare_store([k3], R1) is None
-    for tier in tiers:
-        tier.hold = False
-    manager.end_step()
-    # The step's first call collects the finished cascades before deciding evictions.
-    output = manager.prepare_store([k3], R1)
-    assert output is not None and output.evicted_keys == [k1]
-
-
-def test_submit_that_raises_is_a_failed_job(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    manager, (t0, _) = make_tiering(tmp_path, num_blocks=2)
-
-    def explode(job: JobMetadata) -> None:
-        raise RuntimeError("tier bug")
-
-    monkeypatch.setattr(t0, "submit_store", explode)
-    k1 = to_key(1)
-    with caplog.at_level(logging.ERROR):
-        store(manager, [k1])
-    assert "raised from submit" in caplog.text
-    assert ref_cnt(manager, k1) == 1  # only t1's reference remains
-    assert manager.num_inflight_jobs == 1
-
-
-# --- lookup and promotion ---
-
-
-def test_lookup_order_primary_then_tiers(tmp_path: Path) -> None:
-    manager, (t0, t1) = make_tiering(tmp_path, num_blocks=2)
-    k1, k2, k3 = to_keys([1, 2, 3])
-    store(manager, [k1])
-    assert manager.lookup(k1, R1) is True  # primary hit: no tier asked
-    evict_from_primary(manager, [k1], [k2, k3])
-    assert manager.lookup(k1, R1) is None
-    manager.end_step()
-    # Both tiers hold k1; the first in order serves it.
-    assert t0.kinds("load") == [("load", "r1", (k1,))]
-    assert t1.kinds("load") == []
-    assert manager.lookup(to_key(42), R1) is False
-
-
-def test_pending_write_in_a_tier_answers_retry(tmp_path: Path) -> None:
-    manager, (t0,) = make_tiering(tmp_path, num_blocks=2, num_tiers=1)
-    k1 = to_key(1)
-    t0.hold = True
-    t0.submit_store(JobMetadata(100, (k1,), (0,), False, R1))
-    assert manager.lookup(k1, R1) is None  # the tier's write is in flight
-    assert t0.kinds("load") == []
-
-
-def test_promotion_is_staged_then_batched_per_tier_and_request(tmp_path: Path) -> None:
-    manager, (t0, _) = make_tiering(tmp_path, num_blocks=4)
-    keys = to_keys(range(1, 5))
-    store(manager, keys)
-    fillers = to_keys(range(10, 14))
-    evict_from_primary(manager, keys, fillers)
-    free_before = manager.primary.num_free_blocks
-
-    # Step 1: lookups reserve primary slots at once and answer "retry"; nothing submitted yet.
-    assert manager.lookup(keys[0], R1) is None
-    assert manager.lookup(keys[1], R1) is None
-    assert manager.lookup(keys[2], R2) is None
-    assert manager.primary.lookup(keys[0], R1) is None
-    assert manager.primary.num_free_blocks == free_before  # (evictions made room, 0 free)
-    assert t0.kinds("load") == []
-    manager.end_step()
-    # One submit_load per (tier, request), keys in lookup order.
-    assert t0.kinds("load") == [("load", "r1", (keys[0], keys[1])), ("load", "r2", (keys[2],))]
-
-    # Step 2: the promotions finished; the blocks load from the primary with their bytes.
-    assert manager.lookup(keys[0], R1) is True
-    assert load(manager, keys[0]) == content(keys[0])
-    assert load(manager, keys[2], R2) == content(keys[2])
-
-
-def test_shared_block_is_promoted_once(tmp_path: Path) -> None:
-    manager, (t0, _) = make_tiering(tmp_path, num_blocks=2)
-    k1, k2, k3 = to_keys([1, 2, 3])
-    store(manager, [k1])
-    evict_from_primary(manager, [k1], [k2, k3])
-    assert manager.lookup(k1, R1) is None
-    assert manager.lookup(k1, R2) is None  # sees the reserved slot: no second promotion
-    assert manager.lookup(k1, R1) is None
-    manager.end_step()
-    assert t0.kinds("load") == [("load", "r1", (k1,))]
-    assert manager.lookup(k1, R2) is True
-
-
-def test_failed_promotion_frees_the_slot_and_then_misses(tmp_path: Path) -> None:
-    manager, (t0, t1) = make_tiering(tmp_path, num_blocks=2)
-    k1, k2, k3 = to_keys([1, 2, 3])
-    store(manager, [k1])
-    evict_from_primary(manager, [k1], [k2, k3])
-    t0.failing_loads.add(k1)
-    t1.failing_loads.add(k1)
-
-    assert manager.lookup(k1, R1) is None
-    manager.end_step()
-    # The load failed: the slot is freed and t0 is not asked for k1 again, so t1 is tried
-    # (reserving a slot again).
-    assert manager.lookup(k1, R1) is None
-    assert manager.primary.num_free_blocks == 0
-    manager.end_step()
-    assert manager.lookup(k1, R1) is False  # both failed: a miss, not "retry" forever
-    assert manager.lookup(k1, R1) is False
-    manager.end_step()
-    assert t0.kinds("load") == [("load", "r1", (k1,))]
-    assert t1.kinds("load") == [("load", "r1", (k1,))]
-    assert manager.primary.num_free_blocks == 1
-    assert manager.primary.num_idle_blocks == 1  # the other slot went to the promotion
-
-    # Storing k1 again (GPU -> primary -> tiers) makes the tiers eligible again.
-    t0.failing_loads.clear()
-    store(manager, [k1])
-    manager.end_step()
-    evict_from_primary(manager, [k1], [k2, k3])
-    assert manager.lookup(k1, R1) is None
-    manager.end_step()
-    assert manager.lookup(k1, R1) is True
-
-
-def test_failed_promotion_keeps_the_blocks_the_tier_loaded(tmp_path: Path) -> None:
-    # As vLLM's manager: a failed job's `successful_keys` are complete in their slots and stay;
-    # only the others are freed (and that tier is not asked for them again).
-    manager, (t0, t1) = make_tiering(tmp_path, num_blocks=2)
-    k1, k2, k3, k4 = to_keys([1, 2, 3, 4])
-    store(manager, [k1, k2])
-    evict_from_primary(manager, [k1, k2], [k3, k4])
-    assert manager.lookup(k1, R1) is None
-    assert manager.lookup(k2, R1) is None
-    t0.lose(k2)  # gone from the first tier between the lookup and the load
-    manager.end_step()
-    assert t0.kinds("load") == [("load", "r1", (k1, k2))]
-    assert manager.lookup(k1, R1) is True
-    assert load(manager, k1) == content(k1)
-    assert manager.lookup(k2, R1) is None  # t0 failed it; t1 still has it
-    manager.end_step()
-    assert t1.kinds("load") == [("load", "r1", (k2,))]
-    assert manager.lookup(k2, R1) is True and load(manager, k2) == content(k2)
-    stats = manager.tier_stats()
-    assert (stats[t0.medium].failed_jobs, stats[t0.medium].blocks_loaded) == (1, 1)
-
-
-def test_unknown_successful_keys_fail_the_whole_promotion(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    # A tier naming a key its job does not have is not trusted with any: nothing is kept.
-    manager, (t0,) = make_tiering(tmp_path, num_blocks=2, num_tiers=1)
-    k1, k2, k3 = to_keys([1, 2, 3])
-    store(manager, [k1])
-    evict_from_primary(manager, [k1], [k2, k3])
-    t0.failing_loads.add(k1)
-    t0.report_successful = (k1, k3)
-    assert manager.lookup(k1, R1) is None
-    with caplog.at_level(logging.WARNING):
-        manager.end_step()
-        assert manager.lookup(k1, R1) is False
-    assert "reported successful keys that job" in caplog.text
-    assert manager.primary.lookup(k3, R1) is True  # untouched by the bogus report
-    assert manager.primary.num_free_blocks == 1  # k1's reserved slot was freed
-
-
-def test_promotion_without_room_in_primary_is_a_miss(tmp_path: Path) -> None:
-    manager, tiers = make_tiering(tmp_path, num_blocks=1, num_tiers=1)
-    k1, k2, k3 = to_keys([1, 2, 3])
-    store(manager, [k1])
-    evict_from_primary(manager, [k1], [k2])
-    store(manager, [k3])  # k2 evicted; k3 pinned by its cascade
-    tiers[0].hold = True
-    manager.end_step()
-    assert manager.lookup(k1, R1) is False
-    assert tiers[0].kinds("load") == []
-
-
-# --- touch, request lifecycle, events ---
-
-
-def test_touch_is_forwarded_to_primary_and_every_tier(tmp_path: Path) -> None:
-    manager, (t0, t1) = make_tiering(tmp_path, num_blocks=2)
-    k1, k2, k3 = to_keys([1, 2, 3])
-    store(manager, [k1, k2])
-    manager.end_step()
-    manager.lookup(k3, R1)  # collects the cascades: k1, k2 idle (k2 most recent)
-    manager.touch([k1], R1)  # k1 becomes most recent in the primary
-    assert t0.kinds("touch") == t1.kinds("touch") == [("touch", "r1", (k1,))]
-    output = manager.prepare_store([k3], R1)
-    assert output is not None and output.evicted_keys == [k2]
-
-
-def test_request_finish_reaches_tiers_after_its_cascades(tmp_path: Path) -> None:
-    manager, (t0, t1) = make_tiering(tmp_path, num_blocks=4)
-    k1 = to_key(1)
-    assert manager.prepare_store([k1], R1) is not None
-    manager.on_request_finished(R1)
-    assert t0.kinds("finished") == []  # a store of r1 is still pending
-    manager.complete_store([k1], R1)
-    assert t0.kinds("store", "finished") == [("store", "r1", (k1,)), ("finished", "r1", ())]
-    assert t1.kinds("store", "finished") == [("store", "r1", (k1,)), ("finished", "r1", ())]
-
-
-def test_request_finish_reaches_tiers_after_its_promotions(tmp_path: Path) -> None:
-    manager, (t0, _) = make_tiering(tmp_path, num_blocks=2)
-    k1, k2, k3 = to_keys([1, 2, 3])
-    store(manager, [k1])
-    evict_from_primary(manager, [k1], [k2, k3])
-    assert manager.lookup(k1, R2) is None
-    manager.on_request_finished(R2)
-    assert t0.kinds("finished") == []  # r2's promotion is staged, not yet submitted
-    manager.end_step()
-    assert t0.kinds("load", "finished") == [("load", "r2", (k1,)), ("finished", "r2", ())]
-
-
-def test_request_without_pending_work_finishes_at_once(tmp_path: Path) -> None:
-    manager, (t0, _) = make_tiering(tmp_path, num_blocks=2)
-    manager.on_request_finished(R2)
-    assert t0.kinds("finished") == [("finished", "r2", ())]
-
-
-def test_take_events_ends_the_step_and_aggregates(tmp_path: Path) -> None:
-    manager, (t0, _) = make_tiering(tmp_path, num_blocks=2, enable_events=True)
-    k1, k2, k3 = to_keys([1, 2, 3])
-    store(manager, [k1])
-    assert manager.take_events() == [OffloadingEvent([k1], "CPU", removed=False)]
-    manager.lookup(k1, R1)  # collects the cascades
-    assert manager.take_events() == [
-        OffloadingEvent([k1], "t0", removed=False),
-        OffloadingEvent([k1], "t1", removed=False),
-    ]
-    evict_from_primary(manager, [k1], [k2, k3])
-    manager.take_events()
-    assert manager.lookup(k1, R1) is None
-    manager.take_events()  # ends the step: the staged promotion is submitted
-    assert t0.kinds("load") == [("load", "r1", (k1,))]
-
-
-def test_finished_jobs_are_polled_once_per_step(tmp_path: Path) -> None:
-    manager, (t0, t1) = make_tiering(tmp_path, num_blocks=4)
+def test_reset_drains_every_tier_before_the_primary_then_holds_promotions_until_flushed() -> None:
+    primary = CPUPrimaryTierOffloadingManager(4, make_region(4))
+    tier = DrainCheckingTier(make_spec(), primary.get_kv_memoryview(), "drain")
+    manager = TieringOffloadingManager(primary, [tier], tier_poll_interval_s=0)
+    tier.manager = manager
+    ctx = request(manager, "r1")
     k1, k2 = to_keys([1, 2])
-    for key in (k1, k2):
-        manager.lookup(key, R1)
-    manager.prepare_store([k1], R1)
-    assert (t0.polls, t1.polls) == (1, 1)
-    manager.end_step()
-    manager.lookup(k2, R1)
-    manager.lookup(k2, R1)
-    assert (t0.polls, t1.polls) == (2, 2)
-
-
-def test_unknown_job_ids_are_ignored(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    manager, (t0, _) = make_tiering(tmp_path, num_blocks=2)
-    t0.submit_store(JobMetadata(999, (), (), False, R1))
-    with caplog.at_level(logging.WARNING):
-        assert manager.lookup(to_key(1), R1) is False
-    assert "job 999, which it was not running" in caplog.text
-
-
-# --- reset and shutdown ---
-
-
-def test_reset_drains_jobs_drops_staged_promotions_and_keeps_tier_data(tmp_path: Path) -> None:
-    manager, (t0, t1) = make_tiering(tmp_path, num_blocks=2)
-    k1, k2, k3, k4 = to_keys([1, 2, 3, 4])
-    store(manager, [k1])
-    evict_from_primary(manager, [k1], [k2, k3])
-    assert manager.lookup(k1, R2) is None  # staged
-    manager.on_request_finished(R2)
-    assert manager.prepare_store([k4], R1) is not None  # a GPU store in flight
-    manager.reset_cache()
-
-    assert manager.num_inflight_jobs == 0 and not manager.has_pending_work()
-    assert manager.primary.num_free_blocks == 2
-    assert t0.kinds("load") == []  # the staged promotion was never submitted
-    assert t0.kinds("finished") == [("finished", "r2", ())]
-    manager.complete_store([k4], R1)  # a stale completion after the reset is ignored
-    assert t0.kinds("store")[-1] == ("store", "r1", (k2, k3))
-    # The tiers kept their blocks: k1 is promoted again.
-    assert manager.lookup(k1, R1) is None
-    manager.end_step()
-    assert load(manager, k1) == content(k1)
-    assert t1.lookup(k3, R1) is True
-
-
-def test_reset_gives_up_on_jobs_that_never_finish(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    primary = CPUPrimaryTierOffloadingManager(make_region(tmp_path, 2))
-    tier = ScriptedTier(primary.get_kv_memoryview())
-    manager = TieringOffloadingManager(primary, [tier], drain_timeout_s=0.01)
     tier.hold = True
-    store(manager, [to_key(1)])
-    with caplog.at_level(logging.ERROR):
+    store(manager, [k1, k2], ctx)
+    assert manager.has_pending_work()
+    with manager.lock:
         manager.reset_cache()
-    assert "did not finish within" in caplog.text
-    assert manager.num_inflight_jobs == 0
+    # The tier drained while the primary still held the chunks its cascade reads.
+    assert tier.primary_at_drain == [LookupResult.HIT, LookupResult.HIT]
+    assert not manager.has_pending_work() and k1 in tier and k2 in tier  # the tier keeps its data
+    reader = request(manager, "reader")
+    with manager.lock:
+        assert manager.lookup(k1, reader) is LookupResult.MISS  # a worker may still write freed slots
+        manager.on_reset_flushed()
+        assert manager.lookup(k1, reader) is LookupResult.HIT_PENDING
+    step(manager)
+    with manager.lock:
+        assert manager.lookup(k1, reader) is LookupResult.HIT
+    manager.shutdown()
 
 
-def test_shutdown_stops_tiers_before_the_primary(tmp_path: Path) -> None:
-    manager, tiers = make_tiering(tmp_path, num_blocks=2)
-    region = manager.primary.region
-    store(manager, [to_key(1)])
+class FailingShutdownTier(ScriptedTier):
+    @override
+    def shutdown(self) -> None:
+        super().shutdown()
+        raise OSError("the tier's storage went away")
+
+
+def test_shutdown_stops_every_tier_before_the_primary_and_keeps_its_memory_if_one_fails() -> None:
+    manager, tiers = make_tiering(4, num_tiers=2)
+    view = manager.primary_tier.get_kv_memoryview()
     manager.shutdown()
     assert all(tier.shutdown_called for tier in tiers)
-    assert region.closed and not region.path.exists()
-    with pytest.raises(KVRefError, match="shut down"):
-        manager.primary.get_kv_memoryview()
-    manager.shutdown()  # idempotent
+    with pytest.raises(ValueError):  # released with the primary
+        view.cast("B")
+    primary = CPUPrimaryTierOffloadingManager(4, make_region(4))
+    good = ScriptedTier(make_spec(), primary.get_kv_memoryview(), "good")
+    bad = FailingShutdownTier(make_spec(), primary.get_kv_memoryview(), "bad")
+    manager = TieringOffloadingManager(primary, [bad, good], tier_poll_interval_s=0)
+    with pytest.raises(OSError, match="storage went away"):
+        manager.shutdown()
+    assert good.shutdown_called  # the others still shut down
+    assert primary.get_kv_memoryview().cast("B")[0] == 0  # the failed tier may still use it: kept
 
 
-# --- primary tier and construction ---
+# --- the lock and the tier-poll thread ---
 
 
-def test_primary_read_write_aliases_and_view(tmp_path: Path) -> None:
-    primary = CPUPrimaryTierOffloadingManager(make_region(tmp_path, 3), "arc")
-    view = primary.get_kv_memoryview()
-    assert view.shape == (3, BLOCK_BYTES)
-    k1 = to_key(1)
-    output = primary.prepare_write([k1], R1)
-    assert output is not None and output.keys_to_store == [k1]
-    assert primary.lookup(k1, R1) is None
-    primary.complete_write([k1], R1)
-    spec = primary.prepare_read([k1], R1)
-    assert spec.block_ids.tolist() == [0]
-    assert primary.policy.get(k1) is not None
-    primary.complete_read([k1], R1)
-    assert primary.num_idle_blocks == 1
-    primary.shutdown()
+class PeerTier(ScriptedTier):
+    """A tier answering a peer between steps: what the poll thread finds when it serves it."""
+
+    tolerates_off_thread_polling: ClassVar[bool] = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.manager: TieringOffloadingManager | None = None
+        self.served_from: list[str] = []
+        self.lock_held: list[bool] = []
+        self.peer_keys: list[OffloadKey] = []
+        self.peer_results: list[list[LookupResult]] = []
+
+    @override
+    def serve_external_requests(self, parent: ParentManager) -> None:
+        if self.manager is None:
+            return  # the thread's first rounds may come before the test hands the manager over
+        self.served_from.append(threading.current_thread().name)
+        self.lock_held.append(self.manager.lock.locked())
+        if not self.peer_keys:
+            return
+        keys, self.peer_keys = self.peer_keys, []
+        peer = ReqContext(req_id=f"peer-{len(self.peer_results)}")
+        parent.on_new_request(peer)
+        results = [parent.lookup(key, peer) for key in keys]
+        self.peer_results.append(results)
+        hits = [key for key, result in zip(keys, results) if result is LookupResult.HIT]
+        if hits:
+            job = parent.create_store_job(hits, peer)  # pinned until this tier reports the job
+            self.submit_store(job)
+        parent.on_request_finished(peer)
+
+    @override
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        # A peer's request never fans out back to the tier serving it.
+        assert not req_context.req_id.startswith("peer-"), "the serving tier was asked"
+        return super().lookup(key, req_context)
 
 
-def test_create_tiering_manager_from_configs(tmp_path: Path) -> None:
-    manager = create_tiering_manager(
-        make_region(tmp_path, 4),
-        [{"type": "memory"}, {"type": "fs", "root_dir": tmp_path / "fs", "name": "disk"}],
-        enable_events=True,
-    )
-    assert [tier.medium for tier in manager.secondary_tiers] == ["memory", "disk"]
-    k1 = to_key(1)
-    store(manager, [k1])
-    manager.end_step()
-    for tier in manager.secondary_tiers:
-        tier.drain_jobs()
-    manager.lookup(k1, R1)
-    assert manager.secondary_tiers[1].lookup(k1, R1) is True
+def make_peer_tiering(interval_s: float) -> tuple[TieringOffloadingManager, PeerTier, ScriptedTier]:
+    primary = CPUPrimaryTierOffloadingManager(8, make_region(8))
+    peer = PeerTier(make_spec(), primary.get_kv_memoryview(), "peer")
+    other = ScriptedTier(make_spec(), primary.get_kv_memoryview(), "other")
+    manager = TieringOffloadingManager(primary, [peer, other], tier_poll_interval_s=interval_s)
+    peer.manager = manager
+    return manager, peer, other
+
+
+def wait_until(condition: Any, what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.002)
+
+
+def test_the_poll_thread_serves_a_tolerant_tier_between_steps_under_the_lock() -> None:
+    manager, peer, other = make_peer_tiering(interval_s=0.001)
+    try:
+        ctx = request(manager, "r1")
+        keys = to_keys([1, 2])
+        store(manager, keys, ctx)
+        # No step ends: the thread alone collects the tolerant tier's finished cascade.
+        wait_until(lambda: peer.polls > 0 and any(name != threading.current_thread().name for name in peer.served_from), "a round")
+        assert all(peer.lock_held)
+        peer.peer_keys = [keys[0], to_key(9)]
+        wait_until(lambda: peer.peer_results, "the peer's request")
+        assert peer.peer_results == [[LookupResult.HIT, LookupResult.MISS]]
+        settle(manager)  # the other tier's cascade is collected at steps only
+        assert other.polls > 0 and keys[0] in peer
+    finally:
+        manager.shutdown()
+
+
+def test_the_poll_thread_waits_while_the_scheduler_holds_the_lock() -> None:
+    manager, peer, _other = make_peer_tiering(interval_s=0.001)
+    try:
+        wait_until(lambda: len(peer.served_from) > 2, "rounds")
+        with manager.lock:
+            rounds = len(peer.served_from)
+            time.sleep(0.05)
+            assert len(peer.served_from) == rounds
+        wait_until(lambda: len(peer.served_from) > rounds, "rounds after the release")
+    finally:
+        manager.shutdown()
+    rounds = len(peer.served_from)
+    time.sleep(0.02)
+    assert len(peer.served_from) == rounds and peer.shutdown_called  # stopped before the tiers
+
+
+def test_without_a_tolerant_tier_or_an_interval_tiers_are_served_at_steps_only() -> None:
+    manager, peer, _other = make_peer_tiering(interval_s=0)
+    try:
+        time.sleep(0.02)
+        assert peer.served_from == []
+        step(manager)
+        assert peer.served_from == [threading.current_thread().name]
+    finally:
+        manager.shutdown()
+    manager, tiers = make_tiering(4, tier_poll_interval_s=0.001)  # no tier opts in: no thread
+    assert not any(thread.name == "kvref_offload_tier_poll" for thread in threading.enumerate() if thread.is_alive())
     manager.shutdown()
+    assert all(tier.shutdown_called for tier in tiers)
 
 
-def test_create_tiering_manager_cleans_up_after_a_bad_config(tmp_path: Path) -> None:
-    region = make_region(tmp_path, 4)
-    with pytest.raises(ValueError, match="registered types: fs, memory"):
-        create_tiering_manager(region, [{"type": "memory"}, {"type": "tape"}])
-    assert region.closed and not region.path.exists()
+def test_shutdown_refuses_to_tear_tiers_down_under_a_live_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    manager, peer, _other = make_peer_tiering(interval_s=0.001)
+    from kvref.tiering import manager as manager_module
 
+    monkeypatch.setattr(manager_module, "JOIN_TIMEOUT_S", 0.05)
+    stuck = threading.Event()
+    release = threading.Event()
 
-def test_invalid_manager_arguments(tmp_path: Path) -> None:
-    primary = CPUPrimaryTierOffloadingManager(make_region(tmp_path, 1))
-    with pytest.raises(ValueError, match="failed_promotion_memory must be >= 0"):
-        TieringOffloadingManager(primary, failed_promotion_memory=-1)
-    with pytest.raises(ValueError, match="drain_timeout_s must be >= 0"):
-        TieringOffloadingManager(primary, drain_timeout_s=-1)
-    primary.shutdown()
+    def hang(parent: ParentManager) -> None:
+        stuck.set()
+        release.wait(10)
 
+    peer.serve_external_requests = hang
+    stuck.wait(10)
+    poller = manager._tier_poll_thread  # pyright: ignore[reportPrivateUsage]
+    assert poller is not None
 
-def test_end_to_end_through_the_filesystem_tier(tmp_path: Path) -> None:
-    primary = CPUPrimaryTierOffloadingManager(make_region(tmp_path, 2))
-    disk = FileSystemSecondaryTier(primary.get_kv_memoryview(), tmp_path / "fs", n_read_threads=1, n_write_threads=1)
-    manager = TieringOffloadingManager(primary, [disk])
-    keys = to_keys([1, 2, 3, 4])
-    store(manager, keys[:2])
-    manager.end_step()
-    disk.drain_jobs()
-    store(manager, keys[2:])  # evicts 1 and 2 once their cascades were collected
-    manager.end_step()
-    disk.drain_jobs()
-    assert manager.primary.lookup(keys[0], R1) is False
-    assert manager.lookup(keys[0], R1) is None
-    manager.end_step()
-    disk.drain_jobs()
-    assert manager.lookup(keys[0], R1) is True
-    assert load(manager, keys[0]) == content(keys[0])
+    def ignore_stop(self: object) -> None:  # the thread will not stop
+        return None
+
+    monkeypatch.setattr(type(poller), "stop", ignore_stop)
+    with pytest.raises(RuntimeError, match="tier-poll thread is still running"):
+        manager.shutdown()
+    assert not peer.shutdown_called  # not torn down under the round
+    release.set()
+    monkeypatch.undo()
+    peer.serve_external_requests = lambda parent: None
     manager.shutdown()
+    assert peer.shutdown_called
 
 
-# --- idle steps (issue 13, point 1) ---
+# --- requests reach the tiers in order ---
 
 
-def test_idle_steps_release_cascades_and_finish_promotions(tmp_path: Path) -> None:
-    manager, (t0, t1) = make_tiering(tmp_path, num_blocks=2)
-    k1, k2, k3 = to_keys([1, 2, 3])
-    store(manager, [k1])  # prepare_store polled this step's finished jobs: none yet
-    manager.end_step()
-    assert ref_cnt(manager, k1) == 2  # one read reference per tier's cascade
-    assert manager.has_pending_work()
-    # An idle step: no lookup or prepare call, only the step end, which collects the cascades.
-    manager.end_step()
-    assert ref_cnt(manager, k1) == 0
-    assert manager.num_inflight_jobs == 0 and not manager.has_pending_work()
+class RecordingTier(ScriptedTier):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.order: list[str] = []
 
-    evict_from_primary(manager, [k1], [k2, k3])
-    assert manager.lookup(k1, R1) is None  # staged
-    manager.end_step()  # submitted
-    assert manager.has_pending_work()
-    # The engine is idle: it only keeps stepping while there is pending work.
-    steps = 0
-    while manager.has_pending_work():
-        manager.end_step()
-        steps += 1
-        assert steps < 5, "an idle engine would step forever"
-    assert steps == 1
-    assert manager.primary.lookup(k1, R1) is True
-    assert load(manager, k1) == content(k1)
-    assert t0.kinds("load") == [("load", "r1", (k1,))] and t1.kinds("load") == []
+    @override
+    def submit_store(self, job_metadata: TransferJob) -> None:
+        self.order.append(f"store:{job_metadata.req_context.req_id}")
+        super().submit_store(job_metadata)
+
+    @override
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        self.order.append(f"finished:{req_context.req_id}")
+
+    @override
+    def get_finished_jobs(self) -> Iterable[JobResult]:
+        return super().get_finished_jobs()
+
+    @override
+    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        self.order.append(f"touch:{len(keys)}")
 
 
-def test_idle_steps_through_take_events(tmp_path: Path) -> None:
-    manager, (t0, _) = make_tiering(tmp_path, num_blocks=2, enable_events=True)
+def test_a_request_finishes_in_the_tiers_after_its_last_store_was_submitted() -> None:
+    primary = CPUPrimaryTierOffloadingManager(4, make_region(4))
+    tier = RecordingTier(make_spec(), primary.get_kv_memoryview(), "rec")
+    manager = TieringOffloadingManager(primary, [tier], tier_poll_interval_s=0)
+    ctx = request(manager, "r1")
     k1 = to_key(1)
-    store(manager, [k1])
-    assert manager.take_events() == [OffloadingEvent([k1], "CPU", removed=False)]
-    assert manager.has_pending_work()
-    # An idle step: take_events ends it, collecting the cascades, whose events it returns.
-    events = manager.take_events()
-    assert OffloadingEvent([k1], "t0", removed=False) in events
-    assert ref_cnt(manager, k1) == 0 and not manager.has_pending_work()
-    assert t0.polls == 2
-
-
-def test_a_step_with_calls_polls_once_and_its_end_does_not_poll_again(tmp_path: Path) -> None:
-    manager, (t0, _) = make_tiering(tmp_path, num_blocks=2)
-    manager.lookup(to_key(1), R1)
-    manager.end_step()
-    assert t0.polls == 1
-    manager.end_step()  # an idle step
-    assert t0.polls == 2
-
-
-def test_held_jobs_keep_the_engine_stepping_until_they_finish(tmp_path: Path) -> None:
-    manager, (t0, _) = make_tiering(tmp_path, num_blocks=2)
-    k1 = to_key(1)
-    t0.hold = True
-    store(manager, [k1])
-    manager.end_step()
-    for _ in range(3):
-        manager.end_step()
-        assert manager.has_pending_work() and ref_cnt(manager, k1) == 1
-    t0.hold = False
-    manager.end_step()
-    assert not manager.has_pending_work() and ref_cnt(manager, k1) == 0
-
-
-def test_a_tier_with_work_of_its_own_keeps_the_engine_stepping(tmp_path: Path) -> None:
-    manager, (t0, _) = make_tiering(tmp_path, num_blocks=2)
-    busy = [True]
-    t0.has_pending_work = lambda: busy[0]
-    assert manager.has_pending_work()
-    busy[0] = False
-    assert not manager.has_pending_work()
-
-
-def test_idle_steps_with_the_filesystem_tier(tmp_path: Path) -> None:
-    manager = create_tiering_manager(
-        make_region(tmp_path, 2),
-        [{"type": "fs", "root_dir": str(tmp_path / "fs"), "n_read_threads": 1, "n_write_threads": 1}],
-    )
-    k1, k2, k3 = to_keys([1, 2, 3])
-    store(manager, [k1])
-    steps = 0
-    while manager.has_pending_work():
-        manager.end_step()
-        steps += 1
-        assert steps < 10_000
-        time.sleep(0.001)
-    assert ref_cnt(manager, k1) == 0
-    store(manager, [k2, k3])  # evicts k1 from the primary
-    while manager.has_pending_work():
-        manager.end_step()
-        time.sleep(0.001)
-    assert manager.primary.lookup(k1, R1) is False
-    assert manager.lookup(k1, R1) is None
-    manager.end_step()
-    while manager.has_pending_work():
-        manager.end_step()
-        time.sleep(0.001)
-    assert load(manager, k1) == content(k1)
-    manager.shutdown()
-
-
-# --- complete_load checks the caller's own loads (point 8) ---
-
-
-def test_complete_load_of_a_block_only_a_cascade_reads_is_refused(tmp_path: Path) -> None:
-    manager, (t0, _) = make_tiering(tmp_path, num_blocks=2)
-    k1 = to_key(1)
-    t0.hold = True
-    store(manager, [k1])
-    manager.end_step()
-    manager.end_step()
-    assert ref_cnt(manager, k1) == 1  # t0's cascade still reads it
-    with pytest.raises(OffloadProtocolError, match=r"complete_load: key .* is reading\(1\) \(0 GPU loads"):
-        manager.complete_load([k1], R1)
-    assert ref_cnt(manager, k1) == 1  # nothing changed
-    t0.hold = False
-    manager.end_step()
-    assert ref_cnt(manager, k1) == 0 and not manager.has_pending_work()
-
-
-def test_complete_load_counts_repeated_keys_and_changes_nothing_on_error(tmp_path: Path) -> None:
-    manager, _ = make_tiering(tmp_path, num_blocks=4)
-    k1, k2 = to_keys([1, 2])
-    store(manager, [k1, k2])
-    manager.end_step()
-    manager.prepare_load([k1, k2], R1)
-    with pytest.raises(OffloadProtocolError, match="1 GPU loads of it in progress, 2 released"):
-        manager.complete_load([k2, k1, k1], R1)
-    assert (ref_cnt(manager, k1), ref_cnt(manager, k2)) == (1, 1)
-    manager.complete_load([k1, k2], R1)
-    assert (ref_cnt(manager, k1), ref_cnt(manager, k2)) == (0, 0)
-    with pytest.raises(OffloadProtocolError, match="is idle"):
-        manager.complete_load([k1], R1)
-    with pytest.raises(OffloadProtocolError, match="is absent"):
-        manager.complete_load([to_key(9)], R1)
-
-
-# --- statistics (point 6) ---
-
-
-def test_tier_stats_count_what_each_tier_did(tmp_path: Path) -> None:
-    manager, (t0, t1) = make_tiering(tmp_path, num_blocks=2, tier_capacity=None)
-    t1._capacity = 1  # pyright: ignore[reportPrivateUsage]
-    k1, k2, k3 = to_keys([1, 2, 3])
-    store(manager, [k1])
-    manager.end_step()
-    assert load(manager, k1) == content(k1)
-    evict_from_primary(manager, [k1], [k2, k3])  # t1 keeps only one block: it evicts
-    assert manager.lookup(k1, R1) is None  # primary miss, t0 hit: staged
-    manager.end_step()
-    manager.end_step()
-    assert manager.lookup(to_key(9), R1) is False
-    t0.failing_loads.add(k2)
-    store(manager, [k1])  # already there
-    stats = manager.tier_stats()
-    assert list(stats) == ["CPU", "t0", "t1"]
-    cpu, s0, s1 = stats.values()
-    assert (cpu.lookups, cpu.hits, cpu.misses) == (2, 0, 2)
-    assert (cpu.blocks_stored, cpu.blocks_loaded, cpu.blocks_evicted) == (3, 1, 1)
-    assert cpu.usage == 1.0 and cpu.failed_jobs == 0
-    assert (s0.lookups, s0.hits, s0.misses) == (2, 1, 1)
-    assert (s0.blocks_stored, s0.blocks_loaded, s0.blocks_evicted, s0.failed_jobs) == (3, 1, 0, 0)
-    assert s0.usage is None
-    assert (s1.lookups, s1.hits, s1.misses) == (1, 0, 1)
-    assert (s1.blocks_stored, s1.blocks_evicted) == (3, 2)
-    assert s1.usage == 1.0
-    # A snapshot: later activity does not change it.
-    manager.lookup(k1, R1)
-    assert cpu.lookups == 2
-    # get_stats: the primary manager's counters on top, every tier's in `tiers`.
-    scraped = manager.get_stats()
-    assert list(scraped.tiers) == ["CPU", "t0", "t1"]
-    assert scraped.tiers["t1"].blocks_evicted == 2 and scraped.tiers["t0"].hits == 1
-    assert (scraped.num_blocks, scraped.used_blocks) == (2, 2)
-    assert scraped.blocks_stored >= 3 and scraped.lookups >= 1
-
-
-def test_tier_stats_count_failed_jobs(tmp_path: Path) -> None:
-    manager, (t0, _) = make_tiering(tmp_path, num_blocks=2)
-    k1, k2, k3 = to_keys([1, 2, 3])
-    store(manager, [k1])
-    evict_from_primary(manager, [k1], [k2, k3])
-    t0.failing_loads.add(k1)
-    assert manager.lookup(k1, R1) is None
-    manager.end_step()
-    manager.end_step()
-    assert manager.tier_stats()["t0"].failed_jobs == 1
-    output = manager.prepare_store([to_key(4)], R1)
+    with manager.lock:
+        output = manager.prepare_store([k1], ctx)
+        manager.on_request_finished(ctx)  # the GPU store is still in flight
+    assert tier.order == []
     assert output is not None
-    manager.complete_store([to_key(4)], R1, success=False)
-    assert manager.tier_stats()["CPU"].failed_jobs == 1
-
-
-# --- configuration errors (point 4) ---
-
-
-@pytest.mark.parametrize(
-    ("tiers", "kwargs", "message"),
-    [
-        ({"type": "memory"}, {}, "secondary_tiers must be a list of tier configs (mappings), got dict"),
-        ("memory", {}, "secondary_tiers must be a list of tier configs (mappings), got str"),
-        (["memory"], {}, "secondary_tiers[0] must be a mapping with a 'type', got 'memory'"),
-        ([{"type": "memory", "capacity_blocks": 0}], {}, "capacity_blocks must be None or an integer >= 1, got 0"),
-        ([{"type": "memory", "capacity_blocks": "2"}], {}, "capacity_blocks must be None or an integer >= 1"),
-        ([{"type": "memory", "name": ""}], {}, "name must be a non-empty string"),
-        ([{"type": "fs"}], {}, "invalid options for secondary tier type 'fs'"),
-        ([{"type": "fs", "root_dir": 3}], {}, "root_dir must be a non-empty path, got 3"),
-        ([{"type": 3}], {}, "secondary tier config 'type' is 3, which is not registered"),
-        ([], {"enable_events": "yes"}, "enable_events must be true or false, got 'yes'"),
-    ],
-)
-def test_invalid_tiering_configs_name_the_field(
-    tmp_path: Path, tiers: Any, kwargs: dict[str, Any], message: str
-) -> None:
-    region = make_region(tmp_path, 2)
-    with pytest.raises(ValueError, match=re.escape(message)):
-        create_tiering_manager(region, tiers, **kwargs)
-    region.cleanup()
-
-
-def test_an_unusable_fs_root_is_an_os_error_and_cleans_up(tmp_path: Path) -> None:
-    (tmp_path / "file").write_text("x")
-    region = make_region(tmp_path, 2)
-    config = {"type": "fs", "root_dir": str(tmp_path / "file" / "fs")}
-    with pytest.raises(OSError, match=r"root_dir '.*file/fs' is not usable"):
-        create_tiering_manager(region, [{"type": "memory"}, config])
-    with pytest.raises(KVRefError):
-        region.create_kv_memoryview()  # the region was cleaned up
+    with manager.lock:
+        manager.complete_store(output.keys_to_store, ctx)
+        manager.touch([k1], ctx)
+    assert tier.order == ["store:r1", "finished:r1", "touch:1"]
+    manager.shutdown()

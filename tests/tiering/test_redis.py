@@ -18,18 +18,26 @@ from pathlib import Path
 import pytest
 import redis
 
-from kvref.base import OffloadingEvent
-from kvref.cpu.shared_region import SharedOffloadRegion
-from kvref.tiering.base import JobResult
-from kvref.tiering.factory import create_secondary_tier
-from kvref.tiering.manager import create_tiering_manager
+from kvref.base import LookupResult, Medium, OffloadingEvent, ReqContext
+from kvref.tiering.factory import SecondaryTierFactory
 from kvref.tiering.redis import RedisSecondaryTier
 from kvref.tiering.redis.local import LocalRedisServer
 from kvref.tiering.redis.io import Connections
 from kvref.tiering.redis.resp import Address, BulkInto, ConnectOptions, RespConnection, RespError
 from kvref.tiering.redis.routing import parse_server_url
 from kvref.tiering.redis.value_format import HEADER_BYTES, key_digest
-from tests.tiering.helpers import make_view, to_key, to_keys
+from kvref.tiering.run_identity import run_identity
+from kvref.tiering.tier_reporting import KvrefTierMetrics
+from tests.tiering.helpers import (
+    load_chunks,
+    make_spec,
+    make_view,
+    resolve,
+    tiering_from_configs,
+    to_key,
+    to_keys,
+    wait_for_hits,
+)
 from tests.tiering.redis_helpers import CTX, RedisHarness, payload, require_redis_server, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -88,7 +96,9 @@ def test_credentials_come_from_the_url() -> None:
         ({"url": "redis://cache", "num_connections": 0}, "num_connections"),
         ({"url": "redis://cache", "socket_timeout_s": 0}, "socket_timeout_s"),
         ({"url": "redis://cache", "connect_timeout_s": -1}, "connect_timeout_s"),
-        ({"url": "redis://cache", "lookup_cache_s": 0}, "lookup_cache_s"),
+        ({"url": "redis://cache", "lookup_cache_s": 1.0}, "lookup_cache_s"),  # gone: AsyncLookupManager
+        ({"url": "redis://cache", "locality": "far"}, "locality"),
+        ({"url": "redis://cache", "enable_kv_events": 1}, "enable_kv_events"),
         ({"url": "redis://cache", "ttl_s": 0}, "ttl_s"),
         ({"url": "redis://cache", "namespace": ""}, "namespace"),
         ({"url": "unix:///tmp/r.sock", "cluster": True}, "cluster"),
@@ -99,15 +109,29 @@ def test_credentials_come_from_the_url() -> None:
 )
 def test_invalid_options_raise_value_error_naming_them(options: dict[str, object], field: str) -> None:
     with pytest.raises(ValueError, match=field):
-        create_secondary_tier({"type": "redis", **options}, make_view(2))
+        SecondaryTierFactory.create_secondary_tier({"type": "redis", **options}, make_view(2), make_spec())
 
 
 def test_key_names_namespace_and_block_size() -> None:
-    tier = RedisSecondaryTier(make_view(2, 64), "redis://127.0.0.1:1", namespace="m/bf16/rank3")
+    tier = RedisSecondaryTier(make_spec(), make_view(2, 64), "redis", url="redis://127.0.0.1:1", namespace="m/bf16/rank3")
     try:
         assert tier.redis_key(to_key(1)) == b"m/bf16/rank3:64:" + to_key(1).hex().encode()
+        assert tier.config_info() == {"redis_namespace": "m/bf16/rank3", "redis_cluster": False, "redis_num_connections": 4}
     finally:
         tier.shutdown()
+
+
+def test_the_default_namespace_is_the_run_identity() -> None:
+    # Engines share blocks exactly when model, KV layout and rank agree (as vLLM's fs tier's
+    # directories): another rank of a tensor-parallel model gets another namespace.
+    spec, other_rank = make_spec(tp_size=2), make_spec(tp_size=2, rank=1)
+    tiers = [RedisSecondaryTier(s, make_view(2, 64), "redis", url="redis://127.0.0.1:1") for s in (spec, other_rank)]
+    try:
+        assert tiers[0].redis_key(to_key(1)).startswith(f"{run_identity(spec)}:64:".encode())
+        assert run_identity(spec) != run_identity(other_rank)
+    finally:
+        for tier in tiers:
+            tier.shutdown()
 
 
 # --- normal operation ---
@@ -115,16 +139,20 @@ def test_key_names_namespace_and_block_size() -> None:
 
 def test_store_then_load_round_trip(harness: RedisHarness) -> None:
     k1, k2 = to_keys([1, 2])
-    assert harness.tier.lookup(k1, CTX) is None  # an existence check is now in flight
-    assert harness.settled_lookup(k1) is False
+    assert harness.tier.lookup(k1, CTX) is LookupResult.RETRY  # checked at the step's end
+    assert not harness.has(k1)
+    harness.tier.on_request_finished(CTX)  # else its verdict (MISS) would stand for it
     assert harness.store([k1, k2], [0, 1])
-    assert harness.tier.lookup(k1, CTX) is True  # stored by this tier moments ago
+    assert harness.has(k1)
     assert harness.load([k2, k1], [5, 6])
     assert harness.row(5) == payload(k2, 4096) and harness.row(6) == payload(k1, 4096)
-    assert harness.tier.take_events() == [OffloadingEvent([k1, k2], "redis", removed=False)]
+    assert harness.tier.take_events() == [OffloadingEvent([k1, k2], Medium.STORAGE, removed=False, ownership="redis")]
+    _, values = harness.tier.get_stats().metric_sections()
+    assert values[KvrefTierMetrics.CHUNKS_STORED] == {("redis",): 2}
+    assert values[KvrefTierMetrics.CHUNKS_LOADED] == {("redis",): 2}
 
 
-def test_lookup_answers_none_while_the_store_is_in_flight(
+def test_lookup_answers_retry_while_the_store_is_in_flight(
     server: LocalRedisServer, client: redis.Redis
 ) -> None:
     h = RedisHarness(server.url, num_connections=1)
@@ -132,31 +160,31 @@ def test_lookup_answers_none_while_the_store_is_in_flight(
         server.pause()  # the store cannot finish while the server is stopped
         h.fill([to_key(1)], [0])
         h.submit([to_key(1)], [0], promotion=False)
-        assert h.tier.lookup(to_key(1), CTX) is None
+        assert h.tier.lookup(to_key(1), CTX) is LookupResult.RETRY
         server.resume()
         assert h.finish()
-        assert h.tier.lookup(to_key(1), CTX) is True
+        assert h.has(to_key(1))
     finally:
         server.resume()
         h.close()
 
 
-def test_answers_are_served_once_even_after_they_expire(server: LocalRedisServer, client: redis.Redis) -> None:
-    # A scheduler step longer than lookup_cache_s must still get the answer it waited for.
-    h = RedisHarness(server.url, lookup_cache_s=0.001)
-    try:
-        assert h.store([to_key(1)])
-        time.sleep(0.05)
-        assert h.tier.lookup(to_key(1), CTX) is None  # expired: asked again
-        assert h.tier.lookup(to_key(2), CTX) is None
-        time.sleep(0.2)  # both answers arrived and expired meanwhile
-        assert h.tier.lookup(to_key(1), CTX) is True
-        assert h.tier.lookup(to_key(2), CTX) is False
-        assert not h.load([to_key(2)])
-        time.sleep(0.05)
-        assert h.tier.lookup(to_key(2), CTX) is False  # a failed load answers False, once at least
-    finally:
-        h.close()
+def test_a_verdict_holds_while_its_request_asks_and_a_failed_load_turns_it_to_miss(
+    harness: RedisHarness, client: redis.Redis
+) -> None:
+    k1, k2 = to_keys([1, 2])
+    assert harness.store([k1, k2])
+    request = ReqContext(req_id="asks-twice")
+    assert [resolve(harness.tier, key, request) for key in (k1, k2)] == [LookupResult.HIT] * 2
+    client.delete(harness.tier.redis_key(k1))  # evicted by the server: the verdict stands
+    assert harness.tier.lookup(k1, request) is LookupResult.HIT
+    assert not harness.load([k1, k2])
+    assert harness.last_result.successful_keys == (k2,)
+    # The lost block is a MISS from now on: not promoted again and again.
+    assert harness.tier.lookup(k1, request) is LookupResult.MISS
+    assert harness.tier.lookup(k2, request) is LookupResult.HIT
+    harness.tier.on_request_finished(request)
+    assert not harness.has(k1) and harness.has(k2)
 
 
 def test_stored_value_is_header_then_payload(harness: RedisHarness, client: redis.Redis) -> None:
@@ -168,17 +196,6 @@ def test_stored_value_is_header_then_payload(harness: RedisHarness, client: redi
     assert (magic, version, size) == (b"KVRB", 1, 4096)
     assert digest == key_digest(harness.tier.redis_key(key))
     assert value[HEADER_BYTES:] == payload(key, 4096)
-
-
-def test_blocks_stored_moments_ago_are_not_sent_again(harness: RedisHarness, client: redis.Redis) -> None:
-    key = to_key(3)
-    assert harness.store([key])
-    client.delete(harness.tier.redis_key(key))
-    assert harness.store([key])  # still trusted as present: skipped
-    assert client.exists(harness.tier.redis_key(key)) == 0
-    harness.forget_answers()
-    assert harness.store([key])
-    assert client.exists(harness.tier.redis_key(key)) == 1
 
 
 def test_large_jobs_pipeline_through_one_connection(server: LocalRedisServer, client: redis.Redis) -> None:
@@ -332,9 +349,9 @@ def test_damaged_value_fails_the_load_becomes_a_miss_and_is_deleted(
     damage(client, harness.tier.redis_key(bad))
     assert not harness.load([good, bad])
     assert harness.last_result.successful_keys == (good,) and harness.loaded_correctly([good])
-    assert harness.tier.lookup(bad, CTX) is False  # the ABC: a failed block answers False
+    assert not harness.has(bad)
     assert client.exists(harness.tier.redis_key(bad)) == 0  # other engines won't trip on it
-    assert list(harness.tier.take_events())[-1] == OffloadingEvent([bad], "redis", removed=True)
+    assert list(harness.tier.take_events())[-1] == OffloadingEvent([bad], Medium.STORAGE, removed=True, ownership="redis")
     assert harness.load([good]) and harness.loaded_correctly([good])
 
 
@@ -342,9 +359,7 @@ def test_block_gone_from_the_server_is_a_miss(harness: RedisHarness, client: red
     key = to_key(1)
     assert harness.store([key])
     client.delete(harness.tier.redis_key(key))
-    assert harness.tier.lookup(key, CTX) is True  # trusted briefly...
-    harness.forget_answers()
-    assert harness.settled_lookup(key) is False  # ...then asked again
+    assert not harness.has(key)  # a new request asks the server again
     assert not harness.load([key])
 
 
@@ -394,11 +409,10 @@ def test_server_killed_and_restarted_during_stores() -> None:
         for i in range(3):  # stores while the server is down fail, quickly, without raising
             assert not h.store(to_keys([10 + i]))
         assert time.monotonic() - started < 3 * 1.0
-        assert h.settled_lookup(to_key(99)) is False  # unreachable answers "not here"
+        assert not h.has(to_key(99))  # unreachable answers "not here"
         server.start()  # same port, empty (nothing was persisted)
         wait_for(lambda: h.store(to_keys([20])), what="a store after the restart")
-        h.forget_answers()
-        assert h.settled_lookup(before[0]) is False  # lost in the restart: a miss
+        assert not h.has(before[0])  # lost in the restart: a miss
         assert not h.load(before[:1])
         # One thread's connect shows the server is back: every thread tries again at once,
         # none waits out the hold-off of its own earlier failure.
@@ -420,9 +434,9 @@ def test_hung_server_fails_jobs_within_the_timeout_and_lookups_do_not_wait() -> 
             assert not h.load([to_key(1)])
             assert time.monotonic() - started < 1.5
             started = time.monotonic()
-            assert h.tier.lookup(to_key(2), CTX) is None  # never waits for the server
+            assert h.tier.lookup(to_key(2), CTX) is LookupResult.RETRY  # never waits for the server
             assert time.monotonic() - started < 0.05
-            assert h.settled_lookup(to_key(2)) is False
+            assert not h.has(to_key(2))
             server.resume()
             wait_for(lambda: h.load([to_key(1)]), what="a load after resuming")
             assert h.loaded_correctly([to_key(1)])
@@ -451,15 +465,14 @@ def test_maxmemory_eviction_turns_blocks_into_misses_never_wrong_bytes() -> None
             keys = to_keys(range(40))
             for i in range(0, 40, 4):
                 assert h.store(keys[i : i + 4])  # eviction makes room: every store succeeds
-            h.forget_answers()
-            present = [h.settled_lookup(key) for key in keys]
+            present = [h.has(key) for key in keys]
             assert not all(present) and any(present)
             for key, found in zip(keys, present):
                 assert h.load([key]) == found
                 if found:
                     assert h.loaded_correctly([key])
                 else:
-                    assert h.tier.lookup(key, CTX) is False
+                    assert not h.has(key)
         finally:
             h.close()
 
@@ -475,8 +488,8 @@ def test_shutdown_fails_queued_jobs_and_later_calls(server: LocalRedisServer, cl
         results = {result.job_id: result.success for result in h.tier.get_finished_jobs()}
         assert sorted(results) == ids  # every job reported once
         h.submit([to_key(9)], [0], promotion=True)
-        assert list(h.tier.get_finished_jobs()) == [JobResult(h.job_ids, False)]
-        assert h.tier.lookup(to_key(9), CTX) is False
+        assert [(r.job_id, r.success) for r in h.tier.get_finished_jobs()] == [(h.job_ids, False)]
+        assert h.tier.lookup(to_key(9), CTX) is LookupResult.MISS
     finally:
         server.resume()
         h.rows.release()
@@ -488,57 +501,31 @@ def test_shutdown_fails_queued_jobs_and_later_calls(server: LocalRedisServer, cl
 _ENGINE_A = """
 import sys
 from kvref.base import ReqContext
-from kvref.cpu.common import CPULoadStoreSpec
-from kvref.cpu.shared_region import SharedOffloadRegion
-from kvref.tiering.base import PrimaryBlocks
-from kvref.tiering.manager import create_tiering_manager
-from tests.tiering.helpers import to_keys
+from tests.tiering.helpers import store_chunks, tiering_from_configs, to_keys
 from tests.tiering.redis_helpers import payload
-url, region_dir = sys.argv[1], sys.argv[2]
-region = SharedOffloadRegion("engine-a", 8, 65536, directory=region_dir, prefault=False)
-manager = create_tiering_manager(region, [{"type": "redis", "url": url, "namespace": "shared"}])
+manager = tiering_from_configs(8, 65536, [{"type": "redis", "url": sys.argv[1], "namespace": "shared"}])
 ctx = ReqContext("a")
-keys = to_keys(range(6))
-output = manager.prepare_store(keys, ctx)
-assert isinstance(output.store_spec, CPULoadStoreSpec)
-rows = PrimaryBlocks(manager.primary.get_kv_memoryview())
-for key, block_id in zip(output.keys_to_store, output.store_spec.block_ids):
-    rows.row(block_id)[:] = payload(key, 65536)
-manager.complete_store(output.keys_to_store, ctx)
-while manager.num_inflight_jobs:
-    manager.end_step()
-    manager.lookup(keys[0], ctx)
+manager.on_new_request(ctx)
+store_chunks(manager, to_keys(range(6)), ctx, lambda key: payload(key, 65536))
 manager.shutdown()
 print("stored")
 """
 
 
-def test_two_engine_processes_share_blocks(server: LocalRedisServer, client: redis.Redis, tmp_path: Path) -> None:
+def test_two_engine_processes_share_blocks(server: LocalRedisServer, client: redis.Redis) -> None:
     # Engine A: another process, its own primary region.
     done = subprocess.run(
-        [sys.executable, "-c", _ENGINE_A, server.url, str(tmp_path)],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [sys.executable, "-c", _ENGINE_A, server.url], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0 and done.stdout.strip() == "stored", done.stderr
-    # Engine B: this process, a region of its own, has never seen the blocks.
-    region = SharedOffloadRegion("engine-b", 8, 65536, directory=tmp_path, prefault=False)
-    manager = create_tiering_manager(region, [{"type": "redis", "url": server.url, "namespace": "shared"}])
+    # Engine B: this process, a primary of its own, has never seen the blocks.
+    manager = tiering_from_configs(8, 65536, [{"type": "redis", "url": server.url, "namespace": "shared"}])
     try:
-        from kvref.base import ReqContext
-        from kvref.tiering.base import PrimaryBlocks
-
         ctx = ReqContext("b")
+        manager.on_new_request(ctx)
         keys = to_keys(range(6))
-        deadline = time.monotonic() + 10
-        while not all(manager.lookup(key, ctx) is True for key in keys):
-            assert time.monotonic() < deadline
-            manager.end_step()
-            time.sleep(0.002)
-        spec = manager.prepare_load(keys, ctx)
-        rows = PrimaryBlocks(manager.primary.get_kv_memoryview())
-        for key, block_id in zip(keys, spec.block_ids):
-            assert bytes(rows.row(block_id)) == payload(key, 65536)
-        manager.complete_load(keys, ctx)
+        wait_for_hits(manager, keys, ctx)  # promoted from Redis into this engine's primary
+        assert load_chunks(manager, keys, ctx) == [payload(key, 65536) for key in keys]
         # Another namespace (another model or rank) does not see them.
         assert server.command("DBSIZE") == 6
     finally:

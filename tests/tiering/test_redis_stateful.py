@@ -2,24 +2,25 @@
 
 Another client (the "world": other engines, the server's eviction, bit rot) deletes, damages and
 overwrites values behind the tier's back. Invariants: a load that reports success returned
-exactly the bytes stored for each key; a load of a block the world deleted or damaged fails; and
-a block whose load failed answers False to the next lookup.
+exactly the bytes stored for each key; a load of a block the world deleted or damaged fails; a
+block whose load failed answers MISS to the request that found it before (so that request does
+not promote it again and again); and a new request's lookup says what the server holds.
 """
 
 from __future__ import annotations
 
-import time
+import itertools
 
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 from typing_extensions import override
 
-from kvref.base import OffloadKey
+from kvref.base import LookupResult, OffloadKey, ReqContext
 from kvref.tiering.redis.local import LocalRedisServer
 from kvref.tiering.redis.value_format import HEADER_BYTES
-from tests.tiering.helpers import to_keys
-from tests.tiering.redis_helpers import CTX, RedisHarness, require_redis_server
+from tests.tiering.helpers import resolve, to_keys
+from tests.tiering.redis_helpers import RedisHarness, require_redis_server
 
 KEYS = to_keys(range(6))
 NUM_BLOCKS = 4
@@ -44,11 +45,8 @@ class RedisTierMachine(RuleBasedStateMachine):
         super().__init__()
         self.server = shared_server()
         self.server.command("FLUSHALL")
-        # A tiny lookup cache: the tier re-checks the server instead of trusting old answers,
-        # so stores are never skipped and the model below stays exact.
-        self.h = RedisHarness(
-            self.server.url, NUM_BLOCKS, BLOCK_BYTES, num_connections=2, lookup_cache_s=0.001
-        )
+        self.h = RedisHarness(self.server.url, NUM_BLOCKS, BLOCK_BYTES, num_connections=2)
+        self.requests = itertools.count()
         self.on_server: set[OffloadKey] = set()  # intact values the tier stored
         self.broken: set[OffloadKey] = set()  # present on the server, but damaged
 
@@ -68,6 +66,10 @@ class RedisTierMachine(RuleBasedStateMachine):
 
     @rule(keys=st.lists(st.sampled_from(KEYS), min_size=1, max_size=NUM_BLOCKS, unique=True))
     def load(self, keys: list[OffloadKey]) -> None:
+        # As the tiering manager: a request finds the blocks (HIT) before it promotes them.
+        request = ReqContext(req_id=f"loads-{next(self.requests)}")
+        found = [resolve(self.h.tier, key, request) is LookupResult.HIT for key in keys]
+        assert found == [key in self.on_server or key in self.broken for key in keys]
         ok = self.h.load(keys)
         expected = all(key in self.on_server for key in keys)
         assert ok == expected, (ok, [key.hex() for key in keys])
@@ -81,17 +83,12 @@ class RedisTierMachine(RuleBasedStateMachine):
             assert self.h.loaded_correctly(held, [keys.index(key) for key in held])
             failed = [key for key in keys if key not in self.on_server]
             for key in failed:
-                assert self.h.tier.lookup(key, CTX) is False
+                assert self.h.tier.lookup(key, request) is LookupResult.MISS
             self.broken.difference_update(failed)  # deleted by the tier
-
-    def _after_answers_expire(self) -> None:
-        # A store within lookup_cache_s of the last one is skipped (the tier trusts its answer):
-        # the world changes only once that trust is gone, so the model stays exact.
-        time.sleep(2 * self.h.tier.lookup_cache_s)
+        self.h.tier.on_request_finished(request)
 
     @rule(key=st.sampled_from(KEYS))
     def evict(self, key: OffloadKey) -> None:
-        self._after_answers_expire()
         self.server.command("DEL", self.h.tier.redis_key(key))
         self.on_server.discard(key)
         self.broken.discard(key)
@@ -100,7 +97,6 @@ class RedisTierMachine(RuleBasedStateMachine):
     def damage(self, key: OffloadKey, where: int) -> None:
         if key not in self.on_server:
             return
-        self._after_answers_expire()
         redis_key = self.h.tier.redis_key(key)
         old = self.server.command("GETRANGE", redis_key, str(where), str(where))
         assert isinstance(old, bytes) and len(old) == 1
@@ -111,7 +107,7 @@ class RedisTierMachine(RuleBasedStateMachine):
     @rule(key=st.sampled_from(KEYS))
     def lookup_settles(self, key: OffloadKey) -> None:
         # Damaged values exist on the server: lookup cannot tell, only a load can.
-        assert self.h.settled_lookup(key) == (key in self.on_server or key in self.broken)
+        assert self.h.has(key) == (key in self.on_server or key in self.broken)
 
 
 RedisTierMachine.TestCase.settings = settings(max_examples=15, stateful_step_count=15)

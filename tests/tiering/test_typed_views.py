@@ -13,13 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from kvref.base import ReqContext
-from kvref.tiering.base import JobMetadata, SecondaryTierManager
+from kvref.tiering.base import SecondaryTierManager, TransferJob
 from kvref.tiering.fs import FileSystemSecondaryTier
 from kvref.tiering.memory import InMemorySecondaryTier
-from tests.tiering.helpers import content, to_keys
-
-CTX = ReqContext(req_id="r1")
+from tests.tiering.helpers import CTX, content, make_spec, to_keys
 NUM_BLOCKS = 4
 ITEMS = 24  # items per row
 
@@ -36,7 +33,7 @@ def int64_cast(num_blocks: int) -> memoryview[Any]:
     return memoryview(bytearray(num_blocks * ITEMS * 8)).cast("q", (num_blocks, ITEMS))
 
 
-def run(tier: SecondaryTierManager, job: JobMetadata) -> bool:
+def run(tier: SecondaryTierManager, job: TransferJob) -> bool:
     (tier.submit_load if job.is_promotion else tier.submit_store)(job)
     tier.drain_jobs()
     (result,) = list(tier.get_finished_jobs())
@@ -52,17 +49,17 @@ def test_store_load_round_trip_through_a_typed_view(
     row_bytes = ITEMS * view.itemsize
     raw = memoryview(view.obj).cast("B") if isinstance(view.obj, bytearray) else view.cast("B")
     tier: SecondaryTierManager = (
-        InMemorySecondaryTier(view)
+        InMemorySecondaryTier(make_spec(), view, "memory")
         if tier_type == "memory"
-        else FileSystemSecondaryTier(view, tmp_path / "fs", n_read_threads=1, n_write_threads=1)
+        else FileSystemSecondaryTier(make_spec(), view, "fs", root_dir=tmp_path / "fs", n_read_threads=1, n_write_threads=1)
     )
     k1, k2 = to_keys([1, 2])
     # Arbitrary bytes, including ones that are NaN patterns as float32: copied as bytes.
     raw[0:row_bytes] = content(k1, row_bytes)
     raw[row_bytes : 2 * row_bytes] = b"\xff" * row_bytes
-    assert run(tier, JobMetadata(1, (k1, k2), (0, 1), False, CTX))
+    assert run(tier, TransferJob(1, (k1, k2), (0, 1), False, CTX))
     raw[:] = bytes(len(raw))
-    assert run(tier, JobMetadata(2, (k2, k1), (2, 3), True, CTX))
+    assert run(tier, TransferJob(2, (k2, k1), (2, 3), True, CTX))
     assert bytes(raw[2 * row_bytes : 3 * row_bytes]) == b"\xff" * row_bytes
     assert bytes(raw[3 * row_bytes :]) == content(k1, row_bytes)
     assert bytes(raw[: 2 * row_bytes]) == bytes(2 * row_bytes)

@@ -46,6 +46,8 @@ class FileSystemTierWithPaths(FileSystemTier):
         super().__init__(*args, **kwargs)
         assert isinstance(self.kvref_tier, FileSystemSecondaryTier)
         self.file_mapper = BlockPaths(self.kvref_tier)
+        # The suite reads the lookup manager's queues, by vLLM's name for it (kvref's is the same).
+        self._lookup_manager = self.kvref_tier._lookup_manager  # pyright: ignore[reportPrivateUsage]
 
 
 SUITE = load_suite("vllm_test_fs_tier_on_kvref_fs")

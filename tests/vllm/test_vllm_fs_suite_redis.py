@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 import pytest
 
 from kvref.integrations.vllm import RedisTier
+from kvref.tiering.redis import RedisSecondaryTier
 from kvref.tiering.redis.local import LocalRedisServer
 from tests.vllm.fs_suite import NOT_APPLICABLE_VARIANTS, load_suite, suite_tests
 
@@ -44,6 +45,9 @@ class RedisTierAtRoot(RedisTier):
             num_connections=n_read_threads,
             **options,
         )
+        # The suite reads the lookup manager's queues, by vLLM's name for it (kvref's is the same).
+        assert isinstance(self.kvref_tier, RedisSecondaryTier)
+        self._lookup_manager = self.kvref_tier._lookup_manager  # pyright: ignore[reportPrivateUsage]
 
 
 SUITE = load_suite("vllm_test_fs_tier_on_kvref_redis")

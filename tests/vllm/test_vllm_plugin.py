@@ -13,14 +13,13 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from unittest.mock import MagicMock
 
 import numpy as np
 import pytest
-from typing_extensions import override
 from vllm.v1.kv_offload.base import (
     Locality,
     LookupResult,
@@ -38,13 +37,13 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from examples.vllm_engine import Engine, prompt_keys
 from kvref.base import OffloadKey as KvrefKey
-from kvref.integrations.vllm import FileSystemTier, KvrefTierMetrics, RedisTier
-from kvref.tiering.base import JobResult as KvrefJobResult
+from kvref.integrations.vllm import FileSystemTier, RedisTier, VllmTier
 from kvref.tiering.fs import FileSystemSecondaryTier
 from kvref.tiering.fs.format import file_bytes
 from kvref.tiering.memory import InMemorySecondaryTier
 from kvref.tiering.redis import RedisSecondaryTier
 from kvref.tiering.redis.local import LocalRedisCluster, LocalRedisServer
+from kvref.tiering.tier_reporting import KvrefTierMetrics
 from tools._vllm_spec import mock_offloading_spec
 
 _ROOT = Path(__file__).resolve().parents[2]
@@ -361,52 +360,43 @@ def test_nothing_touches_the_primary_after_drain_or_shutdown(make_tier: TierFact
     snapshot = primary.array.copy()
     time.sleep(0.1)
     assert (primary.array == snapshot).all()
-    assert not [t for t in threading.enumerate() if t not in before or t.name.startswith(("kvref-", "vllm_offloading_lookup"))]
+    assert not [t for t in threading.enumerate() if t not in before or t.name.startswith(("kvref-", "kvref_offloading_lookup"))]
 
 
-class _ReportsTwice(InMemorySecondaryTier):
-    """A kvref tier that reports every job twice and one job nobody submitted."""
+class MemoryTier(VllmTier):
+    """Any kvref tier is a vLLM tier through `VllmTier`: here kvref's memory tier, built by
+    vLLM's factory from this module's path."""
 
-    @override
-    def get_finished_jobs(self) -> Iterable[KvrefJobResult]:
-        results = list(super().get_finished_jobs())
-        return [*results, *results, KvrefJobResult(999_999, True)] if results else []
+    kvref_tier_class = InMemorySecondaryTier
 
 
-class _RaisesOnSubmit(InMemorySecondaryTier):
-    @override
-    def submit_store(self, job: Any) -> None:
-        raise RuntimeError("broken")
-
-
-@pytest.mark.parametrize("kvref_tier", [_ReportsTwice, _RaisesOnSubmit])
-def test_vllm_never_sees_a_duplicate_unknown_or_lost_job(
-    kvref_tier: type[InMemorySecondaryTier], caplog: pytest.LogCaptureFixture
-) -> None:
-    # vLLM's manager asserts on a duplicate or unknown job id, which stops its scheduler.
-    from kvref.integrations.vllm import KvrefSecondaryTier
-
-    primary = Primary()
-    tier = KvrefSecondaryTier(
-        offloading_spec(), primary.view, "broken", None,
-        tier=kvref_tier(primary.view), enable_kv_events=False, locality=None,
-    )  # fmt: skip
+def test_any_kvref_tier_serves_vllms_manager_through_vllm_tier() -> None:
+    config = {"type": "MemoryTier", "module_path": __name__, "capacity_chunks": 64, "locality": "LOCAL"}
+    engine = Engine([config], num_chunks=4, block_bytes=_ROW)
     try:
-        j = job([key(1)], [0], load=False)
-        tier.submit_store(j)
-        assert [(r.job_id, r.success) for r in tier.get_finished_jobs()] == [
-            (j.job_id, kvref_tier is _ReportsTwice)
-        ]
-        assert list(tier.get_finished_jobs()) == []
+        (secondary,) = engine.manager.secondary_tiers
+        assert isinstance(secondary, MemoryTier) and isinstance(secondary.kvref_tier, InMemorySecondaryTier)
+        assert (secondary.medium, secondary.cache_hit_source, secondary.locality) == (
+            Medium.CPU,
+            CacheHitSource.HOST,
+            Locality.LOCAL,
+        )
+        first = prompt_keys("memory", 4)
+        engine.serve("a", first)
+        engine.settle()
+        engine.serve("b", prompt_keys("memory-evicts", 4))  # the primary holds 4 chunks
+        engine.settle()
+        assert engine.serve("c", first) == len(first)  # every chunk promoted back from memory
+        assert secondary.config_info() == {"memory_capacity_chunks": 64}
     finally:
-        tier.shutdown()
+        engine.close()
 
 
 # --- the contract: events, statistics, config info ---
 
 
 @pytest.mark.parametrize("global_flag", [True, False])
-def test_one_stored_event_per_successful_store_job_and_none_for_loads(
+def test_stored_events_name_the_tier_and_none_come_from_loads(
     make_tier: TierFactory, global_flag: bool
 ) -> None:
     primary = Primary()
@@ -423,11 +413,14 @@ def test_one_stored_event_per_successful_store_job_and_none_for_loads(
     if not global_flag:
         assert events == []
         return
-    # One per job, in the order the jobs finished (they ran in parallel).
-    assert sorted((e.keys, e.medium, e.locality, e.removed) for e in events) == [
-        ([keys[0]], Medium.STORAGE, Locality.LOCAL, False),
-        (keys, Medium.STORAGE, Locality.LOCAL, False),
-    ]
+    assert all(
+        (e.medium, e.locality, e.removed, e.ownership) == (Medium.STORAGE, Locality.LOCAL, False, tier.tier_type)
+        for e in events
+    )
+    # The fs tier announces a block once (it knows what it announced); the Redis tier once
+    # per store job (the server may have evicted it meanwhile).
+    expected = keys if isinstance(tier, FileSystemTier) else [keys[0], *keys]
+    assert sorted(k for e in events for k in e.keys) == sorted(expected)
     assert list(tier.take_events()) == []
 
 
@@ -453,7 +446,7 @@ def test_stats_and_config_info_reach_vllms_metrics(tmp_path: Path, redis_server:
         {"type": "RedisTier", "module_path": _MODULE, "url": redis_server.url, "namespace": uuid.uuid4().hex},
     ]
     definitions = TieringOffloadingSpec.build_metric_definitions({"secondary_tiers": tiers})
-    assert {KvrefTierMetrics.BLOCKS_STORED, KvrefTierMetrics.USAGE_PERC} <= set(definitions)
+    assert {KvrefTierMetrics.CHUNKS_STORED, KvrefTierMetrics.USAGE_PERC} <= set(definitions)
     info_keys = TieringOffloadingSpec.config_info_keys({"secondary_tiers": tiers})
     assert {"fs_capacity_bytes", "redis_namespace", "redis_cluster"} <= set(info_keys)
     engine = Engine(tiers, num_chunks=8, block_bytes=_ROW)
@@ -466,12 +459,12 @@ def test_stats_and_config_info_reach_vllms_metrics(tmp_path: Path, redis_server:
         types, values = stats.metric_sections()
         ours = {name for name in values if "kvref" in name}
         assert ours and ours <= set(definitions) and all(types[name] for name in ours)
-        stored = values[KvrefTierMetrics.BLOCKS_STORED]
+        stored = values[KvrefTierMetrics.CHUNKS_STORED]
         assert stored == {("FileSystemTier",): 12, ("RedisTier",): 12}
-        assert values[KvrefTierMetrics.BLOCKS_EVICTED][("FileSystemTier",)] >= 6
+        assert values[KvrefTierMetrics.CHUNKS_EVICTED][("FileSystemTier",)] >= 6
         assert ("FileSystemTier",) in values[KvrefTierMetrics.USAGE_PERC]
         again = engine.manager.get_stats()  # increments since the last call, as vLLM's
-        assert again is None or KvrefTierMetrics.BLOCKS_STORED not in again.metric_sections()[1]
+        assert again is None or KvrefTierMetrics.CHUNKS_STORED not in again.metric_sections()[1]
         info = engine.manager.config_info()
         assert [series["tier"] for series in info] == ["0:primary", "1:FileSystemTier", "2:RedisTier"]
         assert info[1]["fs_capacity_bytes"] == capacity and "url" not in info[2]
@@ -486,3 +479,34 @@ def test_kvref_keys_and_vllms_are_the_same_bytes() -> None:
 
     raw: KvrefKey = kvref_key(b"\x01" * 8, 3)
     assert raw == make_offload_key(b"\x01" * 8, 3)
+
+
+@pytest.mark.parametrize(
+    ("changes", "rank"),
+    [
+        ({}, 0),
+        ({"tp_size": 2, "world_size": 2, "rank": 1}, 1),
+        ({"tp_size": 2, "world_size": 2, "rank": 1, "is_parallelism_agnostic": True}, 1),
+        ({"replicated_layout": True, "tp_size": 4, "world_size": 4, "rank": 3}, 3),
+        ({"canonical_layout": True, "kv_cache_layout": "LBNHC"}, 0),
+        ({"canonical_layout": True, "kv_cache_layout": "BLHNC"}, 0),
+    ],
+)
+def test_the_run_identity_is_the_directory_vllms_fs_tier_names(changes: dict[str, Any], rank: int) -> None:
+    # kvref's tiers name their storage as vLLM's fs tier names its directories, from the same
+    # spec: engines share chunks exactly when vLLM's would.
+    import dataclasses
+
+    from vllm.v1.kv_offload.file_mapper import FileMapper
+
+    from kvref.tiering.run_identity import run_identity
+
+    spec = offloading_spec()
+    parallel = {k: v for k, v in changes.items() if k in {f.name for f in dataclasses.fields(spec.config.parallel)}}
+    top = {k: v for k, v in changes.items() if k not in parallel}
+    spec.config = dataclasses.replace(spec.config, parallel=dataclasses.replace(spec.config.parallel, **parallel), **top)
+    mapper = FileMapper.from_offloading_spec(
+        root_dir="", offloading_spec=spec, blocks_per_file=spec.blocks_per_chunk, parallel_agnostic=True
+    )
+    assert run_identity(spec) == f"{os.path.basename(mapper.base_path)}_r{mapper.rank}"
+    assert mapper.rank == (0 if changes.get("is_parallelism_agnostic") or changes.get("replicated_layout") else rank)

@@ -9,53 +9,24 @@ need no fork and patch nothing of vLLM's:
         "secondary_tiers": [{"type": "RedisTier", "module_path": "kvref.integrations.vllm",
                              "url": "redis://cache.internal:6379/0"}]}}'
 
-`RedisTier` (kvref's `RedisSecondaryTier`: engines on many machines share blocks through one
-Redis server or cluster) and `FileSystemTier` (kvref's `FileSystemSecondaryTier`: a checksummed
-file per block under `root_dir`, shared by every engine on it, bounded across it) are `SecondaryTierManager`s of vLLM's. Each translates vLLM's
-calls to its kvref tier, which does the work (I/O threads, value format, checksums, routing,
-fault handling): jobs keep their ids, `chunk_ids` become block ids, results keep vLLM's partial
-success (`successful_keys`), and the tier's removal events come out as vLLM's. Besides the
-translation, an adapter owns only what vLLM's contract asks of a tier and kvref's tiers leave to
-kvref's tiering manager:
-
-* lookups: vLLM's own `AsyncLookupManager` answers RETRY until the existence check it sends at
-  `on_schedule_end` is answered (on its thread, through the kvref tier's blocking `contains`),
-  then the same answer for the key for the rest of the request; a failed load marks its lost
-  blocks a miss;
-* stored events: one per successful store job, with vLLM's medium and the configured locality,
-  only when the tier's `enable_kv_events` and vLLM's global KV-events flag are both on;
-* guards: a job is reported to vLLM exactly once and only if it was submitted (vLLM's manager
-  asserts otherwise, which would stop its scheduler), and a tier that raises while submitting
-  reports a failed job instead;
-* statistics for `get_stats`, declared by `build_metric_definitions`.
-
-Both also take vLLM's common tier keys as its own fs tier does: `locality` ("LOCAL" or
-"REMOTE"), `enable_kv_events`, and `backpressure` (vLLM's factory builds the detector and hands it
-to the base class, where vLLM's manager applies it).
+`FileSystemTier` is kvref's `FileSystemSecondaryTier` (a checksummed file per chunk under
+`root_dir/<run identity>`, shared by every engine on it, bounded across it) and `RedisTier` is
+`RedisSecondaryTier` (engines on many machines share chunks through one Redis server or
+cluster). kvref's tiers implement vLLM 0.33's secondary-tier contract in kvref's own types, so
+each is vLLM's through `VllmTier`, which translates types and nothing else: the options are the
+kvref tier's (docs/LIBRARY.md), vLLM's common `locality`, `enable_kv_events` and `backpressure`
+included.
 """
 
 from __future__ import annotations
 
-_EXTRA_HINT = "pip install 'kvref[vllm]'"
 try:
-    import vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics as _metrics
-    import vllm.v1.kv_offload.file_mapper as _file_mapper
-    import vllm.v1.kv_offload.tiering.async_lookup as _async_lookup
     import vllm.v1.kv_offload.tiering.base as _tiering_base
 except ImportError as _exc:  # vLLM missing, too old or too new, or one of its dependencies broken
-    _missing = getattr(_exc, "name", None) or ""
-    _what = "vLLM is not installed" if _missing == "vllm" else f"vLLM's tiering API did not import ({_exc})"
-    raise ImportError(f"kvref.integrations.vllm needs vLLM 0.33 ({_what}): {_EXTRA_HINT}") from _exc
-del _metrics, _file_mapper, _async_lookup, _tiering_base
+    _what = "vLLM is not installed" if getattr(_exc, "name", None) == "vllm" else f"vLLM's tiering API did not import ({_exc})"
+    raise ImportError(f"kvref.integrations.vllm needs vLLM 0.33 ({_what}): pip install 'kvref[vllm]'") from _exc
+del _tiering_base
 
-from kvref.integrations.vllm._adapter import KvrefSecondaryTier, KvrefTierMetrics
-from kvref.integrations.vllm.tiers import FileSystemTier, FileSystemTierInfo, RedisTier, RedisTierInfo
+from kvref.integrations.vllm._adapter import FileSystemTier, RedisTier, VllmTier
 
-__all__ = [
-    "RedisTier",
-    "FileSystemTier",
-    "RedisTierInfo",
-    "FileSystemTierInfo",
-    "KvrefTierMetrics",
-    "KvrefSecondaryTier",
-]
+__all__ = ["FileSystemTier", "RedisTier", "VllmTier"]

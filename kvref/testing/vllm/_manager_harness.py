@@ -16,7 +16,7 @@ import math
 import os
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import cast
+from typing import Literal, cast
 
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
 from vllm.v1.kv_offload.base import (
@@ -35,12 +35,13 @@ from vllm.v1.kv_offload.base import (
 from kvref.base import OffloadKey as KvrefKey
 from kvref.base import ReqContext as KvrefContext
 from kvref.cpu.manager import CPUOffloadingManager as ReferenceManager
-from kvref.cpu.policies.factory import CachePolicyName
 from kvref.testing.vllm._common import Rule
 
-__all__ = ["ManagerHarness", "MakeManager"]
+__all__ = ["ManagerHarness", "MakeManager", "ReferencePolicy"]
 
 MakeManager = Callable[[int, bool], OffloadingManager]
+ReferencePolicy = Literal["lru", "arc"]
+"""The policies kvref's reference manager takes vLLM 0.33's decisions for."""
 _END_OF_STEP = ScheduleEndContext(new_req_ids=[], preempted_req_ids=())
 
 
@@ -62,7 +63,7 @@ class ManagerHarness:
         *,
         num_chunks: int,
         enable_events: bool,
-        policy: CachePolicyName | None,
+        policy: ReferencePolicy | None,
     ) -> None:
         self.rule = rule
         self.num_chunks = num_chunks

@@ -247,7 +247,8 @@ class TierHarness:
     # --- lookups ---
 
     def lookup(self, tier: SecondaryTierManager, block: OffloadKey, req: ReqContext) -> LookupResult:
-        """Ask as vLLM's manager does: after RETRY, end the step and ask again."""
+        """Ask as vLLM's manager does: after RETRY, end the step (collect the tier's finished
+        jobs, then `on_schedule_end`) and ask again."""
         deadline = time.monotonic() + _SETTLE_S
         while True:
             answer = tier.lookup(block, req)
@@ -261,6 +262,7 @@ class TierHarness:
                 raise self.rule("lookup_settles").violation(
                     f"lookup({block.hex()}) still answers RETRY after {_SETTLE_S:.0f} s of ended steps"
                 )
+            self.poll(tier)
             tier.on_schedule_end(END_OF_STEP)
             time.sleep(_POLL_S)
 

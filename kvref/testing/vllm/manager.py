@@ -25,9 +25,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import Offl
 from vllm.v1.kv_offload.base import LookupResult, OffloadKey, ReqContext
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from kvref.cpu.policies.factory import CachePolicyName
 from kvref.testing.vllm._common import Contract
-from kvref.testing.vllm._manager_harness import MakeManager, ManagerHarness
+from kvref.testing.vllm._manager_harness import MakeManager, ManagerHarness, ReferencePolicy
 from kvref.testing.vllm._manager_machine import run_manager_programs
 
 __all__ = ["OffloadingManagerContract"]
@@ -44,7 +43,7 @@ class OffloadingManagerContract(Contract):
         quick_examples: random programs per run at `--kvref-conformance=quick` (deep: 20x).
     """
 
-    policy: ClassVar[CachePolicyName | None] = None
+    policy: ClassVar[ReferencePolicy | None] = None
     quick_examples: ClassVar[int] = 150
 
     @classmethod

@@ -197,8 +197,9 @@ class SecondaryTierContract(TierJobRules, TierEventRules, Contract):
         harness.lookup(tier, harness.key(2), req)
 
     def test_lookup_settles(self, harness: TierHarness) -> None:
-        """RETRY is temporary: once steps end (`on_schedule_end`) and the tier's own check has
-        run, `lookup` answers HIT or MISS.
+        """RETRY is temporary: once steps end (vLLM's manager collects the tier's finished jobs,
+        then calls `on_schedule_end`) and the tier's own check has run, `lookup` answers HIT or
+        MISS.
 
         In vLLM: a request whose lookup answers RETRY waits for the next step; a RETRY that
         never settles stalls the request forever."""

@@ -1,7 +1,8 @@
 """`FileSystemSecondaryTier`: a disk tier of checksummed block files that any number of engines,
 on one host or many, share through one root directory.
 
-Layout under `root_dir`:
+Layout under `root_dir/<run identity>` (the root: the directory vLLM's own fs tier would name
+after the engine's model and KV layout, `kvref.tiering.run_identity`):
 
     kvref_fs_tier.json                   the block size and format the files were written with
     <hh>/<xxh3-128 of the key>.kvb       one block file per block (`kvref.tiering.fs.format`)
@@ -9,8 +10,9 @@ Layout under `root_dir`:
                                          a block being written, renamed into place when whole
 
 Sharing: a block's file name comes from its key alone, so a lookup is one `stat` of that name
-and any engine finds what any other stored, at once, restarts included; no engine keeps an
-index, holds a lock or owns the root. Writers write a temporary file of their own (host, pid and
+(on a lookup thread, as in vLLM's fs tier: a block's first lookup answers RETRY, and the answer
+is there the next step) and any engine finds what any other stored, restarts included; no engine
+keeps an index, holds a lock or owns the root. Writers write a temporary file of their own (host, pid and
 a random tag in its name) and rename it into place: a final name always holds a whole file, and
 two engines storing one block at once leave one good copy (the second rename replaces the first
 file with identical bytes; a reader holding the first keeps reading it whole). The design needs
@@ -40,18 +42,20 @@ Capacity: `capacity_bytes` bounds the whole root, whichever engines write to it,
 least recently used block files; a load or `touch` in any engine marks a file used by setting
 its mtime (`kvref.tiering.fs.capacity` has the design, its bounds and its cost).
 
-Threads: the scheduler thread never waits on the disk except for the one `stat` of a lookup; it
-queues tasks on a pool of I/O threads whose read threads serve loads first (`pool`). Failures
+Threads: the scheduler thread never waits on the disk; it queues lookups on a thread of their
+own and tasks on a pool of I/O threads whose read threads serve loads first (`pool`). Failures
 (disk full, I/O errors, files deleted or damaged) become failed jobs; nothing raises on the
 scheduler thread. `fsync=True` makes stores durable before they are reported finished.
 """
 
 from kvref.tiering.fs.format import FORMAT_VERSION, RECORD_HEADER_BYTES
 from kvref.tiering.fs.root import CONFIG_FILE_NAME, TierRootError
+from kvref.tiering.fs.reports import FileSystemTierInfo
 from kvref.tiering.fs.tier import FileSystemSecondaryTier
 
 __all__ = [
     "FileSystemSecondaryTier",
+    "FileSystemTierInfo",
     "TierRootError",
     "CONFIG_FILE_NAME",
     "FORMAT_VERSION",

@@ -4,7 +4,7 @@ what it waits for, how it ends (`kvref.tiering.fs.tier` fills it in and settles 
 from __future__ import annotations
 
 from kvref.base import OffloadKey
-from kvref.tiering.base import JobMetadata, JobResult
+from kvref.tiering.base import JobResult, TransferJob
 
 __all__ = ["BlockWrite", "FsJob"]
 
@@ -26,7 +26,7 @@ class FsJob:
 
     __slots__ = ("meta", "writes", "awaited", "reads", "remaining", "failed", "failed_keys", "io_span", "moved")
 
-    def __init__(self, meta: JobMetadata) -> None:
+    def __init__(self, meta: TransferJob) -> None:
         self.meta = meta
         self.writes: list[BlockWrite] = []
         # Stores: blocks of the job that another job of this engine is writing; the job is

@@ -1,6 +1,7 @@
 """`FileSystemSecondaryTier`: the tier's scheduler-thread API and its bookkeeping of jobs; the I/O
 threads run `JobTasks` (`kvref.tiering.fs.tasks`), whose file work is `BlockIO`'s and whose
-room-making is `RootCapacity`'s (the design is in the package docstring, `kvref.tiering.fs`)."""
+room-making is `RootCapacity`'s; existence checks run on an `AsyncLookupManager`'s thread, as in
+vLLM's fs tier (the design is in the package docstring, `kvref.tiering.fs`)."""
 
 from __future__ import annotations
 
@@ -9,35 +10,41 @@ import logging
 import os
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Collection, Iterable, Sequence
-from typing import Any
+from collections.abc import Collection, Iterable
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from typing_extensions import override
 
-from kvref.base import OffloadingEvent, OffloadKey, ReqContext
-from kvref.tiering._options import (
-    check_bool,
-    check_optional_int,
-    check_path,
-    check_seconds,
-    check_str,
+from kvref.base import (
+    ConfigInfoMapping,
+    LookupResult,
+    Medium,
+    OffloadingConnectorStats,
+    OffloadingEvent,
+    OffloadingMetricMetadata,
+    OffloadKey,
+    ReqContext,
+    RequestOffloadingContext,
+    ScheduleEndContext,
 )
-from kvref.tiering.base import JobMetadata, JobResult, PrimaryBlocks, SecondaryTierManager
+from kvref.tiering._options import check_bool, check_locality, check_optional_int, check_path, check_seconds
+from kvref.tiering.backpressure import BackpressureDetector
+from kvref.tiering.base import JobResult, PrimaryBlocks, SecondaryTierManager, TransferJob
 from kvref.tiering.fs.block_io import BlockIO, ReadProblem, Transfer, WriteOutcome
 from kvref.tiering.fs.capacity import RootCapacity
 from kvref.tiering.fs.format import MAX_KEY_BYTES, file_bytes, header_bytes
 from kvref.tiering.fs.job import BlockWrite, FsJob
 from kvref.tiering.fs.pool import DualQueuePool, IOTask, default_threads
+from kvref.tiering.fs.reports import BlockFileLookups, BlockReports, FileSystemTierInfo
 from kvref.tiering.fs.tasks import JobTasks, Outcome
-from kvref.tiering.fs.root import (
-    block_name,
-    fanout_dir,
-    open_root,
-    probe_o_direct,
-    writer_token,
-)
+from kvref.tiering.fs.root import block_name, fanout_dir, open_root, probe_o_direct, writer_token
+from kvref.tiering.run_identity import run_identity
+from kvref.tiering.tier_reporting import TierEvents, tier_metric_definitions
 
-__all__ = ["FileSystemSecondaryTier"]
+if TYPE_CHECKING:
+    from kvref.base import OffloadingSpec
+
+__all__ = ["FileSystemSecondaryTier", "FileSystemTierInfo"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,16 +57,18 @@ a long prefix every step would otherwise cost a metadata write per block per ste
 _MAX_MARKED = 1 << 16
 
 
-
 class FileSystemSecondaryTier(SecondaryTierManager):
     """Secondary tier of checksummed block files under `root_dir`, shared by every engine (and
     host) that opens the same root.
 
     Args:
-        primary_kv_view: the primary's `(num_blocks, row_items)` memoryview (any item format).
-        root_dir: the directory holding the blocks; created (with its parents) if missing. Any
-            number of tiers, in any processes or hosts, may use it at once; they share blocks
-            when their keys are hashed with the same seed.
+        offloading_spec, primary_kv_view, tier_type, backpressure_detector: as every tier
+            (`SecondaryTierManager`); the primary's view may have any item format.
+        root_dir: the blocks go under `root_dir/<run identity>` (`kvref.tiering.run_identity`:
+            the directory vLLM's own fs tier would use), created with its parents if missing,
+            so that engines of other models or KV layouts never read them. Any number of
+            tiers, in any processes or hosts, may use it at once; they share blocks when their
+            keys are hashed with the same seed.
         capacity_bytes: keep the block files of the whole root (whichever engines wrote them)
             under this many bytes, evicting the least recently used ones; None for no limit.
             Engines sharing a root should give the same value: each enforces its own.
@@ -73,18 +82,18 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             default (O_DIRECT, or buffered I/O whose pages are dropped once clean); worth it
             only where spare DRAM should serve repeated loads of a small hot set.
         huge_page_staging: with O_DIRECT, move each block file through a per-I/O-thread
-            buffer on transparent huge pages and copy the payload to or from its row (a
-            device takes a huge page as one segment, 4 KiB pages one by one: twice the speed
-            on the disk measured in `BENCHMARKS.md`). Costs a memory copy per block and a
-            buffer per I/O thread, made at start-up: blocks of 1 MiB and more take their payload
-            rounded up to 2 MiB each, smaller ones share huge pages. None (the
-            default) stages where the kernel grants transparent huge pages (`always` or
-            `madvise`); False moves payloads straight between the file and the row, which
-            pays where the primary itself is on huge pages. `self.transfer` says which.
+            buffer on transparent huge pages and copy the payload to or from its row (a device
+            takes a huge page as one segment, 4 KiB pages one by one: twice the speed on the
+            disk measured in `BENCHMARKS.md`). Costs a memory copy per block and a buffer per
+            I/O thread, made at start-up: blocks of 1 MiB and more take their payload rounded
+            up to 2 MiB each, smaller ones share huge pages. None (the default) stages where
+            the kernel grants transparent huge pages (`always` or `madvise`); False moves
+            payloads straight between the file and the row, which pays where the primary
+            itself is on huge pages. `self.transfer` says which.
         stale_tmp_s: another writer's temporary file older than this many seconds belongs to a
             dead writer and is deleted by whoever finds it (at most 3600).
-        name: the medium named in events.
-        enable_events: buffer stored/removed events for `take_events`.
+        enable_kv_events: emit stored/removed events (also needs the spec's global flag).
+        locality: "LOCAL" or "REMOTE", for events and load tier filters; None if unknown.
 
     Raises:
         ValueError: an argument has the wrong type or is out of range (the message names it).
@@ -93,11 +102,16 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             the message names the path.
     """
 
+    medium: ClassVar[Medium | None] = Medium.STORAGE
+
     def __init__(
         self,
-        primary_kv_view: memoryview[Any],
-        root_dir: str | os.PathLike[str],
+        offloading_spec: OffloadingSpec,
+        primary_kv_view: memoryview,
+        tier_type: str,
+        backpressure_detector: BackpressureDetector | None = None,
         *,
+        root_dir: str | os.PathLike[str],
         capacity_bytes: int | None = None,
         n_read_threads: int | None = None,
         n_write_threads: int | None = None,
@@ -105,10 +119,12 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         page_cache: bool = False,
         huge_page_staging: bool | None = None,
         stale_tmp_s: float = 900.0,
-        name: str = "fs",
-        enable_events: bool = False,
+        enable_kv_events: bool = False,
+        locality: str | None = None,
     ) -> None:
-        self.root_dir = check_path("root_dir", root_dir)
+        super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
+        self.root_dir = check_path("root_dir", root_dir) / run_identity(offloading_spec)
+        """The directory of this engine configuration's blocks (the root of the design)."""
         capacity = check_optional_int("capacity_bytes", capacity_bytes, minimum=1)
         n_read = check_optional_int("n_read_threads", n_read_threads, minimum=1)
         n_write = check_optional_int("n_write_threads", n_write_threads, minimum=1)
@@ -116,8 +132,8 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         self.page_cache = check_bool("page_cache", page_cache)
         staging = None if huge_page_staging is None else check_bool("huge_page_staging", huge_page_staging)
         stale_tmp = check_seconds("stale_tmp_s", stale_tmp_s, maximum=3600.0)
-        self.medium = check_str("name", name)
-        events = check_bool("enable_events", enable_events)
+        self.locality = check_locality("locality", locality)
+        events = check_bool("enable_kv_events", enable_kv_events)
         self._primary = PrimaryBlocks(primary_kv_view)
         self.block_bytes = self._primary.block_bytes
         self.file_bytes = file_bytes(32, self.block_bytes)
@@ -138,7 +154,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             logger.warning(
                 "fs tier %s: %s does not take O_DIRECT; using buffered I/O and dropping the "
                 "pages of each block once written back",
-                self.medium,
+                tier_type,
                 self.root_dir,
             )
         threads = functools.partial(default_threads, direct=self.direct, file_bytes=self.file_bytes)
@@ -169,14 +185,15 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         # File names this engine marked used lately, and when: `touch` marks each at most once
         # a second (a long prefix touched every step would be a metadata write per block).
         self._marked: OrderedDict[str, float] = OrderedDict()
-        # Blocks this tier announced as stored and not yet as removed (events only).
-        self._announced: dict[str, OffloadKey] | None = {} if events else None
-        self._events: list[OffloadingEvent] | None = [] if events else None
-        self._evicted_blocks = 0
+        self._reports = BlockReports(
+            TierEvents(events, offloading_spec, Medium.STORAGE, self.locality, tier_type), self._capacity
+        )
+        self._info = FileSystemTierInfo(capacity, self.fsync)
         self._done: list[FsJob] = []
         self._waiting: list[FsJob] = []  # stores done but for blocks other jobs are writing
         self._closed = False
-        self._tasks = JobTasks(self._io, self._capacity, self._dirs, self._reading, self.medium)
+        self._tasks = JobTasks(self._io, self._capacity, self._dirs, self._reading, tier_type)
+        self._lookup_manager = BlockFileLookups(tier_type, self.block_path)
 
         # Stores are pipelined (each block's checksum and copy made while the one before is
         # written) where the C path writes a task's blocks in one call: a bounded root stores
@@ -191,7 +208,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         self._pool = DualQueuePool(
             self.n_read_threads,
             self.n_write_threads,
-            f"kvref-{self.medium}",
+            f"kvref-{tier_type}",
             read_threads_take_writes=not pipelined,
         )
         # Learn the root's usage and remove dead writers' temporary files, off the caller's
@@ -228,52 +245,59 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         """Bytes of the root's block files as last listed, plus this engine's writes in flight."""
         return self._capacity.used_bytes
 
+    @classmethod
     @override
-    def num_evicted_blocks(self) -> int:
-        return self._evicted_blocks
+    def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, OffloadingMetricMetadata]:
+        return tier_metric_definitions()
 
     @override
-    def usage(self) -> float | None:
+    def get_stats(self) -> OffloadingConnectorStats:
+        self._reports.report_evictions()
         capacity = self._capacity.capacity_bytes
-        return None if capacity is None else min(1.0, self._capacity.used_bytes / capacity)
+        usage = None if capacity is None else min(1.0, self._capacity.used_bytes / capacity)
+        return self._reports.counters.take_stats(self.tier_type, usage)
 
-    # --- lookups ---
+    @classmethod
+    @override
+    def config_info_keys(cls, tier_config: dict[str, Any]) -> tuple[str, ...]:
+        return FileSystemTierInfo.config_info_keys()
 
     @override
-    def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
+    def config_info(self) -> ConfigInfoMapping:
+        return self._info.as_config_info()
+
+    # --- requests and lookups ---
+
+    @override
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        return RequestOffloadingContext()
+
+    @override
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         if key in self._writing:
-            return None  # this engine's write is in flight: ask again
-        if self._closed:
-            return False
-        name = block_name(key)
-        if name in self._unreadable:
-            return False
-        # The file is the truth (any engine may have stored or evicted it): one stat, answered
-        # from the kernel's dentry cache (the attribute cache on NFS).
-        return os.path.exists(os.path.join(self._dirs[fanout_dir(name)], name))
+            return LookupResult.RETRY  # this engine's write is in flight: ask again
+        if self._closed or block_name(key) in self._unreadable:
+            return LookupResult.MISS
+        found = self._lookup_manager.lookup(key, req_context)
+        if found is None:
+            return LookupResult.RETRY  # checked on the lookup thread after this step
+        return LookupResult.HIT if found else LookupResult.MISS
 
     @override
-    def contains(self, keys: Sequence[OffloadKey]) -> list[bool]:
-        # Safe beside the scheduler thread: dict and set reads are atomic.
-        writing, unreadable, dirs = self._writing, self._unreadable, self._dirs
-        answers: list[bool] = []
-        for key in keys:
-            name = block_name(key)
-            answers.append(
-                key not in writing
-                and name not in unreadable
-                and not self._closed
-                and os.path.exists(os.path.join(dirs[fanout_dir(name)], name))
-            )
-        return answers
+    def on_schedule_end(self, context: ScheduleEndContext) -> None:
+        self._lookup_manager.flush()
+
+    @override
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        self._lookup_manager.cleanup(req_context.req_id)
 
     # --- stores ---
 
     @override
-    def submit_store(self, job: JobMetadata) -> None:
-        state = FsJob(job)
+    def submit_store(self, job_metadata: TransferJob) -> None:
+        state = FsJob(job := job_metadata)
         new: dict[OffloadKey, int] = {}
-        for key, block_id in zip(job.keys, job.block_ids):
+        for key, block_id in zip(job.keys, job.chunk_ids):
             if key in new:
                 continue
             pending = self._writing.get(key)
@@ -310,11 +334,11 @@ class FileSystemSecondaryTier(SecondaryTierManager):
     # --- loads ---
 
     @override
-    def submit_load(self, job: JobMetadata) -> None:
-        state = FsJob(job)
+    def submit_load(self, job_metadata: TransferJob) -> None:
+        state = FsJob(job := job_metadata)
         tasks: list[list[tuple[OffloadKey, str, int]]] = [[]]
         task_bytes = 0
-        for key, block_id in zip(job.keys, job.block_ids):
+        for key, block_id in zip(job.keys, job.chunk_ids):
             name = block_name(key)
             if key in self._writing or name in self._unreadable or self._closed:
                 # Not readable here: the job fails, but the blocks that are here still load
@@ -355,7 +379,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             if state.remaining == 0:
                 done.append(state)
         # Blocks evicted to make room for these stores went first: removed before stored.
-        self._report_evictions()
+        self._reports.report_evictions()
         finished: list[FsJob] = []
         for state in done:
             if not state.meta.is_promotion:
@@ -379,6 +403,7 @@ class FileSystemSecondaryTier(SecondaryTierManager):
             write = writes[key]
             write.done = True
             write.ok = outcome is WriteOutcome.WRITTEN or outcome is WriteOutcome.EXISTED
+            self._reports.counters.chunks_stored += outcome is WriteOutcome.WRITTEN
             if self._writing.get(key) is write:
                 del self._writing[key]
             if write.ok:
@@ -389,7 +414,8 @@ class FileSystemSecondaryTier(SecondaryTierManager):
                 state.failed_keys.append(key)
 
     def _settle_reads(self, state: FsJob, outcomes: list[Outcome]) -> None:
-        removed: list[OffloadKey] = []
+        removed: list[str] = []
+        lost: list[OffloadKey] = []
         for key, problem in outcomes:
             name = block_name(key)
             self._reading[name] -= 1
@@ -400,46 +426,22 @@ class FileSystemSecondaryTier(SecondaryTierManager):
                 continue
             state.failed = True
             state.failed_keys.append(key)
+            lost.append(key)
             if problem is ReadProblem.UNREADABLE:
                 self._unreadable.add(name)  # never promoted again by this engine
-            elif self._announced is not None and self._announced.pop(name, None) is not None:
-                removed.append(key)  # missing or damaged (and deleted): gone for every engine
-        self._announce(removed, removed=True)
+            else:
+                removed.append(name)  # missing or damaged (and deleted): gone for every engine
+        self._reports.counters.chunks_loaded += len(outcomes) - len(lost)
+        self._reports.counters.chunks_lost += len(lost)
+        # As vLLM's fs tier: the lost blocks answer MISS from now on, so that the manager does
+        # not promote them again and again.
+        self._lookup_manager.mark_miss(lost)
+        self._reports.removed(removed)
 
     def _announce_stored(self, state: FsJob) -> None:
-        announced = self._announced
-        if announced is None:
-            return
         ok = {write.key for write in state.writes if write.ok}
         ok.update(write.key for write in state.awaited if write.ok)
-        stored: list[OffloadKey] = []
-        for key in dict.fromkeys(state.meta.keys):
-            if key in ok:
-                name = block_name(key)
-                if name not in announced:
-                    announced[name] = key
-                    stored.append(key)
-        self._announce(stored, removed=False)
-
-    def _report_evictions(self) -> None:
-        """Count this engine's evictions, and announce as removed the blocks it announced as
-        stored that it evicted or that its listings no longer find (another engine evicted
-        them, or they were deleted by hand)."""
-        evicted, vanished = self._capacity.evicted, self._capacity.vanished
-        removed: list[OffloadKey] = []
-        for names, own in ((evicted, True), (vanished, False)):
-            while names:
-                name = names.popleft()
-                self._evicted_blocks += own
-                if self._announced is not None:
-                    key = self._announced.pop(name, None)
-                    if key is not None:
-                        removed.append(key)
-        self._announce(removed, removed=True)
-
-    def _announce(self, keys: list[OffloadKey], *, removed: bool) -> None:
-        if self._events is not None and keys:
-            self._events.append(OffloadingEvent(keys, self.medium, removed=removed))
+        self._reports.stored((block_name(key), key) for key in dict.fromkeys(state.meta.keys) if key in ok)
 
     # --- recency ---
 
@@ -468,11 +470,8 @@ class FileSystemSecondaryTier(SecondaryTierManager):
 
     @override
     def take_events(self) -> Iterable[OffloadingEvent]:
-        if self._events is None:
-            return ()
-        self._report_evictions()
-        events, self._events = self._events, []
-        return events
+        self._reports.report_evictions()
+        return self._reports.events.take()
 
     @override
     def drain_jobs(self) -> None:
@@ -483,12 +482,12 @@ class FileSystemSecondaryTier(SecondaryTierManager):
         if self._closed:
             return
         self._closed = True
+        self._lookup_manager.shutdown()
         self._pool.shutdown()
         self._primary.release()
 
     def __len__(self) -> int:
-        """Block files in the root as last listed (0 until a listing; unbounded roots are
-        not listed)."""
+        """Block files in the root as last listed (0 until a listing; unbounded: not listed)."""
         return self._capacity.files_found
 
     @override

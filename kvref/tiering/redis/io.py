@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from kvref.base import OffloadKey
-from kvref.tiering.base import JobMetadata, JobResult, PrimaryBlocks
+from kvref.tiering.base import JobResult, PrimaryBlocks, TransferJob
 from kvref.tiering.redis.resp import Address, BulkInto, ConnectOptions, RespConnection, RespError, encode_command
 from kvref.tiering.redis.routing import Router
 from kvref.tiering.redis.value_format import HEADER_BYTES, key_digest, pack_header, verify_header
@@ -35,9 +35,9 @@ class Job:
 
     __slots__ = ("meta", "blocks", "ok_keys", "failed", "missing_keys", "seconds")
 
-    def __init__(self, meta: JobMetadata, blocks: list[tuple[OffloadKey, int]]) -> None:
+    def __init__(self, meta: TransferJob, blocks: list[tuple[OffloadKey, int]]) -> None:
         self.meta = meta
-        self.blocks = blocks  # the (key, block id) pairs to move
+        self.blocks = blocks  # the (key, primary chunk id) pairs to move
         self.ok_keys: list[OffloadKey] = []
         self.failed = False
         # Loads: blocks the server did not have or that failed verification.

@@ -11,12 +11,11 @@ threads, each with its own connection per server, run one job at a time and pipe
 fails only the blocks it holds). Loads are served before stores. One more thread answers
 existence checks for `lookup`, batched and pipelined the same way.
 
-Lookups: the tier cannot know what other engines stored or what the server evicted, so `lookup`
-of a block it has no fresh answer for queues an `EXISTS` and answers None ("ask again"); the
-answer is kept for `lookup_cache_s`. A block stored by this tier answers None while its store is
-in flight and True afterwards for `lookup_cache_s`. The thread answering those checks starts with
-the first `lookup`; `contains` asks the server directly on its caller's thread instead (vLLM's
-asynchronous lookups call it from their own thread, and never call `lookup`).
+Lookups: the tier cannot know what other engines stored or what the server evicted, so a
+block's first `lookup` answers RETRY and queues an `EXISTS`, sent at the step's end with the
+step's others in one pipeline by an `AsyncLookupManager`'s thread (as vLLM's fs tier checks its
+files); the answer holds while requests ask for the block. A block whose store by this tier is
+in flight answers RETRY; a block a load found gone or damaged answers MISS from then on.
 
 Failures: a refused, reset or silent connection fails the blocks it carried within
 `socket_timeout_s` (each receive or send that makes no progress for that long gives up), the
@@ -34,93 +33,149 @@ import logging
 import queue
 import threading
 import time
-from collections import Counter, OrderedDict, deque
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from collections import Counter, deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from typing_extensions import override
 
-from kvref.base import OffloadingEvent, OffloadKey, ReqContext
-from kvref.tiering.base import JobMetadata, JobResult, PrimaryBlocks, SecondaryTierManager
-from kvref.tiering.redis.io import Job, RedisIO
+from kvref.base import (
+    CacheHitSource,
+    ConfigInfo,
+    ConfigInfoMapping,
+    LookupResult,
+    Medium,
+    OffloadingConnectorStats,
+    OffloadingEvent,
+    OffloadingMetricMetadata,
+    OffloadKey,
+    ReqContext,
+    RequestOffloadingContext,
+    ScheduleEndContext,
+)
+from kvref.tiering._options import check_bool, check_locality
+from kvref.tiering.async_lookup import AsyncLookupManager
+from kvref.tiering.backpressure import BackpressureDetector
+from kvref.tiering.base import JobResult, PrimaryBlocks, SecondaryTierManager, TransferJob
+from kvref.tiering.redis.io import Connections, Job, RedisIO
 from kvref.tiering.redis.resp import ConnectOptions, encode_command
 from kvref.tiering.redis.routing import Router, parse_server_url
+from kvref.tiering.run_identity import run_identity
+from kvref.tiering.tier_reporting import TierCounters, TierEvents, tier_metric_definitions
 
 if TYPE_CHECKING:
     import ssl
 
-__all__ = ["RedisSecondaryTier"]
+    from kvref.base import OffloadingSpec
+
+__all__ = ["RedisSecondaryTier", "RedisTierInfo"]
 
 logger = logging.getLogger(__name__)
 
-_MAX_UNSERVED = 1 << 16
-_UNSERVED_MAX_AGE_S = 30.0
+
+@dataclass(frozen=True)
+class RedisTierInfo(ConfigInfo):
+    """What a `RedisSecondaryTier` publishes on the config-info metric (never the url: it may
+    hold a password)."""
+
+    redis_namespace: str
+    redis_cluster: bool
+    redis_num_connections: int
+
+
+class _ServerLookups(AsyncLookupManager):
+    """`EXISTS` checks, one pipeline per step, over the lookup thread's own connections."""
+
+    def __init__(self, tier_type: str, io: RedisIO) -> None:
+        self._io = io  # before the base class starts its thread
+        self._connections: Connections = io.connections()
+        super().__init__(tier_type)
+
+    @override
+    def batch_lookup(self, keys: list[OffloadKey], req_context: ReqContext) -> Iterable[bool]:
+        # An unreachable server answers absent: a lookup must not wait on a dead server.
+        return self._io.exists(self._connections, keys)
+
+    @override
+    def shutdown(self) -> None:
+        super().shutdown()
+        self._connections.close_all()
+
 
 class RedisSecondaryTier(SecondaryTierManager):
     """Secondary tier on a Redis server or Redis Cluster, shareable by many engines.
 
     Args:
-        primary_kv_view: the primary's `(num_blocks, block_bytes)` memoryview.
+        offloading_spec, primary_kv_view, tier_type, backpressure_detector: as every tier
+            (`SecondaryTierManager`).
         url: `redis://[[user]:password@]host[:port][/db]`, `rediss://...` (TLS) or
             `unix://[[user]:password@]/path/to/socket[?db=N]`.
         cluster: treat `url` as a seed node of a Redis Cluster and route each key to the node
             owning its slot.
         namespace: the first part of every key. Engines share blocks exactly when they use the
             same namespace (and block size), so it must name the model, the KV layout and the
-            worker rank (e.g. "llama3-8b/bf16/tp2/rank0").
+            worker rank. None (the default): the run identity (`kvref.tiering.run_identity`,
+            the name vLLM's own fs tier gives the engine's directory), which does.
         num_connections: I/O threads, each with one connection per server (so up to this many
             jobs move data at once).
         connect_timeout_s: bound on opening a connection.
         socket_timeout_s: a send or receive that makes no progress for this long fails its job.
-        lookup_cache_s: how long an existence answer (from the server, or a store by this
-            tier) is trusted before `lookup` asks the server again.
         ttl_s: expire stored blocks after this long (None: only the server's eviction policy
             removes them).
         tls_ca_file: CA bundle verifying a `rediss://` server (None: the system's).
-        name: the medium named in events.
-        enable_events: buffer stored/removed events for `take_events` (removed events come
-            from loads that found a block gone or damaged: the server evicts silently).
+        enable_kv_events: emit stored/removed events (also needs the spec's global flag;
+            removed events come from loads that found a block gone or damaged: the server
+            evicts silently).
+        locality: "LOCAL" or "REMOTE", for events and load tier filters; None if unknown.
 
     Raises:
         ValueError: an option is invalid (the message names it).
     """
 
+    medium: ClassVar[Medium | None] = Medium.STORAGE
+    # A remote store: vLLM's fallback source, not "disk" (what STORAGE would give).
+    cache_hit_source: ClassVar[CacheHitSource] = CacheHitSource.EXTERNAL_UNSPECIFIED
+
     def __init__(
         self,
+        offloading_spec: OffloadingSpec,
         primary_kv_view: memoryview,
-        url: str,
+        tier_type: str,
+        backpressure_detector: BackpressureDetector | None = None,
         *,
+        url: str,
         cluster: bool = False,
-        namespace: str = "kvref",
+        namespace: str | None = None,
         num_connections: int = 4,
         connect_timeout_s: float = 1.0,
         socket_timeout_s: float = 1.0,
-        lookup_cache_s: float = 1.0,
         ttl_s: float | None = None,
         tls_ca_file: str | None = None,
-        name: str = "redis",
-        enable_events: bool = False,
+        enable_kv_events: bool = False,
+        locality: str | None = None,
     ) -> None:
+        super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         server = parse_server_url(url)
+        cluster = check_bool("cluster", cluster)
         if cluster and server.address.path is not None:
             raise ValueError("cluster: a Redis Cluster is reached over TCP, not a unix:// url")
         if cluster and server.db:
             raise ValueError(f"cluster: a Redis Cluster has only database 0, url names {server.db}")
-        if not namespace:
-            raise ValueError("namespace must be a non-empty string")
-        if num_connections < 1:
-            raise ValueError(f"num_connections must be >= 1, got {num_connections}")
-        for field, value in (
-            ("connect_timeout_s", connect_timeout_s),
-            ("socket_timeout_s", socket_timeout_s),
-            ("lookup_cache_s", lookup_cache_s),
-        ):
+        namespace = run_identity(offloading_spec) if namespace is None else namespace
+        if not isinstance(namespace, str) or not namespace:  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise ValueError(f"namespace must be a non-empty string, got {namespace!r}")
+        if isinstance(num_connections, bool) or not isinstance(num_connections, int) or num_connections < 1:  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise ValueError(f"num_connections must be an integer >= 1, got {num_connections!r}")
+        for field, value in (("connect_timeout_s", connect_timeout_s), ("socket_timeout_s", socket_timeout_s)):
             if not value > 0:
                 raise ValueError(f"{field} must be > 0, got {value}")
         if ttl_s is not None and not ttl_s > 0:
             raise ValueError(f"ttl_s must be None or > 0, got {ttl_s}")
         if tls_ca_file is not None and not server.tls:
             raise ValueError("tls_ca_file needs a rediss:// url")
+        self.locality = check_locality("locality", locality)
+        events = check_bool("enable_kv_events", enable_kv_events)
         tls: ssl.SSLContext | None = None
         if server.tls:
             import ssl  # only TLS deployments pay for importing it
@@ -131,10 +186,8 @@ class RedisSecondaryTier(SecondaryTierManager):
                 raise ValueError(f"tls_ca_file {tls_ca_file!r} is unusable: {exc}") from exc
 
         self._primary = PrimaryBlocks(primary_kv_view)
-        self.medium = name
         self.url = url
         self.block_bytes = self._primary.block_bytes
-        self.lookup_cache_s = lookup_cache_s
         options = ConnectOptions(
             connect_timeout_s=connect_timeout_s,
             socket_timeout_s=socket_timeout_s,
@@ -150,18 +203,15 @@ class RedisSecondaryTier(SecondaryTierManager):
             options,
             key_prefix=f"{namespace}:{self.block_bytes}:".encode(),
             expiry_suffix=b"" if ttl_s is None else encode_command(b"PX", str(max(1, round(ttl_s * 1000))).encode())[4:],
-            medium=name,
+            medium=tier_type,
         )
+        self._info = RedisTierInfo(namespace, cluster, num_connections)
 
         # --- scheduler-thread state ---
         self._storing: Counter[OffloadKey] = Counter()
-        # key -> (present, trusted until): insertion order is expiry order (one lifetime).
-        self._known: OrderedDict[OffloadKey, tuple[bool, float]] = OrderedDict()
-        self._checking: set[OffloadKey] = set()
-        # Answers not yet served since they arrived: key -> (present, served until).
-        self._unserved: OrderedDict[OffloadKey, tuple[bool, float]] = OrderedDict()
         self._done: list[Job] = []
-        self._events: list[OffloadingEvent] | None = [] if enable_events else None
+        self._events = TierEvents(events, offloading_spec, Medium.STORAGE, self.locality, tier_type)
+        self._counters = TierCounters()
         self._closed = False
         self._submitted = 0
 
@@ -170,122 +220,64 @@ class RedisSecondaryTier(SecondaryTierManager):
         self._stores: deque[Job] = deque()
         self._tokens: queue.SimpleQueue[bool] = queue.SimpleQueue()
         self._completions: deque[Job] = deque()
-        self._check_requests: queue.SimpleQueue[OffloadKey | None] = queue.SimpleQueue()
-        self._check_results: deque[tuple[OffloadKey, bool]] = deque()
         self._idle = threading.Condition()
         self._finished = 0  # under _idle
-        # `contains` callers share one set of connections, one caller at a time.
-        self._contains_lock = threading.Lock()
-        self._contains_connections = self._io.connections()
 
         self._threads = [
-            threading.Thread(target=self._work, name=f"kvref-{name}-io{i}", daemon=True)
+            threading.Thread(target=self._work, name=f"kvref-{tier_type}-io{i}", daemon=True)
             for i in range(num_connections)
         ]
         for thread in self._threads:
             thread.start()
-        self._check_thread: threading.Thread | None = None  # started by the first lookup
+        self._lookup_manager = _ServerLookups(tier_type, self._io)
 
     def redis_key(self, key: OffloadKey) -> bytes:
         """Return the Redis key block `key` is stored under."""
         return self._io.redis_key(key)
 
-    # --- scheduler-thread API ---
-
-    def _absorb_check_results(self) -> None:
-        results = self._check_results
-        while results:
-            key, present = results.popleft()
-            self._checking.discard(key)
-            current = self._known.get(key)
-            if not present and current is not None and current[0] and current[1] > time.monotonic():
-                continue  # checked before this tier's own store of it landed: stale
-            self._remember(key, present)
-            # Served at least once even if it expires first (a step longer than
-            # lookup_cache_s must not make the request ask forever).
-            self._serve_once(key, present)
-
-    def _serve_once(self, key: OffloadKey, present: bool) -> None:
-        self._unserved[key] = (present, time.monotonic() + _UNSERVED_MAX_AGE_S)
-        self._unserved.move_to_end(key)
-        if len(self._unserved) > _MAX_UNSERVED:
-            self._unserved.popitem(last=False)
-
-    def _remember(self, key: OffloadKey, present: bool) -> None:
-        self._known[key] = (present, time.monotonic() + self.lookup_cache_s)
-        self._known.move_to_end(key)
-
-    def _forget_expired(self, now: float) -> None:
-        known = self._known
-        while known:
-            key = next(iter(known))
-            if known[key][1] > now:
-                return
-            del known[key]
+    # --- requests and lookups ---
 
     @override
-    def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
-        self._absorb_check_results()
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        return RequestOffloadingContext()
+
+    @override
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         if key in self._storing:
-            return None
-        now = time.monotonic()
-        self._forget_expired(now)
-        answer = self._known.get(key)
-        if answer is not None:
-            self._unserved.pop(key, None)
-            return answer[0]
-        unserved = self._unserved.pop(key, None)
-        if unserved is not None and unserved[1] > now:
-            return unserved[0]
+            return LookupResult.RETRY  # this tier's store is in flight: ask again
         if self._closed:
-            return False
-        if key not in self._checking:
-            if self._check_thread is None:
-                self._check_thread = threading.Thread(
-                    target=self._check_loop, name=f"kvref-{self.medium}-lookup", daemon=True
-                )
-                self._check_thread.start()
-            self._checking.add(key)
-            self._check_requests.put(key)
-        return None
+            return LookupResult.MISS
+        found = self._lookup_manager.lookup(key, req_context)
+        if found is None:
+            return LookupResult.RETRY  # checked on the lookup thread after this step
+        return LookupResult.HIT if found else LookupResult.MISS
 
     @override
-    def contains(self, keys: Sequence[OffloadKey]) -> list[bool]:
-        if not keys:
-            return []
-        with self._contains_lock:
-            if self._closed:
-                return [False] * len(keys)
-            try:
-                return self._io.exists(self._contains_connections, keys)
-            except Exception as exc:  # a bug: absent, never an exception
-                logger.exception("redis tier %s: existence check failed", self.medium)
-                self._io.warn("lookup", exc)
-                return [False] * len(keys)
+    def on_schedule_end(self, context: ScheduleEndContext) -> None:
+        self._lookup_manager.flush()
 
     @override
-    def submit_store(self, job: JobMetadata) -> None:
-        self._absorb_check_results()
-        self._forget_expired(time.monotonic())
-        blocks: dict[OffloadKey, int] = {}
-        for key, block_id in zip(job.keys, job.block_ids):
-            answer = self._known.get(key)
-            if key in blocks or (answer is not None and answer[0]):
-                continue  # stored moments ago (by some engine): nothing to do
-            blocks[key] = block_id
-        state = Job(job, list(blocks.items()))
-        if self._closed:
-            state.failed = True
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        self._lookup_manager.cleanup(req_context.req_id)
+
+    # --- jobs ---
+
+    @override
+    def submit_store(self, job_metadata: TransferJob) -> None:
+        # A block named twice in one job is sent once.
+        blocks = dict(zip(job_metadata.keys, job_metadata.chunk_ids))
+        state = Job(job_metadata, list(blocks.items()))
+        if self._closed or not state.blocks:
+            state.failed = self._closed
             state.blocks.clear()
-        if not state.blocks:
             self._done.append(state)
             return
         self._storing.update(blocks.keys())  # (a mapping would add its values as counts)
         self._enqueue(state, self._stores)
 
     @override
-    def submit_load(self, job: JobMetadata) -> None:
-        state = Job(job, list(zip(job.keys, job.block_ids)))
+    def submit_load(self, job_metadata: TransferJob) -> None:
+        state = Job(job_metadata, list(zip(job_metadata.keys, job_metadata.chunk_ids)))
         if self._closed or not state.blocks:
             state.failed = True
             state.blocks.clear()
@@ -300,7 +292,6 @@ class RedisSecondaryTier(SecondaryTierManager):
 
     @override
     def get_finished_jobs(self) -> Iterable[JobResult]:
-        self._absorb_check_results()
         done, self._done = self._done, []
         while self._completions:
             done.append(self._completions.popleft())
@@ -314,40 +305,53 @@ class RedisSecondaryTier(SecondaryTierManager):
         return results
 
     def _settle_store(self, state: Job) -> None:
-        keys = [key for key, _block_id in state.blocks]
+        keys = [key for key, _chunk_id in state.blocks]
         self._storing.subtract(keys)
         self._storing = +self._storing  # drop the keys that reached 0
-        for key in keys:
-            self._known.pop(key, None)
-            self._unserved.pop(key, None)
-        for key in state.ok_keys:
-            self._remember(key, True)
-        if self._events is not None and state.ok_keys:
-            self._events.append(OffloadingEvent(state.ok_keys, self.medium, removed=False))
+        self._counters.chunks_stored += len(state.ok_keys)
+        self._events.announce(state.ok_keys, removed=False)
 
     def _settle_load(self, state: Job) -> None:
+        self._counters.chunks_loaded += len(state.ok_keys)
         if not state.failed:
             return
         ok = set(state.ok_keys)
-        for key in state.meta.keys:
-            if key not in ok:
-                self._remember(key, False)  # the ABC: a failed block answers False...
-                self._serve_once(key, False)  # ...at least once, however late it is asked
-        if self._events is not None and state.missing_keys:
-            self._events.append(OffloadingEvent(state.missing_keys, self.medium, removed=True))
+        lost = [key for key in state.meta.keys if key not in ok]
+        self._counters.chunks_lost += len(lost)
+        # The lost blocks answer MISS from now on, so that the manager does not promote them
+        # again and again (as vLLM's fs tier does).
+        self._lookup_manager.mark_miss(lost)
+        self._events.announce(state.missing_keys, removed=True)
 
     @override
     def take_events(self) -> Iterable[OffloadingEvent]:
-        if self._events is None:
-            return ()
-        events, self._events = self._events, []
-        return events
+        return self._events.take()
 
     @override
     def drain_jobs(self) -> None:
         with self._idle:
             while self._finished < self._submitted:
                 self._idle.wait()
+
+    # --- metrics ---
+
+    @classmethod
+    @override
+    def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, OffloadingMetricMetadata]:
+        return tier_metric_definitions()
+
+    @override
+    def get_stats(self) -> OffloadingConnectorStats:
+        return self._counters.take_stats(self.tier_type, None)  # the server's memory is its own
+
+    @classmethod
+    @override
+    def config_info_keys(cls, tier_config: dict[str, Any]) -> tuple[str, ...]:
+        return RedisTierInfo.config_info_keys()
+
+    @override
+    def config_info(self) -> ConfigInfoMapping:
+        return self._info.as_config_info()
 
     @override
     def shutdown(self) -> None:
@@ -356,21 +360,15 @@ class RedisSecondaryTier(SecondaryTierManager):
         self._closed = True
         for _ in self._threads:
             self._tokens.put(False)  # after every queued job's token: those get cancelled
-        self._check_requests.put(None)
-        threads = self._threads if self._check_thread is None else [*self._threads, self._check_thread]
-        for thread in threads:
+        for thread in self._threads:
             thread.join()
-        with self._contains_lock:  # a `contains` in progress finishes with its connection
-            self._contains_connections.close_all()
+        self._lookup_manager.shutdown()
         self._primary.release()
 
     @override
     def __repr__(self) -> str:
         mode = "cluster" if self._router.cluster else "server"
-        return (
-            f"RedisSecondaryTier({mode}={self._router.seed}, block_bytes={self.block_bytes}, "
-            f"known={len(self._known)}, storing={len(self._storing)})"
-        )
+        return f"RedisSecondaryTier({mode}={self._router.seed}, block_bytes={self.block_bytes}, storing={len(self._storing)})"
 
     # --- I/O threads ---
 
@@ -393,7 +391,7 @@ class RedisSecondaryTier(SecondaryTierManager):
                             self._io.store(connections, state)
                         state.seconds = time.monotonic() - started
                 except Exception as exc:  # a bug must not kill the thread or lose the job
-                    logger.exception("redis tier %s: job %d failed", self.medium, state.meta.job_id)
+                    logger.exception("redis tier %s: job %d failed", self.tier_type, state.meta.job_id)
                     self._io.warn("job", exc)
                     state.failed = True
                 finally:
@@ -401,33 +399,5 @@ class RedisSecondaryTier(SecondaryTierManager):
                     with self._idle:
                         self._finished += 1
                         self._idle.notify_all()
-        finally:
-            connections.close_all()
-
-    def _check_loop(self) -> None:
-        connections = self._io.connections()
-        try:
-            while True:
-                first = self._check_requests.get()
-                if first is None:
-                    return
-                batch = [first]
-                # Take every key queued meanwhile: one pipeline answers a step's lookups.
-                while True:
-                    try:
-                        more = self._check_requests.get_nowait()
-                    except queue.Empty:
-                        break
-                    if more is None:
-                        return
-                    batch.append(more)
-                try:
-                    present = self._io.exists(connections, batch)
-                except Exception as exc:
-                    logger.exception("redis tier %s: existence check failed", self.medium)
-                    self._io.warn("lookup", exc)
-                    present = [False] * len(batch)
-                # Unreachable counts as absent: a lookup must not wait on a dead server.
-                self._check_results.extend(zip(batch, present))
         finally:
             connections.close_all()
