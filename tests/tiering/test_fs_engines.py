@@ -30,7 +30,7 @@ from collections.abc import Generator, Iterator, Sequence
 from multiprocessing.context import SpawnContext, SpawnProcess
 from multiprocessing.sharedctypes import SynchronizedArray
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -42,7 +42,9 @@ from kvref.tiering.fs import CONFIG_FILE_NAME, TierRootError
 from kvref.tiering.fs.capacity import domains_for
 from kvref.tiering.fs.root import FANOUT
 from tests.tiering import fs_engines
-from tests.tiering.juicefs import SharedVolume, juicefs_volume, require_juicefs
+from tests.tiering.juicefs import Place
+from tests.tiering.juicefs import place as place  # fixtures, by name
+from tests.tiering.juicefs import shared_volume as shared_volume
 from tests.tiering.fs_engines import (
     BLOCK_BYTES,
     FILE_BYTES,
@@ -122,44 +124,6 @@ def engines(engine_pool: list[EngineProcess]) -> Iterator[list[EngineProcess]]:
 
 
 # --- where the root is: the local disk, or one volume through two mounts ---
-
-
-@pytest.fixture(scope="session")
-def shared_volume(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedVolume]:
-    """One JuiceFS volume mounted twice, for the session (each test uses a directory of its own)."""
-    binary = require_juicefs()
-    with juicefs_volume(tmp_path_factory.mktemp("juicefs"), binary) as volume:
-        yield volume
-
-
-class Place(NamedTuple):
-    """Where a test's roots are.
-
-    Attributes:
-        label: for messages.
-        bases: the test's directory as each host sees it (one: the local disk).
-        stale_s: how long a host may still see a file another host deleted (its kernel's
-            entry and attribute caches): 0 on one host.
-    """
-
-    label: str
-    bases: list[Path]
-    stale_s: float
-
-    def roots(self, name: str = "root") -> list[Path]:
-        """Root `name`, as each host sees it: process i uses `roots[i % len(roots)]`."""
-        return [base / name for base in self.bases]
-
-
-@pytest.fixture(params=["disk", "two-mounts"])
-def place(request: pytest.FixtureRequest, tmp_path: Path) -> Place:
-    if request.param == "disk":
-        return Place("local disk", [tmp_path], 0.0)
-    volume: SharedVolume = request.getfixturevalue("shared_volume")
-    bases = volume.roots(re.sub(r"[^\w-]", "_", request.node.name))
-    bases[0].mkdir()
-    # JuiceFS's default entry and attribute caches hold 1 s.
-    return Place("two JuiceFS mounts", bases, 1.5)
 
 
 def eventually(check: Any, within_s: float) -> None:
@@ -341,7 +305,7 @@ def test_engines_storing_the_same_blocks_at_once_leave_one_good_copy(
     root = roots[0]
     open_all(engines, roots, n_write_threads=4)
     total = 0
-    for round_ in range(2 if len(roots) > 1 else 3):
+    for round_ in range(2 if place.shared else 3):
         numbers = list(range(100 * round_, 100 * round_ + 64))
         orders = [numbers, numbers[::-1], random.Random(round_).sample(numbers, len(numbers)), numbers]
         results = run_all(engines, "store_all", [jobs_of(order, 8) for order in orders])
@@ -365,7 +329,7 @@ def test_capacity_holds_across_three_engines_storing_at_full_speed(tmp_path: Pat
     each on JuiceFS (BENCHMARKS.md), so filling a bounded root costs about 16,000 directory
     listings whatever its capacity; the writers then evict on every store."""
     report: list[str] = [place.label]
-    shared = len(place.bases) > 1
+    shared = place.shared
     for capacity_files, jobs_per_writer in ((512, 20),) if shared else ((48, 40), (512, 70)):
         roots = place.roots(f"root{capacity_files}")
         root = roots[0]
@@ -429,7 +393,7 @@ def test_racing_writers_leave_the_root_within_capacity_once_their_jobs_finished(
     open_all(engines[:2], roots, capacity_bytes=capacity, n_write_threads=1)
     assert engines[0].call("store", list(range(10)))  # full
     over: list[int] = []
-    trials = 10 if len(roots) > 1 else 40  # each store lists 256 directories: slow on JuiceFS
+    trials = 10 if place.shared else 40  # each store lists 256 directories: slow on JuiceFS
     for trial in range(trials):
         # Both store a new block at once: each must make room for the other's too.
         assert run_all(engines[:2], "store", [[1000 + 2 * trial], [1001 + 2 * trial]]) == [True, True]
@@ -526,7 +490,7 @@ def test_loads_racing_evictions_in_another_engine_never_report_wrong_bytes(tmp_p
     hot = [1, 2]
     jobs: list[list[int]] = []
     filler = 1000
-    rounds = 4 if len(roots) > 1 else 50  # each store lists 256 directories: slow on JuiceFS
+    rounds = 4 if place.shared else 50  # each store lists 256 directories: slow on JuiceFS
     for _round in range(rounds):  # each round stores the hot blocks, then evicts them
         jobs += [[1], [2]]
         for _ in range(2):
@@ -564,7 +528,7 @@ def test_writers_killed_mid_store_while_others_load(tmp_path: Path, place: Place
         "n_write_threads": 4,
         "capacity_bytes": None if capacity_files is None else capacity_files * FILE_BYTES,
     }
-    waves = 1 if len(place.bases) > 1 else 2  # JuiceFS stores slower: one wave kills enough
+    waves = 1 if place.shared else 2  # JuiceFS stores slower: one wave kills enough
     report = kill_writers_while_loading(
         place.roots(), tmp_path, options, waves=waves, writers_per_wave=3, seed=capacity_files or 1, check_at_most=500
     )
