@@ -330,7 +330,7 @@ def test_capacity_holds_across_three_engines_storing_at_full_speed(tmp_path: Pat
     listings whatever its capacity; the writers then evict on every store."""
     report: list[str] = [place.label]
     shared = place.shared
-    for capacity_files, jobs_per_writer in ((512, 20),) if shared else ((48, 40), (512, 70)):
+    for capacity_files, jobs_per_writer in ((512, 14),) if shared else ((48, 40), (512, 70)):
         roots = place.roots(f"root{capacity_files}")
         root = roots[0]
         capacity = capacity_files * FILE_BYTES
@@ -365,7 +365,7 @@ def test_capacity_holds_across_three_engines_storing_at_full_speed(tmp_path: Pat
         summaries = [read_json(tmp_path / f"writer{capacity_files}-{w}.json") for w in range(writers)]
         assert sum(s["failed"] for s in summaries) == 0
         over = [(total - capacity, blocks * FILE_BYTES) for total, blocks, _ in sampler.samples]
-        assert len(over) > (5 if shared else 20)
+        assert len(over) > (2 if shared else 20)  # a scan of the whole root takes JuiceFS about 1 s
         beyond = [(i, sample) for i, sample in enumerate(sampler.samples) if sample[0] - capacity > sample[1] * FILE_BYTES]
         assert not beyond, (len(over), beyond[:10])
         final_bytes, blocks, tmps = scan_root(root)
@@ -490,7 +490,7 @@ def test_loads_racing_evictions_in_another_engine_never_report_wrong_bytes(tmp_p
     hot = [1, 2]
     jobs: list[list[int]] = []
     filler = 1000
-    rounds = 4 if place.shared else 50  # each store lists 256 directories: slow on JuiceFS
+    rounds = 3 if place.shared else 50  # each store lists 256 directories: slow on JuiceFS
     for _round in range(rounds):  # each round stores the hot blocks, then evicts them
         jobs += [[1], [2]]
         for _ in range(2):
