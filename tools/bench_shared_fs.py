@@ -24,11 +24,17 @@ tier's defaults otherwise (O_DIRECT where the root takes it, threads by block si
 the same on the local disk in the same run; the ratio is shared/local. Loads are not cold: the
 page cache is not dropped (with O_DIRECT the tier bypasses it, but a FUSE client such as
 JuiceFS keeps its own memory buffer and disk cache, which serve re-reads of recent writes).
+
+Part 3, what a bounded store's listing costs: after part 2, every fan-out directory of its root
+is listed as `RootCapacity` lists a domain (`os.scandir`, inode numbers from the listing), five
+times; milliseconds per directory, on the volume and on the local disk. A store into a bounded
+root lists `256 / domains` directories (`kvref.tiering.fs.capacity`).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import sys
@@ -40,6 +46,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from kvref.tiering.fs.root import FANOUT
 from tests.tiering.fs_engines import Engine
 from tests.tiering.juicefs import juicefs_binary, juicefs_volume
 
@@ -85,6 +92,20 @@ def throughput(root: Path, total: int, block_bytes: int) -> tuple[float, float]:
     return rates[0], rates[1]
 
 
+def listing_ms(root: Path, repeats: int = 5) -> float:
+    """Milliseconds to list one fan-out directory of `root`, as a capacity listing does."""
+    start = time.perf_counter()
+    for _ in range(repeats):
+        for index in range(FANOUT):
+            try:
+                with os.scandir(root / f"{index:02x}") as entries:
+                    for entry in entries:
+                        entry.inode()
+            except FileNotFoundError:
+                continue
+    return (time.perf_counter() - start) * 1000 / (repeats * FANOUT)
+
+
 def _summary(latencies: Sequence[float]) -> str:
     ordered = sorted(latencies)
     p90 = ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
@@ -108,6 +129,10 @@ def run(mounts: tuple[Path, Path], local: Path, args: argparse.Namespace) -> Non
             f"   {name}: local disk {local_rate / 1e6:8.1f} MB/s, shared volume {shared_rate / 1e6:8.1f} MB/s,"
             f" ratio {shared_rate / local_rate:.2f}x"
         )
+    local_ms, shared_ms = listing_ms(local / stamp), listing_ms(mounts[0] / stamp / "rate")
+    files = args.total // args.block_bytes
+    print(f"\n3. listing a fan-out directory ({files / FANOUT:.0f} files each), as a bounded store does")
+    print(f"   local disk {local_ms:.3f} ms, shared volume {shared_ms:.3f} ms, ratio {shared_ms / local_ms:.0f}x")
     shutil.rmtree(local / stamp, ignore_errors=True)
     shutil.rmtree(mounts[0] / stamp, ignore_errors=True)
 
