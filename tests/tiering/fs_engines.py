@@ -457,14 +457,14 @@ class KillReport(NamedTuple):
         kills: writers killed with SIGKILL, each in the middle of its stores.
         dead_tmps: temporary files of killed writers found right after their deaths.
         left: temporary files in the root once every writer was dead.
-        after_sweep: temporary files left after a later engine's start-up sweep.
+        after_sweep: temporary files left after the later engines' start-up sweeps.
         stored: blocks the writers reported stored before they died.
-        missing: blocks reported stored that the later engine misses (unbounded roots only).
-        lookups_wrong: blocks whose lookup in the later engine disagrees with their file.
+        missing: blocks reported stored that a later engine misses (unbounded roots only).
+        lookups_wrong: blocks whose lookup in a later engine disagrees with their file.
         loaders: the loaders' summaries (`load_loop`).
-        checked: blocks the later engine loaded; `wrong` those of them with wrong bytes.
+        checked: blocks the later engines loaded; `wrong` those of them with wrong bytes.
         wrong: see `checked`.
-        failed_loads: blocks present in the later engine whose load failed.
+        failed_loads: blocks present in a later engine whose load failed.
     """
 
     kills: int
@@ -481,7 +481,7 @@ class KillReport(NamedTuple):
 
 
 def kill_writers_while_loading(
-    root: Path,
+    roots: Sequence[Path],
     work_dir: Path,
     options: dict[str, Any],
     *,
@@ -491,16 +491,20 @@ def kill_writers_while_loading(
     check_at_most: int = 2000,
 ) -> KillReport:
     """Writers store at full speed and are killed with SIGKILL at random moments of their
-    stores while two loaders load; once `stale_tmp_s` passed, a later engine opens the root.
+    stores while two loaders load; once `stale_tmp_s` passed, a later engine opens the root
+    through each of `roots`.
 
-    Each wave starts `writers_per_wave` writer processes, lets them store at once, waits until
-    each reported a job stored, then kills them one by one at random moments. Writers store the 400 blocks the
-    loaders load (in an order of their own), then blocks of their own, so they are always
-    writing when killed.
+    `roots` are one root as each mount of a shared volume shows it (one path: one host); the
+    writers, the loaders and the later engines take them in turn, so on two mounts every block
+    a writer stored is loaded through the other mount too. Each wave starts `writers_per_wave`
+    writer processes, lets them store at once, waits until each reported a job stored, then
+    kills them one by one at random moments. Writers store the 400 blocks the loaders load (in
+    an order of their own), then blocks of their own, so they are always writing when killed.
     """
     from multiprocessing import get_context
 
     spawn = get_context("spawn")
+    root = roots[0]
     universe = list(range(400))
     rng = random.Random(seed)
     stop = spawn.Event()
@@ -508,7 +512,7 @@ def kill_writers_while_loading(
     loaders = [
         spawn.Process(
             target=load_loop,
-            args=(str(root), options, universe, 4, stop, str(path), seed + i),
+            args=(str(roots[(i + 1) % len(roots)]), options, universe, 4, stop, str(path), seed + i),
             daemon=True,
         )
         for i, path in enumerate(loader_paths)
@@ -530,7 +534,7 @@ def kill_writers_while_loading(
             jobs = [list(chunk) for chunk in _chunks([*rng.sample(universe, len(universe)), *own], 8)]
             process = spawn.Process(
                 target=store_stream,
-                args=(str(root), options, jobs, 4, None, 0, str(log), None, go, ready),
+                args=(str(roots[index % len(roots)]), options, jobs, 4, None, 0, str(log), None, go, ready),
                 daemon=True,
             )
             process.start()
@@ -569,28 +573,36 @@ def kill_writers_while_loading(
     # Dead writers' temporary files are removed by the next engine that lists the directories
     # once they are older than `stale_tmp_s`.
     time.sleep(float(options.get("stale_tmp_s", 900.0)) + 0.2)
-    later = Engine(root, **options)
-    try:
-        later.drain()  # its start-up sweep
-        after_sweep = temporary_files(root)
-        numbers = sorted(stored)
-        hits = later.lookup(numbers)
-        files = [os.path.exists(run_dir(root) / name[:2] / name) for name in (block_name(key_of(n)) for n in numbers)]
-        lookups_wrong = sum(hit != exists for hit, exists in zip(hits, files))
-        unbounded = options.get("capacity_bytes") is None
-        missing = [n for n, hit in zip(numbers, hits) if unbounded and not hit]
-        present = [n for n, hit in zip(numbers, hits) if hit]
-        present = [n for n in present if n < 400] + rng.sample(
-            [n for n in present if n >= 400], min(check_at_most, sum(n >= 400 for n in present))
-        )
-        outcomes = later.load_all([chunk for chunk in _chunks(present, 16)])
-        wrong = [n for outcome in outcomes for n in outcome.wrong]
-        failed = sum(len(outcome.keys) - len(outcome.loaded) for outcome in outcomes)
-    finally:
-        later.close()
+    numbers = sorted(stored)
+    unbounded = options.get("capacity_bytes") is None
+    missing: set[int] = set()
+    lookups_wrong = checked = failed = 0
+    wrong: list[int] = []
+    after_sweep: list[str] = []
+    for later_root in roots:
+        later = Engine(later_root, **options)
+        try:
+            later.drain()  # its start-up sweep
+            if later_root is root:
+                after_sweep = temporary_files(root)
+            hits = later.lookup(numbers)
+            names = [block_name(key_of(n)) for n in numbers]
+            files = [os.path.exists(run_dir(later_root) / name[:2] / name) for name in names]
+            lookups_wrong += sum(hit != exists for hit, exists in zip(hits, files))
+            missing.update(n for n, hit in zip(numbers, hits) if unbounded and not hit)
+            present = [n for n, hit in zip(numbers, hits) if hit]
+            present = [n for n in present if n < 400] + rng.sample(
+                [n for n in present if n >= 400], min(check_at_most, sum(n >= 400 for n in present))
+            )
+            outcomes = later.load_all([chunk for chunk in _chunks(present, 16)])
+            checked += len(present)
+            wrong += [n for outcome in outcomes for n in outcome.wrong]
+            failed += sum(len(outcome.keys) - len(outcome.loaded) for outcome in outcomes)
+        finally:
+            later.close()
     return KillReport(
-        kills, len(dead_tmps), left, after_sweep, len(stored), missing, lookups_wrong,
-        summaries, len(present), wrong, failed,
+        kills, len(dead_tmps), left, after_sweep, len(stored), sorted(missing), lookups_wrong,
+        summaries, checked, wrong, failed,
     )
 
 

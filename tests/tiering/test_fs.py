@@ -220,13 +220,13 @@ def test_pending_write_answers_none_and_lookup_never_waits(
     harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     gate = threading.Event()
-    real_replace = os.replace
+    real_publish = block_io.publish_file
 
-    def slow_replace(src: str, dst: str) -> None:
+    def slow_publish(src: str, dst: str) -> None:
         gate.wait(5)
-        real_replace(src, dst)
+        real_publish(src, dst)
 
-    monkeypatch.setattr(os, "replace", slow_replace)
+    monkeypatch.setattr(block_io, "publish_file", slow_publish)
     k1 = to_key(1)
     harness.fill([k1], [0])
     harness.tier.submit_store(harness.job([k1], [0], promotion=False))
@@ -780,9 +780,9 @@ def test_pipelined_stores_run_on_write_threads_only(
 def test_shutdown_fails_queued_jobs_and_later_submits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     h = Harness(tmp_path / "fs", n_read_threads=1, n_write_threads=1)
     gate = threading.Event()
-    real_replace = os.replace
+    real_publish = block_io.publish_file
     monkeypatch.setattr(tier_module, "_TASK_BYTES", BLOCK_BYTES)  # a task per block
-    monkeypatch.setattr(os, "replace", lambda src, dst: (gate.wait(5), real_replace(src, dst)))  # pyright: ignore[reportUnknownLambdaType, reportUnknownArgumentType]
+    monkeypatch.setattr(block_io, "publish_file", lambda src, dst: (gate.wait(5), real_publish(src, dst)))  # pyright: ignore[reportUnknownLambdaType, reportUnknownArgumentType]
     keys = to_keys(range(6))
     h.fill(keys, list(range(6)))
     h.tier.submit_store(h.job(keys, list(range(6)), promotion=False))
@@ -916,19 +916,22 @@ def test_lookups_are_answered_by_the_lookup_thread_and_a_failed_load_turns_them_
 
 
 @pytest.mark.python_io
-def test_a_filesystem_that_refuses_to_replace_a_name_means_another_writer_stored_it(
+def test_a_block_another_writer_published_first_is_kept_and_the_store_succeeds(
     harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_replace = os.replace
+    real_publish = block_io.publish_file
+    published: list[int] = []
 
-    def publish_first(src: str, dst: str) -> None:
-        real_replace(src, dst)  # the other writer's identical copy lands first ...
-        raise FileExistsError(errno.EEXIST, "File exists", dst)  # ... and ours is refused
+    def publish_second(src: str, dst: str) -> None:
+        shutil.copyfile(src, dst)  # the other writer's identical copy lands first ...
+        published.append(os.stat(dst).st_ino)
+        real_publish(src, dst)  # ... and ours never replaces it (hosts may cache its name)
 
-    monkeypatch.setattr(os, "replace", publish_first)
+    monkeypatch.setattr(block_io, "publish_file", publish_second)
     k1 = to_key(1)
     assert harness.store([k1])
     monkeypatch.undo()
+    assert [file_of(harness, k1).stat().st_ino] == published
     assert harness.files(".tmp") == [] and harness.load([k1], [3]) and harness.row(3) == content(k1)
 
 
@@ -937,7 +940,7 @@ def test_crash_between_write_and_rename(harness: Harness, monkeypatch: pytest.Mo
     def crash(src: str, dst: str) -> None:
         raise OSError(errno.EIO, "simulated crash before rename")
 
-    monkeypatch.setattr(os, "replace", crash)
+    monkeypatch.setattr(block_io, "publish_file", crash)
     k1 = to_key(1)
     assert not harness.store([k1])
     assert not harness.has(k1)
@@ -997,6 +1000,26 @@ def test_permission_denied_on_write_and_read(harness: Harness, monkeypatch: pyte
     assert not harness.load([k2], [4])
     assert not harness.has(k2)  # an unreadable block is a miss afterwards
     assert file_of(harness, k2).exists()  # but not deleted: another engine may read it
+
+
+@pytest.mark.python_io
+@pytest.mark.parametrize("err", [errno.ENOENT, errno.ESTALE])
+def test_a_file_another_host_deletes_while_read_is_a_miss_not_barred(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch, err: int
+) -> None:
+    # A read of a file another host deleted (evicted) meanwhile fails with ENOENT on JuiceFS,
+    # ESTALE on NFS: the block is gone, not unreadable, so it loads once it is stored again.
+    k1 = to_key(1)
+    assert harness.store([k1])
+
+    def deleted_meanwhile(fd: int, buffers: list[memoryview], offset: int) -> int:
+        raise OSError(err, os.strerror(err))
+
+    monkeypatch.setattr(os, "preadv", deleted_meanwhile)
+    assert not harness.load([k1], [3])
+    monkeypatch.undo()
+    assert harness.tier.lookup(k1, CTX) is True  # here again (as if stored again): not barred
+    assert harness.load([k1], [3]) and harness.row(3) == content(k1)
 
 
 # --- damage anywhere in a file never yields wrong bytes ---

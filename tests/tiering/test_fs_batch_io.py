@@ -22,10 +22,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvref.tiering.base import PrimaryBlocks
-from kvref.tiering.fs import block_io
+from kvref.tiering.fs import block_io, posix_io
 from kvref.tiering.fs.block_io import BlockIO, ReadProblem, Transfer, WriteOutcome
 from kvref.tiering.fs.format import MAX_KEY_BYTES, file_bytes
-from kvref.tiering.fs.posix_io import MAX_LAST_REQUEST_BYTES, MAX_REQUEST_BYTES
+from kvref.tiering.fs.posix_io import MAX_LAST_REQUEST_BYTES, MAX_REQUEST_BYTES, publish_file
 from kvref.tiering.fs.root import block_name, open_root, probe_o_direct
 
 NATIVE = block_io.NATIVE_BATCH_IO
@@ -258,6 +258,53 @@ def test_a_deleted_fan_out_directory_or_root_is_made_again(tmp_path: Path, nativ
     assert make_io(rows, direct=False, native=native).write_blocks(paths_of(root, keys), keys, [0, 1], always_room) == [
         WriteOutcome.WRITTEN
     ] * 2
+
+
+@needs_native
+@pytest.mark.parametrize("native", [True, False])
+def test_a_block_another_writer_published_meanwhile_is_never_replaced(tmp_path: Path, native: bool) -> None:
+    # Another writer (on another host) publishes the block between this writer's existence check
+    # and its own publish: the first file keeps its name and inode, which other hosts may cache.
+    root = fresh_root(tmp_path)
+    rows = Rows(1, 4096, aligned=True)
+    key = b"a" * 32
+    path = Path(paths_of(root, [key])[0])
+
+    def other_writer_publishes_first(_: int) -> bool:
+        path.write_bytes(b"the other writer's file")
+        return True
+
+    io = make_io(rows, direct=False, native=native)
+    assert io.write_blocks([str(path)], [key], [0], other_writer_publishes_first) == [WriteOutcome.EXISTED]
+    assert path.read_bytes() == b"the other writer's file"
+    assert list(root.rglob("*.tmp")) == []
+
+
+@pytest.mark.parametrize("way", ["renameat2", "link"])
+def test_publish_file_never_replaces_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, way: str) -> None:
+    if way == "link":  # a filesystem (NFS) or libc without renameat2's flag
+        monkeypatch.setattr(posix_io, "_renameat2", None)
+    source, target = tmp_path / "source", tmp_path / "target"
+    source.write_bytes(b"first")
+    publish_file(str(source), str(target))
+    assert target.read_bytes() == b"first" and not source.exists()
+    source.write_bytes(b"second")
+    with pytest.raises(FileExistsError):
+        publish_file(str(source), str(target))
+    assert target.read_bytes() == b"first" and source.read_bytes() == b"second"
+
+
+def test_publish_file_renames_where_neither_way_exists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_hard_links(source: str, target: str) -> None:
+        raise OSError(errno.EPERM, os.strerror(errno.EPERM))
+
+    monkeypatch.setattr(posix_io, "_renameat2", None)
+    monkeypatch.setattr(os, "link", no_hard_links)
+    source, target = tmp_path / "source", tmp_path / "target"
+    target.write_bytes(b"first")
+    source.write_bytes(b"second")
+    publish_file(str(source), str(target))  # replaces: the only way left
+    assert target.read_bytes() == b"second" and not source.exists()
 
 
 @needs_native

@@ -14,6 +14,8 @@ test can compare when one engine finished storing with when another asked.
 from __future__ import annotations
 
 import multiprocessing
+import os
+import signal
 import time
 import traceback
 from collections.abc import Mapping, Sequence
@@ -116,8 +118,17 @@ class EngineProcess:
             self._stopping = True
             self._inbox.put(("exit",))
 
+    def kill(self) -> None:
+        """End the process with SIGKILL, wherever it is (as an OOM kill would), and wait for it."""
+        assert self._process.pid is not None
+        os.kill(self._process.pid, signal.SIGKILL)
+        self._process.join()
+        self._stopping = True
+
     def close(self) -> None:
         """Stop the process and wait for it (killed if it does not exit in 30 s)."""
+        if self._process.exitcode is not None:
+            return  # killed, or ended already
         self.stop()
         try:
             self.reply()

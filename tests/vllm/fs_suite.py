@@ -55,8 +55,10 @@ APPLICABLE = (
 # Tests that find a block's file through `tier.file_mapper` (`get_file_name(key)`, and
 # `base_path`) and then check, damage, remove or compare it: they apply to a tier of block files
 # that says where they are (kvref's `FileSystemTier`, given a `file_mapper` that answers with its
-# own paths), not to a tier without files. One also makes the rename of a store report EEXIST,
-# as some shared filesystems do, by patching `os.replace`, which kvref's writes call too.
+# own paths), not to a tier without files. One hides a published block from `os.path.exists` and
+# makes `os.replace` refuse to replace it, as some shared filesystems do: kvref's writes use
+# neither (their own existence check, and a publish that never replaces a file), so the store
+# ends as "another writer stored it" and the published bytes stay, which is what it checks.
 FILE_LAYOUT = (
     "test_store_creates_file_and_lookup_succeeds",
     "test_store_accepts_block_published_by_another_writer",

@@ -1,10 +1,14 @@
-"""Two vLLM engine processes on one `FileSystemTier` root, as replicas of a model on a host are.
+"""Two vLLM engine processes on one `FileSystemTier` root, as replicas of a model on one host
+or on two hosts sharing a volume.
 
 Each process runs vLLM 0.33's own offloading (`TieringOffloadingManager` over its
 `CPUPrimaryTierOffloadingManager`) with kvref's `FileSystemTier` built by vLLM's factory from the
-operator's dict (`tests.vllm.engine_process`); both dicts name the same `root_dir`. Every block
-an engine loads is checked byte for byte in its process, and any exception raised inside vLLM's
+operator's dict (`tests.vllm.engine_process`); both dicts name the same root. Every block an
+engine loads is checked byte for byte in its process, and any exception raised inside vLLM's
 manager fails the test where it happens.
+
+Tests taking `place` run on the local disk and on a JuiceFS volume mounted twice
+(`tests.tiering.juicefs`), engine i on mount i % 2, as on two hosts.
 """
 
 from __future__ import annotations
@@ -12,14 +16,18 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kvref.tiering.fs.format import file_bytes
+from kvref.tiering.fs.root import block_name
 from examples.vllm_engine import prompt_keys
+from tests.tiering.juicefs import Place
+from tests.tiering.juicefs import place as place  # fixtures, by name
+from tests.tiering.juicefs import shared_volume as shared_volume
 from tests.vllm.engine_process import EngineProcess
 
 _BLOCK_BYTES = 16 << 10
@@ -53,9 +61,10 @@ def engines() -> Iterator[tuple[EngineProcess, EngineProcess]]:
             engine.close()
 
 
-def open_both(engines: tuple[EngineProcess, EngineProcess], tier: dict[str, Any]) -> None:
-    for engine in engines:
-        engine.send("open", [tier], _NUM_CHUNKS, _BLOCK_BYTES)
+def open_both(engines: tuple[EngineProcess, EngineProcess], roots: Sequence[Path], **options: Any) -> None:
+    """Open engine i on `roots[i % len(roots)]`, both at once."""
+    for index, engine in enumerate(engines):
+        engine.send("open", [fs_tier(roots[index % len(roots)], **options)], _NUM_CHUNKS, _BLOCK_BYTES)
     for engine in engines:
         engine.reply()
 
@@ -86,9 +95,9 @@ def root_bytes(root: Path) -> int:
 
 
 def test_blocks_one_engine_offloaded_are_hits_in_the_other(
-    engines: tuple[EngineProcess, EngineProcess], tmp_path: Path
+    engines: tuple[EngineProcess, EngineProcess], place: Place
 ) -> None:
-    open_both(engines, fs_tier(tmp_path / "shared"))
+    open_both(engines, place.roots())
     for writer, reader, prompt in ((*engines, "doc-a"), (*reversed(engines), "doc-b")):
         ((hits, _),) = writer.serve([(prompt, _PROMPT_BLOCKS)])
         assert hits == 0  # nothing of it stored anywhere yet: computed, then offloaded
@@ -102,10 +111,11 @@ def test_blocks_one_engine_offloaded_are_hits_in_the_other(
 
 
 def test_two_engines_storing_the_same_blocks_at_once_leave_one_good_copy(
-    engines: tuple[EngineProcess, EngineProcess], tmp_path: Path
+    engines: tuple[EngineProcess, EngineProcess], place: Place
 ) -> None:
-    root = tmp_path / "same"
-    open_both(engines, fs_tier(root))
+    roots = place.roots()
+    root = roots[0]
+    open_both(engines, roots)
     prompts = [(f"same-{n}", _PROMPT_BLOCKS) for n in range(3)]
     start_at = time.monotonic() + 0.5  # both asked to start at once, after both have the message
     for engine in engines:
@@ -116,19 +126,21 @@ def test_two_engines_storing_the_same_blocks_at_once_leave_one_good_copy(
         engine.settle()
     blocks, temporary = root_files(root)
     assert len(blocks) == len(prompts) * _PROMPT_BLOCKS and temporary == []
-    # A new engine (an empty CPU tier) loads every one of them with the right bytes.
-    engines[0].open([fs_tier(root)], num_chunks=_NUM_CHUNKS, block_bytes=_BLOCK_BYTES)
-    assert [hits for hits, _ in engines[0].serve(prompts)] == [_PROMPT_BLOCKS] * len(prompts)
+    # A new engine (an empty CPU tier) on either host loads every one of them with the right bytes.
+    for engine, engine_root in zip(engines, roots):
+        engine.open([fs_tier(engine_root)], num_chunks=_NUM_CHUNKS, block_bytes=_BLOCK_BYTES)
+        assert [hits for hits, _ in engine.serve(prompts)] == [_PROMPT_BLOCKS] * len(prompts)
 
 
 def test_a_capacity_shared_by_both_engines_bounds_the_root(
-    engines: tuple[EngineProcess, EngineProcess], tmp_path: Path
+    engines: tuple[EngineProcess, EngineProcess], place: Place
 ) -> None:
-    root = tmp_path / "bounded"
+    roots = place.roots()
+    root = roots[0]
     one_file = file_bytes(len(prompt_keys("any", 1)[0]), _BLOCK_BYTES)
     capacity = 30 * one_file
     in_flight = len(engines) * _WRITE_THREADS * one_file  # every writer thread of both engines
-    open_both(engines, fs_tier(root, capacity_bytes=capacity))
+    open_both(engines, roots, capacity_bytes=capacity)
     peak = 0
     stop = threading.Event()
 
@@ -142,8 +154,11 @@ def test_a_capacity_shared_by_both_engines_bounds_the_root(
     sampler.start()
     try:
         start_at = time.monotonic() + 0.5
-        for n, engine in enumerate(engines):  # 2 x 60 distinct blocks: four times the capacity
-            engine.send("serve", [(f"bounded-{n}-{p}", _PROMPT_BLOCKS) for p in range(5)], start_at)
+        # 2 x 60 distinct blocks, four times the capacity; on JuiceFS 2 x 36 (each store lists
+        # the root's 256 directories there, a few milliseconds each).
+        prompts = 3 if place.shared else 5
+        for n, engine in enumerate(engines):
+            engine.send("serve", [(f"bounded-{n}-{p}", _PROMPT_BLOCKS) for p in range(prompts)], start_at)
         for engine in engines:
             engine.reply()
         for engine in engines:
@@ -157,3 +172,73 @@ def test_a_capacity_shared_by_both_engines_bounds_the_root(
     assert at_rest >= capacity - 2 * one_file  # it did fill up: the bound was tested
     blocks, _ = root_files(root)
     assert {path.stat().st_size for path in blocks} == {one_file}
+
+
+def block_files_of(root: Path, keys: Sequence[bytes]) -> list[Path]:
+    """Where each key's block file is under `root` (vLLM's factory puts the kvref root in the run's
+    directory, the one directory under `root`)."""
+    (run_dir,) = [path for path in root.iterdir() if path.is_dir()]
+    return [run_dir / name[:2] / name for name in (block_name(key) for key in keys)]
+
+
+def test_blocks_an_engine_stored_before_it_was_killed_are_hits_on_either_host(
+    engines: tuple[EngineProcess, EngineProcess], place: Place
+) -> None:
+    """A writer engine SIGKILLed mid-serve loses none of the blocks it had put in place: a new
+    engine, on the writer's host and on the other one, hits every one of them (a prompt up to
+    its first block not in place) and loads it with the right bytes, and the dead writer's
+    temporary files are gone once stale."""
+    roots = place.roots()
+    prompts = [(f"killed-{n}", _PROMPT_BLOCKS) for n in range(24)]
+    writer = EngineProcess("writer")
+    try:
+        writer.open([fs_tier(roots[0], stale_tmp_s=1.0)], num_chunks=_NUM_CHUNKS, block_bytes=_BLOCK_BYTES)
+        writer.send("serve", prompts, 0.0)
+        deadline = time.monotonic() + 60
+        while len(root_files(roots[0])[0]) < 2 * _PROMPT_BLOCKS:  # it is storing
+            assert time.monotonic() < deadline, "the writer stored nothing in 60 s"
+            time.sleep(0.01)
+        writer.kill()
+    finally:
+        writer.close()
+    in_place = {path.name for path in root_files(roots[0])[0]}
+    assert len(in_place) < len(prompts) * _PROMPT_BLOCKS  # killed mid-serve
+    time.sleep(1.2)  # its temporary files are stale now
+    hits_found = 0
+    for index, engine in enumerate(engines):  # a new engine on each host, half the prompts each
+        engine.open([fs_tier(roots[index % len(roots)], stale_tmp_s=1.0)], num_chunks=_NUM_CHUNKS, block_bytes=_BLOCK_BYTES)
+        mine = prompts[index :: len(engines)]
+        expected: list[int] = []
+        for prompt, count in mine:
+            names = [path.name for path in block_files_of(roots[0], prompt_keys(prompt, count))]
+            expected.append(next((i for i, name in enumerate(names) if name not in in_place), count))
+        assert [hits for hits, _ in engine.serve(mine)] == expected
+        engine.settle()
+        hits_found += sum(expected)
+    assert hits_found > 0
+    assert root_files(roots[0])[1] == []  # the new engines' start-up sweeps removed them
+
+
+def test_a_damaged_block_fails_its_load_on_the_other_host_and_is_stored_again(
+    engines: tuple[EngineProcess, EngineProcess], place: Place
+) -> None:
+    roots = place.roots()
+    open_both(engines, roots)
+    a, b = engines
+    assert [hits for hits, _ in a.serve([("damaged", _PROMPT_BLOCKS)])] == [0]
+    a.settle()
+    damaged = block_files_of(roots[0], prompt_keys("damaged", _PROMPT_BLOCKS))[5]
+    with open(damaged, "r+b") as file:  # one payload byte flipped, through the writer's mount
+        file.seek(4096 + 100)
+        byte = file.read(1)
+        file.seek(4096 + 100)
+        file.write(bytes([byte[0] ^ 0x5A]))
+    # B (its CPU tier empty) loads the prefix up to the damaged block, whose load fails: vLLM
+    # recomputes it and the rest (bytes checked in B), and stores them again.
+    assert [hits for hits, _ in b.serve([("damaged", _PROMPT_BLOCKS)])] == [5]
+    b.settle()
+    # Stored again by B, it loads everywhere: in a new engine on A's host (its CPU tier empty)
+    # once A's mount no longer shows the deleted file in its name's place.
+    time.sleep(place.stale_s)
+    a.open([fs_tier(roots[0])], num_chunks=_NUM_CHUNKS, block_bytes=_BLOCK_BYTES)
+    assert [hits for hits, _ in a.serve([("damaged", _PROMPT_BLOCKS)])] == [_PROMPT_BLOCKS]

@@ -12,15 +12,16 @@ after the engine's model and KV layout, `kvref.tiering.run_identity`):
 Sharing: a block's file name comes from its key alone, so a lookup is one `stat` of that name
 (on a lookup thread, as in vLLM's fs tier: a block's first lookup answers RETRY, and the answer
 is there the next step) and any engine finds what any other stored, restarts included; no engine
-keeps an index, holds a lock or owns the root. Writers write a temporary file of their own (host, pid and
-a random tag in its name) and rename it into place: a final name always holds a whole file, and
-two engines storing one block at once leave one good copy (the second rename replaces the first
-file with identical bytes; a reader holding the first keeps reading it whole). The design needs
-of the filesystem only: create-exclusive, write, rename within a directory (atomic), unlink,
-readdir, stat and utime (mtime). No `flock`, no atime, no daemon, so a root on NFS with
-close-to-open consistency works as a local one does (its attribute cache may delay by
-`actimeo` when a block stored on another host is first seen; mount with `lookupcache=positive`
-or a short `actimeo` where that matters).
+keeps an index, holds a lock or owns the root. Writers write a temporary file of their own (host,
+pid and a random tag in its name) and publish it under its final name without ever replacing a
+file there (`posix_io.publish_file`): a final name always holds a whole file, keeps its inode
+until deleted (so another host's cached name never goes stale under it), and of two engines
+storing one block at once the first's file stays and the second's store ends as already stored.
+The design needs of the filesystem only: create-exclusive, write, rename within a directory
+(without replacing where it can: `renameat2(RENAME_NOREPLACE)`, else a hard link), unlink,
+readdir, stat and utime (mtime). No `flock`, no atime, no daemon. Tested across hosts on one
+JuiceFS volume mounted twice (`tests/tiering/juicefs.py`); what holds there, and which mount
+settings matter (negative-lookup and attribute caches, trash), is in docs/LIBRARY.md.
 
 Integrity: each file's XXH3-64 checksum covers its header and key as well as its payload (a
 damaged key never passes for another block's), every load verifies it, and a file that fails

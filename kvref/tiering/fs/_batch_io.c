@@ -229,10 +229,14 @@ static void delete_if_same(int fd, const char *path) {
         unlink(path);
 }
 
+/* An error that says the file is gone (block_io.py's _GONE): deleted, or on a shared
+ * filesystem deleted by another host while this one opened or read it. */
+static int gone(int err) { return err == ENOENT || err == ESTALE; }
+
 static int read_block(const task_t *task, const block_t *block) {
     const char *path = PyBytes_AS_STRING(block->path);
     int fd = open(path, O_RDONLY | O_CLOEXEC | task->open_flags);
-    if (fd < 0) return errno == ENOENT ? READ_MISSING : READ_UNREADABLE;
+    if (fd < 0) return gone(errno) ? READ_MISSING : READ_UNREADABLE;
     size_t head = header_bytes(block->key_len);
     unsigned char *header = task->scratch;
     /* One page more than the file should hold: a longer file fills some of it (no fstat). */
@@ -254,7 +258,7 @@ static int read_block(const task_t *task, const block_t *block) {
     ssize_t got = read_all(fd, iov, count);
     int outcome;
     if (got < 0)
-        outcome = READ_UNREADABLE;
+        outcome = gone((int)-got) ? READ_MISSING : READ_UNREADABLE;
     else if ((size_t)got != head + task->padded ||
              !verified(header, block, payload, task->block_bytes))
         outcome = READ_DAMAGED;
@@ -672,10 +676,36 @@ static PyObject *write_blocks(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* Give the written file `source` the name `target`, never replacing a file there (posix_io.py's
+ * publish_file says why, and in which order the ways are tried). WRITE_DONE, WRITE_EXISTED (a
+ * file is at `target`: another writer published the block) or -errno; `source` is gone after. */
+static int publish(const char *source, const char *target) {
+    int err = ENOSYS;
+#ifdef RENAME_NOREPLACE
+    if (renameat2(AT_FDCWD, source, AT_FDCWD, target, RENAME_NOREPLACE) == 0) return WRITE_DONE;
+    err = errno;
+#endif
+    if (err == EINVAL || err == ENOSYS || err == ENOTSUP || err == EOPNOTSUPP) {
+        /* The filesystem (NFS, some FUSE) or libc lacks renameat2's flag: a hard link. */
+        if (link(source, target) == 0) {
+            unlink(source);
+            return WRITE_DONE;
+        }
+        err = errno;
+        if (err == EPERM || err == ENOSYS || err == ENOTSUP || err == EOPNOTSUPP) {
+            /* Nor hard links: a plain rename, which replaces. */
+            if (rename(source, target) == 0) return WRITE_DONE;
+            err = errno;
+        }
+    }
+    unlink(source);
+    return err == EEXIST ? WRITE_EXISTED : -err;
+}
+
 PyDoc_STRVAR(rename_files_doc,
-             "rename_files(sources, targets) -> list[int]\n\nRename each source to its target: 0"
-             " renamed, 1 the target exists and the filesystem refused to replace it, -errno"
-             " failed; the source is deleted unless renamed.");
+             "rename_files(sources, targets) -> list[int]\n\nGive each source its target's name"
+             " unless a file has it: 0 done, 1 a file is at the target (the source is deleted),"
+             " -errno failed; the source is gone afterwards.");
 
 static PyObject *rename_files(PyObject *self, PyObject *args) {
     PyObject *sources, *targets;
@@ -687,15 +717,7 @@ static PyObject *rename_files(PyObject *self, PyObject *args) {
     if (blocks == NULL) return NULL;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < count; i++) {
-        const char *source = PyBytes_AS_STRING(blocks[i].tmp_path);
-        if (rename(source, PyBytes_AS_STRING(blocks[i].path)) == 0) {
-            blocks[i].result = WRITE_DONE;
-            continue;
-        }
-        /* Some shared filesystems refuse to replace a name (EEXIST) where POSIX replaces it:
-         * another writer published this block first, with the same bytes. */
-        blocks[i].result = errno == EEXIST ? WRITE_EXISTED : -errno;
-        unlink(source);
+        blocks[i].result = publish(PyBytes_AS_STRING(blocks[i].tmp_path), PyBytes_AS_STRING(blocks[i].path));
     }
     Py_END_ALLOW_THREADS
     PyObject *result = results_list(blocks, count);

@@ -43,6 +43,7 @@ from kvref.tiering.fs.posix_io import (
     MAX_LAST_REQUEST_BYTES,
     MAX_REQUEST_BYTES,
     fsync_directory,
+    publish_file,
     read_all,
     write_all,
     write_back,
@@ -62,6 +63,10 @@ _O_DIRECT = getattr(os, "O_DIRECT", 0)
 
 # Codes of the Python path's per-block steps, as the C extension returns them.
 _WRITE_DONE, _WRITE_EXISTED = 0, 1
+# Errors that say a block file is gone: deleted, or, on a shared filesystem, deleted by another
+# host (evicted) after this one looked it up or while it read it (JuiceFS then fails the read
+# with ENOENT, NFS with ESTALE). A miss, not an I/O error that would bar the block here.
+_GONE = frozenset({errno.ENOENT, errno.ESTALE})
 
 
 def _load_native() -> ModuleType | None:
@@ -115,7 +120,7 @@ class WriteOutcome(enum.Enum):
 class ReadProblem(enum.Enum):
     """Why a block could not be loaded."""
 
-    MISSING = "missing"  # no file: never stored, evicted, or deleted by hand
+    MISSING = "missing"  # no file (or gone while read): never stored, evicted, deleted by hand
     DAMAGED = "damaged"  # wrong length, header, key or checksum: the file was deleted
     UNREADABLE = "unreadable"  # an I/O error: the file is left alone
 
@@ -400,18 +405,16 @@ class BlockIO:
         """The Python path: one block file into its row."""
         try:
             fd = os.open(path, os.O_RDONLY | self._open_flags)
-        except FileNotFoundError:
-            return ReadProblem.MISSING
-        except OSError:
-            return ReadProblem.UNREADABLE
+        except OSError as exc:
+            return ReadProblem.MISSING if exc.errno in _GONE else ReadProblem.UNREADABLE
         try:
             problem = self._read_verified(fd, key, block_id)
             if problem is ReadProblem.DAMAGED:
                 self._delete_if_same(fd, path)
             elif self._drop_pages:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        except OSError:
-            problem = ReadProblem.UNREADABLE
+        except OSError as exc:
+            problem = ReadProblem.MISSING if exc.errno in _GONE else ReadProblem.UNREADABLE
         finally:
             os.close(fd)
         return problem
@@ -465,13 +468,12 @@ class BlockIO:
 
 
 def _rename(source: str, target: str) -> int:
-    """The Python path's publishing step: 0 renamed, 1 the target exists and the filesystem
-    refused to replace it, else -errno; `source` is deleted unless renamed."""
+    """The Python path's publishing step: 0 published, 1 a file is at the target (another writer
+    published this block first, with the same bytes: it stays), else -errno; `source` is gone
+    afterwards."""
     try:
-        os.replace(source, target)
+        publish_file(source, target)
     except OSError as exc:
-        # Some shared filesystems refuse to replace a name (EEXIST) where POSIX replaces it:
-        # another writer published this block first, with the same bytes.
         unlink_quietly(source)
         return _WRITE_EXISTED if exc.errno == errno.EEXIST else -(exc.errno or errno.EIO)
     except BaseException:

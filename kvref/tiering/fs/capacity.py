@@ -10,7 +10,8 @@ the new file would not fit, deletes the domain's files in order of modification 
 first, re-reading each one's time first (another engine may have just used it: its time then
 moved on, and it goes back in line). A load or a `touch` in any engine sets a file's time to now
 (`BlockIO.mark_used`), so recency is shared through the files themselves; atime, `flock` and
-daemons are not used, so a root on NFS works the same way.
+daemons are not used, so a root on a shared volume works the same way (tested on JuiceFS over
+two mounts, where another host's use is seen once the attribute cache expires).
 
 Bounds: a writer lists after its temporary file is written whole and before it renames it into
 place, so of two engines racing for a domain's last room the later one to list counts the
@@ -21,8 +22,10 @@ of the root's files with 64 files a domain (closer to exact LRU as domains hold 
 each domain's horizon drifts by about the square root of its files), and never newer than every
 file of its domain. A capacity under 128 files is one domain: exact LRU.
 
-Cost: a write lists its domain, about `files / domains` entries (each `os.scandir` entry costs
-well under a microsecond locally; more on NFS), plus one `stat` and `unlink` per eviction.
+Cost: a write lists its domain's `FANOUT / domains` directories, about `files / domains`
+entries (each `os.scandir` entry costs well under a microsecond locally; on a FUSE or network
+filesystem each directory is a round trip or more, a few milliseconds on JuiceFS: a capacity of
+few files is one domain of 256 directories), plus one `stat` and `unlink` per eviction.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The system calls of `BlockIO`'s Python path that the standard library does not wrap whole:
-vectored reads and writes to the end, `sync_file_range` (through libc), and a directory's
-`fsync`. The C extension (`_batch_io.c`) does the same in C."""
+vectored reads and writes to the end, `sync_file_range` and `renameat2` (through libc), and a
+directory's `fsync`. The C extension (`_batch_io.c`) does the same in C."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ import ctypes.util
 import errno
 import os
 from collections.abc import Callable
+from typing import Any
 
 __all__ = [
     "MAX_REQUEST_BYTES",
     "MAX_LAST_REQUEST_BYTES",
     "write_back",
+    "publish_file",
     "fsync_directory",
     "write_all",
     "read_all",
@@ -56,14 +58,19 @@ _SYNC_FILE_RANGE_WRITE = 2
 _SYNC_FILE_RANGE_WAIT_AFTER = 4
 
 
-def _load_sync_file_range() -> Callable[[int], None]:
+def _libc_function(name: str) -> Any:
+    """libc's function `name` (errno kept), or None where libc or the function is missing."""
     libc_name = ctypes.util.find_library("c")
-    function = None
-    if libc_name is not None:
-        try:
-            function = getattr(ctypes.CDLL(libc_name, use_errno=True), "sync_file_range", None)
-        except OSError:
-            function = None
+    if libc_name is None:
+        return None
+    try:
+        return getattr(ctypes.CDLL(libc_name, use_errno=True), name, None)
+    except OSError:
+        return None
+
+
+def _load_sync_file_range() -> Callable[[int], None]:
+    function = _libc_function("sync_file_range")
     if function is None:
         return os.fdatasync
     function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
@@ -83,6 +90,49 @@ def _load_sync_file_range() -> Callable[[int], None]:
 write_back = _load_sync_file_range()
 """Write a file's dirty pages back and wait, so that they can be dropped (fdatasync where
 sync_file_range is missing)."""
+
+
+_AT_FDCWD = -100
+_RENAME_NOREPLACE = 1
+_renameat2 = _libc_function("renameat2")
+if _renameat2 is not None:
+    _renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+# Errors that say the filesystem lacks a way (then the next is tried), not that it failed.
+_NO_RENAME_FLAGS = frozenset({errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP})
+_NO_HARD_LINKS = frozenset({errno.EPERM, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP})
+
+
+def publish_file(source: str, target: str) -> None:
+    """Give the file `source` the name `target`, unless a file has that name.
+
+    A block file, once published, keeps its name and inode until it is deleted: another host
+    may hold the name in its kernel's entry cache (a second on JuiceFS, `actimeo` on NFS), and
+    a file replaced under it would make its next open fail (ENOENT, ESTALE on NFS) although the
+    block is there. So the first writer's file stays and a later one fails with
+    FileExistsError. The ways, in order: `renameat2(RENAME_NOREPLACE)` (one atomic call: ext4,
+    XFS, btrfs, tmpfs, FUSE filesystems that implement it, JuiceFS among them); where the
+    filesystem or libc lacks it, `link` then `unlink` (NFS); where hard links are refused too,
+    `rename`, which replaces.
+
+    Raises:
+        FileExistsError: a file is at `target`; `source` is left as it was.
+        OSError: the file could not be published; `source` is left as it was.
+    """
+    err = errno.ENOSYS
+    if _renameat2 is not None:
+        if _renameat2(_AT_FDCWD, os.fsencode(source), _AT_FDCWD, os.fsencode(target), _RENAME_NOREPLACE) == 0:
+            return
+        err = ctypes.get_errno()
+    if err not in _NO_RENAME_FLAGS:
+        raise OSError(err, os.strerror(err), source, None, target)
+    try:
+        os.link(source, target)
+    except OSError as exc:
+        if exc.errno not in _NO_HARD_LINKS:
+            raise
+        os.replace(source, target)
+        return
+    os.unlink(source)
 
 
 def fsync_directory(directory: str) -> None:
