@@ -6,14 +6,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from kvref.base import OffloadingStats
+from kvref.base import OffloadingConnectorStats, TransferResult
 from kvref.demo_config import NUM_GROUPS, DemoConfig
-from kvref.worker import TransferResult
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = ["DemoReport", "DirectionStats", "format_report", "format_stats"]
+
+
+def _new_problems() -> list[str]:
+    return []
 
 
 @dataclass
@@ -43,23 +46,23 @@ class DemoReport:
     name: str
     lookups: int = 0
     hits: int = 0
-    # Hits that first answered "retry" (None): promotions from a secondary tier, or blocks
+    # Hits that first answered HIT_PENDING or RETRY: promotions from a secondary tier, or chunks
     # whose store was still in flight.
     retried_hits: int = 0
-    # Lookups started over because a hit was evicted before it could be protected.
-    relookups: int = 0
     stored_blocks: int = 0
+    # Different chunks stored (a chunk whose promotion found no room is computed and stored again).
+    distinct_stored_blocks: int = 0
     evicted_blocks: int = 0
     skipped_stores: int = 0
     verified_blocks: int = 0
-    mismatches: list[str] = field(default_factory=list[str])
-    failed_jobs: list[str] = field(default_factory=list[str])
+    mismatches: list[str] = field(default_factory=_new_problems)
+    failed_jobs: list[str] = field(default_factory=_new_problems)
     store: DirectionStats = field(default_factory=DirectionStats)
     load: DirectionStats = field(default_factory=DirectionStats)
     sweep_blocks: int = 0
     seconds: float = 0.0
-    # The manager's own counters (`get_stats`) at the end of the phase, None if it keeps none.
-    manager_stats: OffloadingStats | None = None
+    # The manager's metric observations (`get_stats`), summed over the phase.
+    manager_stats: OffloadingConnectorStats | None = None
 
     @property
     def ok(self) -> bool:
@@ -70,6 +73,14 @@ class DemoReport:
     def hit_rate(self) -> float:
         return self.hits / self.lookups if self.lookups else 0.0
 
+    def add_stats(self, stats: OffloadingConnectorStats | None) -> None:
+        """Sum one `get_stats` (observations since the previous call) into the phase's."""
+        if stats is None or stats.is_empty():
+            return
+        if self.manager_stats is None:
+            self.manager_stats = OffloadingConnectorStats()
+        self.manager_stats.aggregate(stats)
+
 
 def format_report(config: DemoConfig, device: torch.device, reports: Sequence[DemoReport]) -> str:
     """The short human-readable summary printed by `kvref demo`."""
@@ -79,19 +90,18 @@ def format_report(config: DemoConfig, device: torch.device, reports: Sequence[De
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (no CUDA device)"
     lines = [
         f"kvref demo on {where}: {config.layers} layers in {NUM_GROUPS} KV groups, bf16 blocks of "
-        f"{config.block_tokens} tokens ({page_kib:g} KiB per layer), offloaded block = "
-        f"{config.block_size_factor} GPU blocks, {config.num_cpu_blocks} CPU blocks"
+        f"{config.block_tokens} tokens ({page_kib:g} KiB per layer), offloaded chunk = "
+        f"{config.block_size_factor} GPU blocks, {config.num_cpu_blocks} CPU chunks"
     ]
     for r in reports:
         lines.append(f"{r.name}: {config.requests} requests in {r.seconds:.2f} s")
         lines.append(
-            f"  lookups {r.lookups} offloaded blocks, hits {r.hits} ({r.hit_rate:.0%}, "
-            f"{r.retried_hits} after a retry: promoted or still being stored)"
-            + (f", {r.relookups} looked up again after an eviction" if r.relookups else "")
+            f"  lookups {r.lookups} offloaded chunks, hits {r.hits} ({r.hit_rate:.0%}, "
+            f"{r.retried_hits} after HIT_PENDING or RETRY: promoted or still being stored)"
         )
         lines.append(
-            f"  stored {r.stored_blocks} offloaded blocks, evicted {r.evicted_blocks} from the "
-            f"CPU tier, skipped {r.skipped_stores} (no room)"
+            f"  stored {r.stored_blocks} chunks, evicted {r.evicted_blocks} from the CPU tier, "
+            f"skipped {r.skipped_stores} (no room)"
         )
         for name, stats in (("GPU->CPU", r.store), ("CPU->GPU", r.load)):
             lines.append(
@@ -101,7 +111,7 @@ def format_report(config: DemoConfig, device: torch.device, reports: Sequence[De
         verdict = "OK" if r.ok else "FAILED"
         lines.append(
             f"  verified {r.verified_blocks} reloaded GPU blocks byte for byte "
-            f"({r.sweep_blocks} offloaded blocks in the final sweep, reloaded into different "
+            f"({r.sweep_blocks} chunks in the final sweep, reloaded into different "
             f"GPU blocks): {verdict}"
         )
         for problem in (r.mismatches + r.failed_jobs)[:10]:
@@ -111,20 +121,20 @@ def format_report(config: DemoConfig, device: torch.device, reports: Sequence[De
     return "\n".join(lines)
 
 
-def format_stats(stats: OffloadingStats, indent: str = "  ") -> list[str]:
-    """The manager's `get_stats` counters, one line for the manager and one per tier."""
-    lines = [
-        f"{indent}manager stats: lookups {stats.lookups} (hits {stats.hits}, pending "
-        f"{stats.pending}, misses {stats.misses}), blocks stored {stats.blocks_stored}, loaded "
-        f"{stats.blocks_loaded}, evicted {stats.blocks_evicted}, stores refused "
-        f"{stats.stores_refused}, usage {stats.used_blocks}/{stats.num_blocks} "
-        f"({stats.usage:.0%})"
-    ]
-    for name, tier in stats.tiers.items():
-        usage = "unbounded" if tier.usage is None else f"{tier.usage:.0%}"
-        lines.append(
-            f"{indent}  [{name}] lookups {tier.lookups} (hits {tier.hits}, misses {tier.misses}), "
-            f"blocks stored {tier.blocks_stored}, loaded {tier.blocks_loaded}, evicted "
-            f"{tier.blocks_evicted}, failed jobs {tier.failed_jobs}, usage {usage}"
-        )
+def format_stats(stats: OffloadingConnectorStats, indent: str = "  ") -> list[str]:
+    """The manager's metrics (`get_stats`, summed over the phase): one line per metric, each
+    tier's value after its label, a histogram as its sample count and mean."""
+    types, values = stats.metric_sections()
+    lines = [f"{indent}manager stats:"]
+    for name in sorted(values):
+        parts: list[str] = []
+        for labels, value in values[name].items():
+            label = f"{'/'.join(labels)}=" if labels else ""
+            if types[name] == "histogram":
+                samples: list[float] = value
+                mean = sum(samples) / len(samples) if samples else 0.0
+                parts.append(f"{label}{len(samples)} (mean {mean:.3g})")
+            else:
+                parts.append(f"{label}{value:.3g}" if isinstance(value, float) else f"{label}{value}")
+        lines.append(f"{indent}  {name.removeprefix('vllm:kv_offload_')}: {', '.join(parts)}")
     return lines

@@ -15,8 +15,10 @@ from typer.testing import CliRunner
 import kvref.cpu.gpu_worker as gpu_worker
 from kvref.cli import app
 from kvref.cli import demo_main as main
-from kvref.cpu.transfer_plan import TensorGeometry, TransferPlan
+from kvref.cpu.common import CPUOffloadingMetrics
+from kvref.cpu.transfer_plan import TransferPlan
 from kvref.demo import DemoConfig, run_demo
+from kvref.tiering.base import TieringOffloadingMetrics
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 
@@ -35,7 +37,7 @@ def test_demo_main_round_trips_every_byte(capsys: pytest.CaptureFixture[str]) ->
     assert "CPU tier" in out and "Tiering" in out
     assert "GPU->CPU" in out and "CPU->GPU" in out
     assert out.count("reloaded into different GPU blocks): OK") == 2
-    assert "manager stats: lookups " in out  # the CPU manager's get_stats, printed at the end
+    assert "manager stats:" in out and "cpu_allocation_size: " in out  # get_stats, summed
 
 
 def test_the_cpu_tier_offloads_evicts_reloads_and_verifies() -> None:
@@ -48,20 +50,24 @@ def test_the_cpu_tier_offloads_evicts_reloads_and_verifies() -> None:
     assert report.store.bytes > 0 and report.load.bytes > 0
     stats = report.manager_stats
     assert stats is not None
-    assert stats.blocks_evicted == report.evicted_blocks > 0
-    assert stats.hits >= report.hits > 0 and stats.lookups >= report.lookups
-    assert 0 < stats.used_blocks <= stats.num_blocks
+    summary = stats.reduce()
+    # One allocation sample per prepare_store that stored something, its chunks summed.
+    assert summary[f"{CPUOffloadingMetrics.CPU_ALLOCATION_SIZE}_sum"] == report.stored_blocks > 0
+    assert 0 <= summary[CPUOffloadingMetrics.CPU_CACHE_USAGE_PERC] <= 1
 
 
 def test_the_filesystem_tier_gives_evicted_blocks_back() -> None:
     cpu, tiering = run_demo(small(requests=12))
     assert cpu.ok and tiering.ok, tiering.mismatches + tiering.failed_jobs
     assert tiering.evicted_blocks > 0
-    # Blocks the CPU tier evicted come back from disk (lookups answer "retry", then hit)...
+    # Chunks the CPU tier evicted come back from disk (HIT_PENDING while promoted, then HIT)...
     assert tiering.retried_hits > 0
     assert tiering.hit_rate > cpu.hit_rate
-    # ...and every block ever stored is still somewhere: the sweep reloads all of them.
-    assert tiering.sweep_blocks == tiering.stored_blocks > cpu.sweep_blocks
+    assert tiering.manager_stats is not None
+    summary = tiering.manager_stats.reduce()
+    assert summary[f"{TieringOffloadingMetrics.CHUNK_HITS}:('1:fs',)"] > 0  # the fs tier's hits
+    # ...and every chunk ever stored is still somewhere: the sweep reloads all of them.
+    assert tiering.sweep_blocks == tiering.distinct_stored_blocks > cpu.sweep_blocks
 
 
 @pytest.mark.parametrize("factor", [1, 3])
@@ -71,22 +77,17 @@ def test_demo_with_other_block_size_factors(factor: int) -> None:
         assert report.ok, report.mismatches + report.failed_jobs
 
 
-def test_demo_fails_when_a_reload_lands_one_page_off(
+def test_demo_fails_when_a_reload_lands_one_block_off(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     real_plan = gpu_worker.plan_transfer
 
-    def corrupting_plan(
-        src: Sequence[int], dst: Sequence[int], *, tensors: Sequence[TensorGeometry], **kwargs: object
-    ) -> TransferPlan:
-        plan = real_plan(src, dst, tensors=tensors, **kwargs)  # type: ignore[arg-type]
-        if kwargs["src_block_size_factor"] == 1:
-            return plan  # stores stay correct; loads read the wrong CPU page
-        shifted = tuple(
-            tuple((s + g.page_bytes, d, n) for s, d, n in copies)
-            for copies, g in zip(plan.copies, tensors)
-        )
-        return TransferPlan(shifted, plan.num_bytes)
+    def corrupting_plan(src_block_ids: Sequence[int], dst_block_ids: Sequence[int], **kwargs: object) -> TransferPlan:
+        if kwargs["src_blocks_per_chunk"] == 1:
+            return real_plan(src_block_ids, dst_block_ids, **kwargs)  # type: ignore[arg-type]  # stores stay right
+        # Loads: every GPU block receives its neighbour's page.
+        shifted = [*dst_block_ids[1:], dst_block_ids[0]]
+        return real_plan(src_block_ids, shifted, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(gpu_worker, "plan_transfer", corrupting_plan)
     assert main([*SMALL, "--block-size-factor", "2", "--no-tiering"]) == 1
