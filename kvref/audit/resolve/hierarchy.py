@@ -49,6 +49,7 @@ class ProjectIndex:
         search_paths: Sequence[Path] = (),
         package_roots: Sequence[tuple[str, Path]] = (),
         summarize_external: Callable[[Path], ModuleSummary | None] | None = None,
+        namespaces: frozenset[str] | None = None,
     ) -> None:
         """Build the index.
 
@@ -72,10 +73,12 @@ class ProjectIndex:
                 installs made through an import hook, searched after `search_paths`.
             summarize_external: summarizes a standard-library or installed file (the engine
                 passes its cached summarizer); by default the file is read and summarized.
+            namespaces: `namespace_names` of every module name and alias above, when the
+                caller has it already (one index per edit of a big project: `kvref server`).
         """
         self._table = ModuleTable(
             modules, deferred or {}, aliases or {}, packages, scripts, search_paths,
-            package_roots, summarize_external,
+            package_roots, summarize_external, namespaces,
         )
         self._names = NameResolver(self._table, stubs or {})
         self._infos: dict[ClassKey, ClassInfo | None] = {}
