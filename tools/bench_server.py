@@ -1,6 +1,7 @@
 """Benchmark `kvref server` on vLLM 0.33 (about 3,000 files) against `kvref audit` in the same run.
 
     python tools/bench_server.py [--corpus vllm==0.33.0] [--edits 50] [--file REL ...] [--busy N]
+                                 [--against CHECKOUT]
 
 In one run, each in a fresh process, with the corpus's package as the workspace:
 
@@ -12,7 +13,9 @@ In one run, each in a fresh process, with the corpus's package as the workspace:
   1 s), then, once indexing is done, 50 edits of the file (each adds or removes one
   `@override` on a method, so the findings change): seconds from `didChange` to the
   diagnostics of that version, with the default `debounce` of 100 ms (the wait the server
-  adds on purpose) included; p50 and p95 (target: p95 within the debounce + 100 ms);
+  adds on purpose) included; p50 and p95 (target: p95 within the debounce + 100 ms), and the
+  server's CPU seconds per edit (user + system from `/proc`, the mean over the edits), which
+  the machine's load inflates far less than the latency;
 - each server's peak memory (`VmHWM`, once the workspace is indexed: the cold one parsed every
   file itself, on one core, in the background) against the CLI's peak process (target: at most
   1.5x).
@@ -21,6 +24,8 @@ The default files are vLLM's `kv_offload` CPU manager and tiering manager (1,305
 `model_executor/models/interfaces.py`, the file whose classes have the most subclasses in
 other files (466, the model classes that implement its protocols). `--busy N` keeps N
 CPU-bound processes running for the whole run (N = the core count: the figures under load).
+`--against CHECKOUT` also runs each warm session with another kvref checkout's server (an
+older commit, say), right after this one's, so both see the same load: the ratios compare them.
 """
 
 from __future__ import annotations
@@ -64,7 +69,11 @@ class Session:
     """One server session's figures."""
 
     first: float
+    first_cpu: float
     latencies: list[float]
+    edit_cpu: float
+    """The server's CPU seconds per edit (its threads, user and system; the mean over the
+    edits, which the machine's load inflates far less than their wall-clock latency)."""
     peak_kib: int
     indexing: float
 
@@ -78,6 +87,13 @@ def _rss_kib(pid: int, field: str) -> int:
     except OSError:
         pass
     return 0
+
+
+def _cpu_seconds(pid: int) -> float:
+    """The process's CPU seconds so far (user + system, all threads)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _tree_kib(root: int) -> int:
@@ -119,8 +135,8 @@ def cold_cli(project: Path, package: str, cache: Path) -> tuple[float, int, int]
     return seconds, usage.ru_maxrss, peak[0]
 
 
-def _env(cache: Path) -> dict[str, str]:
-    return {**os.environ, "KVREF_CACHE_DIR": str(cache), "PYTHONPATH": str(CHECKOUT), "XDG_CACHE_HOME": str(cache / "xdg")}
+def _env(cache: Path, checkout: Path = CHECKOUT) -> dict[str, str]:
+    return {**os.environ, "KVREF_CACHE_DIR": str(cache), "PYTHONPATH": str(checkout), "XDG_CACHE_HOME": str(cache / "xdg")}
 
 
 @contextmanager
@@ -147,16 +163,28 @@ class _Client(LanguageClient):
     def __init__(self) -> None:
         super().__init__("kvref-bench", "1")
         self.arrived: dict[tuple[str, int | None], float] = {}
+        self.awaited: dict[tuple[str, int | None], asyncio.Event] = {}
         self.indexed = asyncio.Event()
 
+    async def diagnostics(self, uri: str, version: int) -> float:
+        """When the diagnostics of that version arrived (waiting without polling, which would
+        take CPU from the server it times)."""
+        key = (uri, version)
+        if key not in self.arrived:
+            await self.awaited.setdefault(key, asyncio.Event()).wait()
+        return self.arrived[key]
 
-async def serve(project: Path, opened: Path, cache: Path, edits: int) -> Session:
-    """One server session: first diagnostics after didOpen, then (once the workspace is
-    indexed) `edits` timed edits; the peak memory is read at the end."""
+
+async def serve(project: Path, opened: Path, cache: Path, edits: int, checkout: Path = CHECKOUT) -> Session:
+    """One session of `checkout`'s server: first diagnostics after didOpen, then (once the
+    workspace is indexed) `edits` timed edits; the peak memory is read at the end."""
     client = _Client()
 
     def published(params: types.PublishDiagnosticsParams) -> None:
-        client.arrived.setdefault((params.uri, params.version), time.perf_counter())
+        key = (params.uri, params.version)
+        client.arrived.setdefault(key, time.perf_counter())
+        if key in client.awaited:
+            client.awaited[key].set()
 
     def create(params: types.WorkDoneProgressCreateParams) -> None:
         del params
@@ -173,7 +201,7 @@ async def serve(project: Path, opened: Path, cache: Path, edits: int) -> Session
     ):
         client.feature(method)(handler)
 
-    await client.start_io(sys.executable, "-m", "kvref", "server", env=_env(cache), cwd=str(project))  # pyright: ignore[reportUnknownMemberType]
+    await client.start_io(sys.executable, "-m", "kvref", "server", env=_env(cache, checkout), cwd=str(project))  # pyright: ignore[reportUnknownMemberType]
     server: asyncio.subprocess.Process = getattr(client, "_server")
     capabilities = types.ClientCapabilities(window=types.WindowClientCapabilities(work_done_progress=True))
     await client.initialize_async(
@@ -187,13 +215,13 @@ async def serve(project: Path, opened: Path, cache: Path, edits: int) -> Session
     client.initialized(types.InitializedParams())
     uri = opened.as_uri()
     text = opened.read_text(encoding="utf-8")
+    cpu = _cpu_seconds(server.pid)
     sent = time.perf_counter()
     client.text_document_did_open(
         types.DidOpenTextDocumentParams(text_document=types.TextDocumentItem(uri=uri, language_id="python", version=1, text=text))
     )
-    while (uri, 1) not in client.arrived:
-        await asyncio.sleep(0.001)
-    first = client.arrived[uri, 1] - sent
+    first = await client.diagnostics(uri, 1) - sent
+    first_cpu = _cpu_seconds(server.pid) - cpu
     latencies: list[float] = []
     started = time.perf_counter()
     await asyncio.wait_for(client.indexed.wait(), 900)
@@ -202,6 +230,7 @@ async def serve(project: Path, opened: Path, cache: Path, edits: int) -> Session
         lines = text.split("\n")
         target = edited_line(lines)
         indent = lines[target][: len(lines[target]) - len(lines[target].lstrip())]
+        cpu = _cpu_seconds(server.pid)
         for version in range(2, edits + 2):
             add = version % 2 == 0  # add the decorator, then take it away again
             start = types.Position(line=target, character=0)
@@ -215,15 +244,14 @@ async def serve(project: Path, opened: Path, cache: Path, edits: int) -> Session
                     text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version), content_changes=[change]
                 )
             )
-            while (uri, version) not in client.arrived:
-                await asyncio.sleep(0.001)
-            latencies.append(client.arrived[uri, version] - sent)
+            latencies.append(await client.diagnostics(uri, version) - sent)
+        cpu = (_cpu_seconds(server.pid) - cpu) / edits
     peak = _rss_kib(server.pid, "VmHWM")
     await client.shutdown_async(None)
     client.exit(None)
     await server.wait()
     await client.stop()
-    return Session(first, latencies, peak, indexing)
+    return Session(first, first_cpu, latencies, cpu if edits else 0.0, peak, indexing)
 
 
 def _percentile(values: Sequence[float], fraction: float) -> float:
@@ -244,7 +272,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="a file to open and edit, relative to the package (repeatable; default: the three above)",
     )  # fmt: skip
     parser.add_argument("--busy", type=int, default=0, metavar="N", help="keep N CPU-bound processes running (default 0)")
+    parser.add_argument("--against", type=Path, metavar="CHECKOUT", help="also time this kvref checkout's server, for ratios")
     args = parser.parse_args(argv)
+    against: Path | None = args.against
+    if against is not None and not (against / "kvref" / "server").is_dir():
+        parser.error(f"{against} is no kvref checkout with a server")
     corpus = fetch_corpus(args.corpus)
     package = package_dir(corpus)
     project = package_project(corpus, package)
@@ -260,7 +292,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         with busy_cores(args.busy):
             cli_seconds, cli_peak, cli_tree = cold_cli(project, package.name, warm_cache)
             cold = asyncio.run(serve(project, opened[0], cold_cache, 0))
-            warm = {path: asyncio.run(serve(project, path, warm_cache, args.edits)) for path in opened}
+            warm: dict[Path, Session] = {}
+            other: dict[Path, Session] = {}
+            for path in opened:
+                warm[path] = asyncio.run(serve(project, path, warm_cache, args.edits))
+                if against is not None:
+                    other[path] = asyncio.run(serve(project, path, warm_cache, args.edits, against))
     finally:
         shutil.rmtree(warm_cache, ignore_errors=True)
         shutil.rmtree(cold_cache, ignore_errors=True)
@@ -271,16 +308,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     edit_target = DEBOUNCE_MS / 1000 + EDIT_TARGET_S
     for path, run in warm.items():
         print(f"  {path.relative_to(project)} ({len(path.read_text(encoding='utf-8').splitlines())} lines), warm cache:")
-        print(f"    first diagnostics:   {run.first:7.3f} s (target {WARM_FIRST_TARGET_S:.0f} s)   {_verdict(run.first <= WARM_FIRST_TARGET_S)}")
+        print(
+            f"    first diagnostics:   {run.first:7.3f} s, server CPU {run.first_cpu:.2f} s "
+            f"(target {WARM_FIRST_TARGET_S:.0f} s)   {_verdict(run.first <= WARM_FIRST_TARGET_S)}"
+        )
         if run.latencies:
             p50, p95 = statistics.median(run.latencies), _percentile(run.latencies, 0.95)
             print(
                 f"    didChange -> diagnostics ({len(run.latencies)} edits, debounce {DEBOUNCE_MS} ms included): "
                 f"p50 {p50 * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms, max {max(run.latencies) * 1000:.0f} ms "
-                f"(target p95 {edit_target * 1000:.0f} ms)   {_verdict(p95 <= edit_target)}"
+                f"(target p95 {edit_target * 1000:.0f} ms)   {_verdict(p95 <= edit_target)}; "
+                f"server CPU {run.edit_cpu * 1000:.0f} ms per edit"
             )
         _print_memory("warm", None, run, cli_peak)
+        if path in other:
+            _print_against(other[path], run)
     return 0
+
+
+def _print_against(old: Session, new: Session) -> None:
+    p95 = _percentile(new.latencies, 0.95) if new.latencies else 0.0
+    old_p95 = _percentile(old.latencies, 0.95) if old.latencies else 0.0
+    print(
+        f"    --against's server: first diagnostics {old.first:.3f} s (this one {new.first / old.first:.2f}x), "
+        f"p95 {old_p95 * 1000:.0f} ms (this one {p95 / old_p95 if old_p95 else 0:.2f}x), "
+        f"server CPU {old.edit_cpu * 1000:.0f} ms per edit (this one {new.edit_cpu / old.edit_cpu if old.edit_cpu else 0:.2f}x)"
+    )
 
 
 def _print_memory(label: str, opened: Path | None, run: Session, cli_peak: int) -> None:
