@@ -11,7 +11,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 from typing_extensions import override
 
-import kvref
 from kvref.base import (
     MAX_OFFLOAD_KEY_POSITION,
     BlockIDsLoadStoreSpec,
@@ -192,12 +191,6 @@ def test_manager_defaults_are_no_ops() -> None:
     manager.reset_cache()
     manager.shutdown()
     assert list(manager.take_events()) == []
-
-
-def test_public_api_resolves() -> None:
-    assert len(set(kvref.__all__)) == len(kvref.__all__)
-    for name in kvref.__all__:
-        assert hasattr(kvref, name), name
 
 
 # --- request context, key collections, statistics (issue 13) ---

@@ -245,7 +245,6 @@ def test_reset_keeps_the_lookup_counts() -> None:
         ("store_threshold", {"store_threshold": 2.5}),
         ("store_threshold", {"store_threshold": True}),
         ("max_tracker_size", {"max_tracker_size": "8"}),
-        ("max_tracker_size", {"max_tracker_size": 0}),
     ],
 )
 def test_configuration_errors_name_the_field(field: str, kwargs: dict[str, Any]) -> None:
