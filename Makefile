@@ -5,12 +5,12 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 # Two stamps: `make run` needs kvref and torch only ($(RUN_STAMP)); `make test` adds the dev,
-# redis and server extras on top ($(STAMP)). torch (and sympy, networkx...) are installed
+# redis and server extras on top ($(STAMP)). Both depend on pyproject.toml, so editing
+# dependencies refreshes the venv, and on the fs tier's C extension, which the editable install
+# builds in place (tests/vllm import it too). torch (and sympy, networkx...) are installed
 # without compiling their 5,400 modules to bytecode, two thirds of that install's CPU time:
 # `make run` imports a few hundred of them, and `make test` compiles them all while the other
-# set-up steps run. Both depend on pyproject.toml, so editing
-# dependencies refreshes the venv, and on the fs tier's C extension, which the editable install
-# builds in place (tests/vllm import it too).
+# set-up steps run.
 RUN_STAMP := $(VENV)/.kvref-run-installed
 STAMP := $(VENV)/.kvref-installed
 NATIVE_SOURCES := kvref/tiering/fs/_batch_io.c kvref/tiering/fs/copy_payload.h kvref/tiering/fs/vendor/xxhash.h
