@@ -12,6 +12,7 @@ import enum
 import importlib
 import inspect
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from types import UnionType
@@ -390,7 +391,10 @@ def _require_torch() -> None:
     build for other libraries an `ImportError`, a missing dependency of torch's a
     `ModuleNotFoundError` naming that dependency)."""
     try:
-        importlib.import_module("torch")
+        with warnings.catch_warnings():
+            # CPU wheels of torch warn on import when numpy is absent; kvref never uses numpy.
+            warnings.filterwarnings("ignore", message=".*NumPy.*")
+            importlib.import_module("torch")
     except ModuleNotFoundError as missing:
         if (missing.name or "").partition(".")[0] == "torch":
             sys.stderr.write("kvref: error: `kvref demo` needs torch: pip install 'kvref[torch]'\n")

@@ -201,6 +201,20 @@ def test_kvref_demo_with_torch_that_fails_to_import_is_one_line_and_exit_2(
     )
 
 
+def test_torch_warning_that_numpy_is_missing_is_not_shown(tmp_path: Path) -> None:
+    # The CPU wheel of torch warns on import without numpy (`make run` installs none).
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch/__init__.py").write_text(
+        "import warnings\nwarnings.warn(\"Failed to initialize NumPy: No module named 'numpy'\", UserWarning)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(CHECKOUT)])}
+    completed = subprocess.run(
+        [sys.executable, "-c", "from kvref.cli import _require_torch; _require_torch(); print('imported')"],
+        env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert (completed.returncode, completed.stdout, completed.stderr) == (0, "imported\n", "")
+
+
 def test_kvref_demo_usage_errors_exit_2_through_typer(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--device", "tpu"]) == 2
     assert main(["--layers", "many"]) == 2

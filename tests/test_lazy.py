@@ -17,6 +17,7 @@ import kvref.audit
 @pytest.mark.parametrize("package", [kvref, kvref.audit], ids=lambda p: p.__name__)
 def test_every_public_name_is_exported_from_its_module(package: ModuleType) -> None:
     exports: dict[str, str] = getattr(package, "_EXPORTS")
+    assert len(set(package.__all__)) == len(package.__all__)
     assert set(exports) == set(package.__all__) - {"__version__"}
     for name, module in exports.items():
         assert getattr(package, name) is getattr(importlib.import_module(module), name)

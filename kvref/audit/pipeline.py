@@ -11,7 +11,6 @@ of codes happen later (`kvref.audit.filtering`).
 
 from __future__ import annotations
 
-import functools
 import os
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -20,11 +19,10 @@ from pathlib import Path
 
 from kvref.audit.dependents import dependent_classes, owning_class
 from kvref.audit.discover.paths import absolute_path, relative_path
+from kvref.audit.layout import Layout, Load, SearchRoots, build_index, name_files
 from kvref.audit.model import AnalysisOptions, AnalysisResult, FileError, Finding
 from kvref.audit.resolve.hierarchy import ProjectIndex
-from kvref.audit.resolve.modules import module_names_for
 from kvref.audit.resolve.reachability import Reachability
-from kvref.audit.resolve.stdlib import candidate_files
 from kvref.audit.resolve.targets import ClassInfo, ClassKey, Unresolved
 from kvref.audit.rules import rules_for
 from kvref.audit.rules.context import ClassContext, ModuleContext
@@ -33,12 +31,15 @@ from kvref.audit.summarise.records import ModuleSummary
 from kvref.audit.summarise.summary import summarize
 
 __all__ = [
+    "Analysed",
     "Checked",
     "Indexed",
+    "Layout",
     "Project",
     "SearchRoots",
     "SummarizeMany",
     "analyze",
+    "analyze_project",
     "check",
     "collect",
     "index_project",
@@ -47,19 +48,9 @@ __all__ = [
 ]
 
 SummarizeMany = Callable[[Sequence[Path]], Mapping[Path, ModuleSummary | FileError]]
-Load = Callable[[Path], ModuleSummary | None]
 _DEFAULT_OPTIONS = AnalysisOptions()
+_NO_ROOTS = SearchRoots()
 _REFUSED = ("(inconsistent MRO)", "(circular bases)")
-_NAMED: dict[tuple[object, ...], dict[Path, tuple[str, ...]]] = {}  # the last files named
-
-
-@dataclass(frozen=True, slots=True)
-class SearchRoots:
-    """Where names outside the project are looked up (see `analyze`)."""
-
-    search_paths: Sequence[Path] = ()
-    package_roots: Sequence[tuple[str, Path]] = ()
-    import_roots: Sequence[Path] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,8 +71,9 @@ class Project:
 
     @property
     def eager(self) -> list[Path]:
-        """The files to summarise before indexing."""
-        return list(self.files) if self.partial else [p for p in self.files if p in self.reported]
+        """The files to summarise before indexing (in no particular order: reported files are
+        few in the editor, where this is asked on every edit of a big project)."""
+        return list(self.files) if self.partial else sorted(self.reported)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,9 +88,14 @@ class Indexed:
     checked: list[Path]
     """The modules to check (reported or dependent, summarised without error), sorted so a
     package stays together."""
-    unreadable_tops: frozenset[str] = frozenset()
-    """The top-level names of project files that could not be summarised (reported as file
-    errors, so never as packages missing from the environment)."""
+    layout: Layout
+    """The module names it was built with (to pass back to `index_project`)."""
+
+    @property
+    def unreadable_tops(self) -> frozenset[str]:
+        """The top-level names of project files that could not be summarised (reported as
+        file errors, so never as packages missing from the environment)."""
+        return self.layout.unreadable_tops
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,10 +148,11 @@ def index_project(
     project: Project,
     summaries: Mapping[Path, ModuleSummary | FileError],
     load: Load,
-    roots: SearchRoots = SearchRoots(),
+    roots: SearchRoots = _NO_ROOTS,
     *,
     held: Collection[Path] = (),
     reach: Reachability | None = None,
+    layouts: Iterable[Layout] = (),
 ) -> Indexed:
     """Stage 3: index the project and decide what to check.
 
@@ -168,6 +166,8 @@ def index_project(
         held: eager files summarised without error whose summaries `load` still holds (so
             they are not in `summaries`).
         reach: decides version and platform checks (default: the running interpreter's).
+        layouts: the `Indexed.layout`s of earlier calls: the one that fits these files (and
+            the same ones failing) is reused.
     """
     errors: list[FileError] = []
     failed: set[Path] = set()
@@ -182,12 +182,15 @@ def index_project(
                 errors.append(summary)
         elif summary is not None:
             loaded[path] = summary
-    paths = [path for path in project.files if path not in failed]
-    primary, index, unreadable_tops = _build_index(project.root, paths, loaded, load, roots, failed, reach)
+    layout = next((known for known in layouts if known.fits(project.files, failed, roots)), None)
+    if layout is None:
+        layout = name_files(project.root, project.files, frozenset(failed), roots)
+    index = build_index(layout, loaded, load, reach)
+    primary = layout.primary
     summarised = set(project.eager).difference(failed)
     dependents = dependent_classes(project, summarised, primary, index) if project.partial else {}
     checked = sorted(p for p in project.reported.union(dependents).intersection(summarised) if p.suffix != ".pyi")
-    return Indexed(project, primary, index, errors, dependents, checked, unreadable_tops)
+    return Indexed(project, primary, index, errors, dependents, checked, layout)
 
 
 def check(indexed: Indexed, paths: Iterable[Path], options: AnalysisOptions) -> Checked:
@@ -279,6 +282,29 @@ def analyze(
         The findings of every rule, file errors, unresolved bases and the file count.
     """
     project = plan(project_files, root=root, report_files=report_files, options=options)
+    roots = SearchRoots(search_paths, package_roots, import_roots)
+    return analyze_project(project, options=options, roots=roots, summarize_many=summarize_many).result
+
+
+@dataclass(frozen=True, slots=True)
+class Analysed:
+    """What `analyze_project` found, and the layout it used (to pass to its next calls)."""
+
+    result: AnalysisResult
+    layout: Layout
+
+
+def analyze_project(
+    project: Project,
+    *,
+    options: AnalysisOptions = _DEFAULT_OPTIONS,
+    roots: SearchRoots = _NO_ROOTS,
+    summarize_many: SummarizeMany | None = None,
+    layouts: Iterable[Layout] = (),
+) -> Analysed:
+    """`analyze` for a planned project, reusing the one of `layouts` that fits (see `Layout`):
+    a caller that audits the same files again (`kvref server`) plans once and names the files
+    once."""
 
     def each(paths: Sequence[Path]) -> Mapping[Path, ModuleSummary | FileError]:
         return {path: summarize_file(path, project.root) for path in paths}
@@ -289,10 +315,10 @@ def analyze(
         summary = many([path]).get(path) or summarize_file(path, project.root)
         return summary if isinstance(summary, ModuleSummary) else None
 
-    roots = SearchRoots(search_paths, package_roots, import_roots)
     reach = Reachability.for_floor(options.python_floor)  # the project's, for version checks
-    indexed = index_project(project, many(project.eager), load, roots, reach=reach)
-    return collect(indexed, [check(indexed, indexed.checked, options)])
+    indexed = index_project(project, many(project.eager), load, roots, reach=reach, layouts=layouts)
+    result = collect(indexed, [check(indexed, indexed.checked, options)])
+    return Analysed(result, indexed.layout)
 
 
 def _missing_modules(
@@ -313,107 +339,6 @@ def _missing_modules(
         if not known[top]:
             missing[top] += count
     return dict(sorted(missing.items(), key=lambda item: (-item[1], item[0])))
-
-
-def _installed_tops(roots: SearchRoots) -> Callable[[str], bool]:
-    """Whether a top-level name is importable from the target environment's search paths."""
-    editable = {name.partition(".")[0] for name, _ in roots.package_roots}
-    known: dict[str, bool] = {}
-
-    def installed(top: str) -> bool:
-        if top not in known:
-            known[top] = top in editable or any(
-                (root / top).is_dir() or any(path.is_file() for path in candidate_files(root, top))
-                for root in roots.search_paths
-            )
-        return known[top]
-
-    return installed
-
-
-def _build_index(
-    root: Path,
-    paths: Sequence[Path],
-    summaries: Mapping[Path, ModuleSummary],
-    load: Load,
-    roots: SearchRoots,
-    unreadable: Collection[Path] = (),
-    reach: Reachability | None = None,
-) -> tuple[dict[Path, str], ProjectIndex, frozenset[str]]:
-    package_dirs = {
-        os.path.dirname(str(path)) for path in paths if path.name in ("__init__.py", "__init__.pyi")
-    }
-    known: dict[str, bool] = {}
-
-    def is_package(directory: str) -> bool:
-        if directory in package_dirs:
-            return True
-        if directory not in known:
-            known[directory] = os.path.isfile(
-                os.path.join(directory, "__init__.py")
-            ) or os.path.isfile(os.path.join(directory, "__init__.pyi"))
-        return known[directory]
-
-    root_text = str(root)
-    # The import roots, the deepest first: those the interpreter imports from, a src layout's
-    # `src/`, then the root (`module_names_for` skips any that is a package itself).
-    source = os.path.join(root_text, "src")
-    extra = {str(path) for path in roots.import_roots}
-    if os.path.isdir(source):
-        extra.add(source)
-    extra.discard(root_text)
-    search = [*sorted(extra, key=lambda path: (-path.count(os.sep), path)), root_text]
-    # Same files, same roots, same names: `kvref server` (each edit) and `--fix` name them once.
-    key = (tuple(paths), tuple(search), frozenset(package_dirs))
-    if key not in _NAMED:
-        _NAMED.clear()
-        _NAMED[key] = {path: module_names_for(str(path), search, is_package) for path in paths}
-    names = _NAMED[key]
-    unreadable_tops = frozenset(
-        name.partition(".")[0] for path in unreadable for name in module_names_for(str(path), search, is_package)
-    )
-    modules: dict[str, ModuleSummary] = {}
-    loaders: dict[str, Callable[[], ModuleSummary | None]] = {}
-    primary: dict[Path, str] = {}
-    stubs: dict[str, str] = {}
-    # Implementations before stubs, then path order: the first claim of a name wins.
-    ordered = sorted(paths, key=lambda p: (p.suffix == ".pyi", str(p)))
-    for path in ordered:
-        name = names[path][0]
-        if name in modules or name in loaders:
-            duplicate = f"{name}@{relative_path(path, root)}"  # indexed, not importable
-            if path.suffix == ".pyi":
-                stubs.setdefault(name, duplicate)  # what the module's source cannot tell
-            name = duplicate
-        summary = summaries.get(path)
-        if summary is not None:
-            modules[name] = summary
-        else:
-            loaders[name] = functools.partial(load, path)
-        primary[path] = name
-    aliases: dict[str, str] = {}
-    installed = _installed_tops(roots)
-    for path in ordered:
-        for alias in names[path][1:]:
-            # celery's `examples/pydantic/` is no `pydantic` to the rest of the project when the
-            # environment has the real one: `from pydantic import BaseModel` in its tests.
-            if alias not in modules and alias not in aliases and not installed(alias.partition(".")[0]):
-                aliases[alias] = primary[path]
-    packages = {primary[path] for path in paths if path.name in ("__init__.py", "__init__.pyi")}
-    scripts = {primary[path] for path in paths if not is_package(os.path.dirname(str(path)))}
-    index = ProjectIndex(
-        modules,
-        deferred=loaders,
-        aliases=aliases,
-        packages=packages,
-        scripts=scripts,
-        stubs=stubs,
-        search_paths=roots.search_paths,
-        package_roots=roots.package_roots,
-        summarize_external=load,
-        reach=reach,
-    )
-    return primary, index, unreadable_tops
 
 
 def _module_context(

@@ -1,7 +1,12 @@
 """One project as the server sees it: its settings, files and environment, found from a file
 the way `kvref audit - --stdin-filename FILE` finds them, and its findings for the editor's
-texts computed by the audit's own pipeline (`kvref.audit.stdin.analyze_texts`), filtered as the
-command line filters them (`kvref.audit.filtering`, the baseline).
+texts computed by the audit's own pipeline (`kvref.audit.pipeline.analyze_project`), filtered
+as the command line filters them (`kvref.audit.filtering`, the baseline).
+
+An edit costs what the edited texts need, not what the project's size does: the project's
+files are planned and named once (`kvref.audit.layout.Layout`, kept until the file list
+changes), each edit summarises only the texts that changed, and the files a lookup reaches are
+summarised from memory (`DiskSummaries`).
 
 Everything here blocks (files, the target interpreter, analysis): the language server calls it
 from its one analysis thread, never from the thread that reads the protocol.
@@ -9,8 +14,10 @@ from its one analysis thread, never from the thread that reads the protocol.
 
 from __future__ import annotations
 
+import gc
 import hashlib
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Generator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,14 +26,15 @@ from kvref.audit.discover.config import AuditConfig, SelectionLayer, configure, 
 from kvref.audit.discover.environment import Environment, discover_environment, find_interpreter
 from kvref.audit.discover.files import discover
 from kvref.audit.discover.paths import absolute_path, relative_path
+from kvref.audit.layout import Layout, SearchRoots
 from kvref.audit.filtering import shown_findings
 from kvref.audit.fixes.edits import FixError, apply_fixes
 from kvref.audit.fixes.plan import plan_fixes
-from kvref.audit.model import FileError, Finding
+from kvref.audit.model import AnalysisResult, FileError, Finding
+from kvref.audit.pipeline import Project, analyze_project
 from kvref.audit.report.baseline import apply_scoped_baseline
 from kvref.audit.runner.cache import default_cache_dir
 from kvref.audit.source import summary_or_error
-from kvref.audit.stdin import analyze_texts
 from kvref.audit.summarise.newer_syntax import use_interpreter
 from kvref.audit.summarise.records import ModuleSummary
 from kvref.audit.summarise.summary import summarize
@@ -39,6 +47,7 @@ __all__ = ["DocumentFindings", "ProjectSession", "project_root_of"]
 # As `kvref audit --fix`: fixing can expose a finding that exists only once another is fixed.
 _MAX_FIX_ROUNDS = 4
 _INDEX_BATCH = 24
+_LAYOUTS_KEPT = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,8 +97,14 @@ class ProjectSession:
         self._file_set: frozenset[Path] = frozenset()
         self._audited: dict[Path, tuple[bytes, bool]] = {}
         self._unindexed: list[Path] = []
+        # The project's naming, most recent first: with every open buffer parsing, and with
+        # one that does not (typing breaks and mends the text all the time).
+        self._layouts: list[Layout] = []
+        self._project_files: tuple[Path, ...] = ()
         self.refresh_files()
         self._texts: dict[Path, tuple[bytes, ModuleSummary | FileError]] = {}
+        environment = self.environment
+        self._roots = SearchRoots(environment.search_paths, environment.package_roots, environment.import_roots)
 
     def _use_interpreter(self) -> None:
         # Which interpreter parses syntax newer than kvref's is process-wide; sessions of
@@ -108,6 +123,8 @@ class ProjectSession:
             force_exclude=config.force_exclude,
         ).project_files
         self._file_set = frozenset(self.files)
+        self._project_files = self.files
+        self._layouts.clear()
         self._audited.clear()
         self._unindexed.extend(path for path in self.files if path not in known)
 
@@ -146,6 +163,10 @@ class ProjectSession:
     def analyze(self, texts: Mapping[Path, bytes], report: Collection[Path]) -> dict[Path, DocumentFindings]:
         """The findings `kvref audit` shows for each file of `report`, every file of `texts`
         audited from its text (the editor's unsaved buffers) and the rest from disk."""
+        with _collector_paused():
+            return self._analyze(texts, report)
+
+    def _analyze(self, texts: Mapping[Path, bytes], report: Collection[Path]) -> dict[Path, DocumentFindings]:
         self._use_interpreter()
         texts = {absolute_path(path): source for path, source in texts.items()}
         audited = [path for path in map(absolute_path, report) if self.audits(path, texts.get(path, b""))]
@@ -154,19 +175,7 @@ class ProjectSession:
             return outcome
         for stale in set(self._texts).difference(texts):
             del self._texts[stale]
-        environment = self.environment
-        result = analyze_texts(
-            self.files,
-            root=self.root,
-            texts=texts,
-            report_files=audited,
-            options=self.config.options,
-            search_paths=environment.search_paths,
-            package_roots=environment.package_roots,
-            import_roots=environment.import_roots,
-            summarize_disk=self.disk.get,
-            summarize_text=self._summarize_text,
-        )
+        result = self._audit(texts, audited)
         relative = {relative_path(path, self.root): path for path in audited}
         by_relative = {relative_path(path, self.root): source for path, source in texts.items()}
 
@@ -192,6 +201,30 @@ class ProjectSession:
             findings = tuple(finding for finding in shown if finding.path == name)
             outcome[path] = DocumentFindings(findings, errors.get(name))
         return outcome
+
+    def _audit(self, texts: Mapping[Path, bytes], audited: Sequence[Path]) -> AnalysisResult:
+        """The pipeline's result for `audited`, the files of `texts` from those texts."""
+        # Unsaved new files join the project; the same tuple while they stay the same, so the
+        # layout made for it is reused.
+        unlisted = tuple(path for path in dict.fromkeys([*texts, *audited]) if path not in self._file_set)
+        if self._project_files[len(self.files) :] != unlisted:
+            self._project_files = self.files + unlisted
+        files = self._project_files
+        options = self.config.options
+        project = Project(self.root, files, frozenset(audited), options.report_dependents and len(audited) < len(files))
+
+        def summarize_many(paths: Sequence[Path]) -> dict[Path, ModuleSummary | FileError]:
+            return {
+                path: self._summarize_text(path, texts[path]) if path in texts else self.disk.get(path)
+                for path in paths
+            }
+
+        analysed = analyze_project(
+            project, options=options, roots=self._roots, summarize_many=summarize_many, layouts=self._layouts
+        )
+        kept = [layout for layout in self._layouts if layout is not analysed.layout]
+        self._layouts = [analysed.layout, *kept][:_LAYOUTS_KEPT]
+        return analysed.result
 
     def fixed_text(
         self, path: Path, texts: Mapping[Path, bytes], findings: Sequence[Finding], *, unsafe: bool
@@ -245,6 +278,21 @@ class ProjectSession:
     def save(self) -> None:
         """Write the summary cache (what the checks learned since indexing)."""
         self.disk.save()
+
+
+@contextmanager
+def _collector_paused() -> Generator[None]:
+    """Python's cyclic garbage collector off while a check runs. Parsing a big file makes
+    ~100,000 objects, and every few hundred set off a collection, some of them over the whole
+    heap of a server that holds a project's index: that doubled an edit's CPU on vLLM. What a
+    check makes is garbage only once it ends, and mostly freed by reference counting then."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _digest(source: bytes) -> bytes:

@@ -1,6 +1,7 @@
 -- Neovim 0.7's built-in LSP client against `kvref server`, headless (tests/server/test_neovim.py).
--- Opens KVREF_FILE, waits for the KVR001 diagnostic, applies the preferred quick fix, and writes
--- what it saw and the buffer's lines as JSON to KVREF_OUT.
+-- Runs KVREF_SETUP (docs/EDITORS.md's configuration), opens KVREF_FILE (its FileType autocmd
+-- starts and attaches the server), waits for the KVR001 diagnostic, applies the preferred quick
+-- fix, and writes what it saw and the buffer's lines as JSON to KVREF_OUT.
 local function finish(report, status)
   local out = io.open(vim.env.KVREF_OUT, 'w')
   out:write(vim.fn.json_encode(report))
@@ -8,15 +9,22 @@ local function finish(report, status)
   vim.cmd('cquit ' .. status)
 end
 
+vim.cmd('luafile ' .. vim.fn.fnameescape(vim.env.KVREF_SETUP))
 vim.cmd('edit ' .. vim.fn.fnameescape(vim.env.KVREF_FILE))
 local bufnr = vim.api.nvim_get_current_buf()
-local client_id = vim.lsp.start_client({
-  name = 'kvref',
-  cmd = { vim.env.KVREF_PYTHON, '-m', 'kvref', 'server' },
-  root_dir = vim.env.KVREF_ROOT,
-})
-vim.lsp.buf_attach_client(bufnr, client_id)
 local report = {}
+local client_id = nil
+-- A client is listed once it has initialized.
+vim.wait(60000, function()
+  for id, client in pairs(vim.lsp.buf_get_clients(bufnr)) do
+    if client.name == 'kvref' then client_id = id end
+  end
+  return client_id ~= nil
+end, 50)
+if client_id == nil then
+  report.error = 'the documented setup attached no kvref client'
+  finish(report, 4)
+end
 if not vim.wait(60000, function() return #vim.diagnostic.get(bufnr) > 0 end, 50) then
   report.error = 'no diagnostics'
   finish(report, 3)

@@ -12,8 +12,6 @@ from pathlib import Path
 import pytest
 from lsprotocol import types
 
-import kvref.server
-from kvref.cli import run_app
 from tests.server.lsp_client import CHECKOUT, started
 from tests.server.projects import BASE, write_project
 
@@ -33,15 +31,6 @@ async def test_initialize_declares_the_features_and_shutdown_exit_end_the_proces
         assert set(capabilities.code_action_provider.code_action_kinds or ()) == {"quickfix", "source.fixAll.kvref"}
         assert capabilities.position_encoding == types.PositionEncodingKind.Utf16
     assert server.returncode == 0  # `started` sent shutdown, then exit
-
-
-def test_without_the_extra_the_command_exits_2_with_one_line(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.setattr(kvref.server, "server_extra_missing", lambda: True)
-    assert run_app(["server"]) == 2
-    captured = capsys.readouterr()
-    assert (captured.out, captured.err) == ("", "kvref: error: kvref server needs pygls and lsprotocol: pip install 'kvref[server]'\n")
 
 
 def test_without_pygls_installed(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
-"""A real editor: Neovim's built-in LSP client (Debian's neovim, 0.7), headless, opens a file,
-reads the KVR001 diagnostic, applies the quick fix, and the buffer holds what `--fix` writes."""
+"""A real editor: Neovim's built-in LSP client (Debian's neovim, 0.7), headless, set up by the
+configuration docs/EDITORS.md gives, opens a file, reads the KVR001 diagnostic, applies the
+quick fix, and the buffer holds what `--fix` writes."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ from pathlib import Path
 
 from tests.server.lsp_client import CHECKOUT
 from tests.server.projects import BASE, write_project
+from tests.test_docs import EDITORS, code_blocks
+
+DOCUMENTED_COMMAND = "/path/to/project/.venv/bin/kvref"
 
 ONE_MISSING = """\
 from typing_extensions import override
@@ -33,11 +37,17 @@ def test_neovim_reads_the_diagnostic_and_applies_the_quick_fix(tmp_path: Path) -
     assert nvim is not None, "make neovim installs Debian's neovim"
     root = write_project(tmp_path / "proj", {"pkg/__init__.py": "", "pkg/base.py": BASE, "pkg/sub.py": ONE_MISSING})
     out = tmp_path / "report.json"
+    command = tmp_path / "kvref"  # the documented path, made real: this checkout's kvref
+    command.write_text(f'#!/bin/sh\nexec {sys.executable} -m kvref "$@"\n')
+    command.chmod(0o755)
+    (documented,) = code_blocks(EDITORS.read_text(encoding="utf-8"), "lua")
+    assert DOCUMENTED_COMMAND in documented
+    setup = tmp_path / "setup.lua"
+    setup.write_text(documented.replace(DOCUMENTED_COMMAND, str(command)))
     env = {
         **os.environ,
-        "KVREF_ROOT": str(root),
+        "KVREF_SETUP": str(setup),
         "KVREF_FILE": str(root / "pkg" / "sub.py"),
-        "KVREF_PYTHON": sys.executable,
         "KVREF_OUT": str(out),
         "KVREF_CACHE_DIR": str(tmp_path / "cache"),
         "XDG_CACHE_HOME": str(tmp_path / "xdg-cache"),

@@ -51,6 +51,7 @@ class ProjectIndex:
         package_roots: Sequence[tuple[str, Path]] = (),
         summarize_external: Callable[[Path], ModuleSummary | None] | None = None,
         reach: Reachability | None = None,
+        namespaces: frozenset[str] | None = None,
     ) -> None:
         """Build the index.
 
@@ -77,10 +78,12 @@ class ProjectIndex:
             reach: the Python version and platform that decide version and platform checks
                 (default: the running interpreter's); what they exclude is no class, member
                 or binding, as to the type checkers.
+            namespaces: `namespace_names` of every module name and alias above, when the
+                caller has it already (one index per edit of a big project: `kvref server`).
         """
         self._table = ModuleTable(
             modules, deferred or {}, aliases or {}, packages, scripts, search_paths,
-            package_roots, summarize_external, reach,
+            package_roots, summarize_external, reach=reach, namespaces=namespaces,
         )
         self.reach = self._table.reach
         self._names = NameResolver(self._table, stubs or {})

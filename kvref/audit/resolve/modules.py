@@ -13,7 +13,7 @@ from kvref.audit.source import read_source, summary_or_error
 from kvref.audit.summarise.records import Binding, ClassSummary, ModuleSummary
 from kvref.audit.summarise.summary import summarize
 
-__all__ = ["FILE_CACHE", "ModuleTable", "module_names_for"]
+__all__ = ["FILE_CACHE", "ModuleTable", "module_names_for", "namespace_names"]
 
 _DOTTED_NAME = re.compile(r"[^\W\d]\w*(?:\.[^\W\d]\w*)*")
 # Process-wide cache of parsed standard-library and search-path files (they do not change).
@@ -72,11 +72,21 @@ def module_names_for(
     return tuple(dict.fromkeys(importable or names))
 
 
+def namespace_names(modules: Iterable[str]) -> frozenset[str]:
+    """Every proper prefix of the project's module names: each is importable (a namespace
+    package at least)."""
+    return frozenset(
+        name.rsplit(".", depth)[0] for name in modules for depth in range(1, name.count(".") + 1)
+    )
+
+
 class ModuleTable:
     """The modules a `ProjectIndex` can read, by dotted name, summarised on first use.
 
-    The arguments are `ProjectIndex`'s (see there). Bindings and classes under version or
-    platform guards that `reach` finds false are left out, as the checkers leave them out.
+    The arguments are `ProjectIndex`'s (see there); `namespaces` is `namespace_names` of every
+    project module name and alias, when the caller has it already. Bindings and classes under
+    version or platform guards that `reach` finds false are left out, as the checkers leave them
+    out.
     """
 
     def __init__(
@@ -90,17 +100,15 @@ class ModuleTable:
         package_roots: Sequence[tuple[str, Path]],
         summarize_external: Callable[[Path], ModuleSummary | None] | None,
         reach: Reachability | None = None,
+        namespaces: frozenset[str] | None = None,
     ) -> None:
         self.reach = reach or Reachability()
         self._modules: dict[str, ModuleSummary | None] = dict(modules)
         self._deferred = dict(deferred)
         self.aliases = dict(aliases)
-        # Every proper prefix of a project module is importable (a namespace package at least).
-        self._namespaces = {
-            name.rsplit(".", depth)[0]
-            for name in [*modules, *self._deferred, *self.aliases]
-            for depth in range(1, name.count(".") + 1)
-        }
+        if namespaces is None:
+            namespaces = namespace_names([*modules, *self._deferred, *self.aliases])
+        self._namespaces = namespaces
         self._packages = set(packages)
         self.scripts = frozenset(scripts)
         self._search_paths = tuple(search_paths)
