@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import operator
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import cast
 
@@ -49,6 +49,9 @@ __all__ = ["CPUOffloadingManager"]
 # An OffloadKey ends with its group index in 4 big-endian bytes; grouping and sorting keys by
 # those bytes needs no index decoded.
 _GROUP_SUFFIX = operator.itemgetter(slice(-4, None))
+# The per-chunk checks of a batch run in C (`min(map(...))`) rather than as a loop of compares.
+_REF_CNT = operator.attrgetter("ref_cnt")
+_CHUNK_ID = operator.attrgetter("chunk_id")
 
 # _LIST: `keys` that are not a list (what the connector passes) are checked for a single key (a
 # TypeError); the check's call costs as much as a cheap call's own work.
@@ -126,6 +129,12 @@ class CPUOffloadingManager(OffloadingManager):
         self.events: list[OffloadingEvent] | None = [] if enable_events else None
         policy_cls = CachePolicyFactory.get_cache_policy_cls(cache_policy, cache_policy_module_path)
         self._policy: CachePolicy = policy_cls(cache_capacity=num_chunks)
+        # The policy's chunks read directly when it keeps them in one dict (`chunk_map`): one
+        # dict probe per key instead of a method call.
+        chunk_map = self._policy.chunk_map()
+        self._get_chunk: Callable[[OffloadKey], ChunkStatus | None] = (
+            self._policy.get if chunk_map is None else chunk_map.get
+        )
         # Hooks a policy leaves as the base's no-ops (kvref's LRU and ARC keep no index of idle
         # chunks) are not called: that would be a call per key.
         policy_class = type(self._policy)
@@ -170,7 +179,7 @@ class CPUOffloadingManager(OffloadingManager):
         self._free_list.append(chunk.chunk_id)
 
     def _get_load_store_spec(self, keys: Iterable[OffloadKey], chunks: Iterable[ChunkStatus]) -> CPULoadStoreSpec:
-        return CPULoadStoreSpec([chunk.chunk_id for chunk in chunks])
+        return CPULoadStoreSpec(list(map(_CHUNK_ID, chunks)))
 
     # --- the reuse filter ---
 
@@ -217,11 +226,11 @@ class CPUOffloadingManager(OffloadingManager):
         self, state: _RequestCacheAccess, keys: Collection[OffloadKey], req_context: ReqContext, reused_keys: Collection[OffloadKey] = ()
     ) -> None:
         seen = state.seen_keys
-        new_keys = [key for key in keys if key not in seen]
-        if new_keys:
-            seen.update(dict.fromkeys(new_keys))
-            if self._calls_request_access_hook:
-                self._policy.on_request_access(list(dict.fromkeys(new_keys)), req_context)
+        if self._calls_request_access_hook:
+            new_keys = list(dict.fromkeys(key for key in keys if key not in seen))
+            if new_keys:
+                self._policy.on_request_access(new_keys, req_context)
+        seen.update(dict.fromkeys(keys))  # keys seen before keep their place
         # Re-reading a chunk this request inserted is an internal transfer (a tiering cascade,
         # say), not a second cache access.
         if state.inserted_keys:
@@ -238,7 +247,7 @@ class CPUOffloadingManager(OffloadingManager):
 
     @override
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        chunk = self._policy.get(key)
+        chunk = self._get_chunk(key)
         if chunk is None:
             return LookupResult.MISS
         return LookupResult.HIT if chunk.ref_cnt >= 0 else LookupResult.HIT_PENDING
@@ -261,11 +270,11 @@ class CPUOffloadingManager(OffloadingManager):
     ) -> CPULoadStoreSpec:
         if not isinstance(keys, list):  # see _LIST
             check_key_collection(keys, "prepare_load")
-        found = self._policy.get_many(keys)
-        for key, chunk in zip(keys, found):  # every key checked before any pin
-            if chunk is None or chunk.ref_cnt < 0:
-                raise OffloadProtocolError("prepare_load", key, "absent" if chunk is None else "pending")
-        chunks = cast("list[ChunkStatus]", found)  # none is None: checked above
+        found = list(map(self._get_chunk, keys))
+        if None in found or min(map(_REF_CNT, found), default=0) < 0:  # every key checked first
+            bad = next(i for i, chunk in enumerate(found) if chunk is None or chunk.ref_cnt < 0)
+            raise OffloadProtocolError("prepare_load", list(keys)[bad], "absent" if found[bad] is None else "pending")
+        chunks = cast("list[ChunkStatus]", found)
         state = self._get_request_cache_access(req_context) if record_access else None
         if state is not None:
             self._check_not_finished("prepare_load", state, keys, req_context)
@@ -295,16 +304,17 @@ class CPUOffloadingManager(OffloadingManager):
         """
         if not isinstance(keys, list):  # see _LIST
             check_key_collection(keys, "complete_load")
-        chunks = self._policy.get_many(keys)
+        chunks = list(map(self._get_chunk, keys))
         idle: list[OffloadKey] = []  # keys whose chunk no load reads any more
-        for index, (key, chunk) in enumerate(zip(keys, chunks)):
+        released = 0
+        for key, chunk in zip(keys, chunks):
             if chunk is None or chunk.ref_cnt < 1:
-                for released in chunks[:index]:  # undo the releases made so far
-                    assert released is not None
-                    released.ref_cnt += 1
+                for undone in cast("list[ChunkStatus]", chunks[:released]):  # undo the releases so far
+                    undone.ref_cnt += 1
                 state = "absent" if chunk is None else f"read by {max(chunk.ref_cnt, 0)} loads"
                 raise OffloadProtocolError("complete_load", key, state)
             chunk.ref_cnt -= 1
+            released += 1
             if chunk.ref_cnt == 0:
                 idle.append(key)
         self._num_evictable_cache_chunks += len(idle)  # ref_cnt 1 -> 0
@@ -332,7 +342,7 @@ class CPUOffloadingManager(OffloadingManager):
             self._record_accesses(keys)
         # Ready resident chunks are reuses even if the tracker forgot them; the threshold
         # applies to new store candidates only.
-        chunks = self._policy.get_many(keys)
+        chunks = list(map(self._get_chunk, keys))
         keys_to_store = [key for key, chunk in zip(keys, chunks) if chunk is None]
         ready_existing_keys: list[OffloadKey] = []
         if len(keys_to_store) < len(keys):
@@ -369,15 +379,13 @@ class CPUOffloadingManager(OffloadingManager):
                 return None
             assert len(evicted) == num_chunks_to_evict, f"{type(self._policy).__name__} evicted {len(evicted)} chunks, not {num_chunks_to_evict}"
             self._num_evictable_cache_chunks -= len(evicted)
-            for key, chunk in evicted:
-                self._free_chunk(chunk)
-                to_evict.append(key)
+            to_evict = [key for key, _ in evicted]
+            self._free_list.extend(chunk.chunk_id for _, chunk in evicted)
         if to_evict and self.events is not None:
             self.events.append(OffloadingEvent(keys=to_evict, medium=self.medium, removed=True))
 
         chunks = self._allocate_chunks(keys_to_store)
-        for key, chunk in zip(keys_to_store, chunks):
-            self._policy.insert(key, chunk, req_context)
+        self._policy.insert_many(keys_to_store, chunks, req_context)
         self._num_write_pending_chunks += len(keys_to_store)
         state.inserted_keys.update(keys_to_store)
         return PrepareStoreOutput(
@@ -394,11 +402,9 @@ class CPUOffloadingManager(OffloadingManager):
         """
         if not isinstance(keys, list):  # see _LIST
             check_key_collection(keys, "complete_store")
-        stored_keys: list[OffloadKey] = []
-        removed_keys: list[OffloadKey] = []
-        found = zip(keys, self._policy.get_many(keys))
-        # A stored chunk is ready at its second mention; a dropped one must be freed only once.
-        for key, chunk in found if success else dict(found).items():
+        completed: list[OffloadKey] = []  # stored, or dropped when the write failed
+        for key in keys:  # one `get` per key: a completion is mostly a few keys, often one
+            chunk = self._get_chunk(key)
             if chunk is None or chunk.ref_cnt >= 0:  # absent, or already stored (ready)
                 continue
             self._num_write_pending_chunks -= 1
@@ -407,18 +413,14 @@ class CPUOffloadingManager(OffloadingManager):
                 self._num_evictable_cache_chunks += 1
                 if self._calls_evictability_hooks:
                     self._policy.mark_evictable(key)
-                stored_keys.append(key)
             else:
                 self._policy.remove(key)
                 self._free_chunk(chunk)
-                removed_keys.append(key)
-        if self.events is not None:
-            if removed_keys:
-                self.events.append(
-                    OffloadingEvent(keys=removed_keys, medium=self.medium, removed=True, metadata_only=True)
-                )
-            if stored_keys:
-                self.events.append(OffloadingEvent(keys=stored_keys, medium=self.medium, removed=False))
+            completed.append(key)
+        if completed and self.events is not None:
+            # A failed write only releases its allocation: no stored chunk is removed.
+            event = OffloadingEvent(keys=completed, medium=self.medium, removed=not success, metadata_only=not success)
+            self.events.append(event)
 
     @override
     def on_request_finished(self, req_context: ReqContext) -> None:

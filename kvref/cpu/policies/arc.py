@@ -7,11 +7,12 @@ requests move chunks; a chunk whose store or load completes stays where it is.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from typing_extensions import override
 
 from kvref.base import OffloadKey, ReqContext
+from kvref.cpu.policies._ghosts import GhostList
 from kvref.cpu.policies.base import CachePolicy, ChunkStatus, order_request_keys
 
 __all__ = ["ARCCachePolicy"]
@@ -24,7 +25,8 @@ class ARCCachePolicy(CachePolicy):
         t1: chunks used once since they were stored ("recent"), least recent first.
         t2: chunks used at least twice ("frequent"), least recent first.
         b1, b2: ghost lists, keys recently evicted from t1 and t2 (no slots), each bounded by
-            `cache_capacity`, oldest first.
+            `cache_capacity` (`GhostList`s: a dict and a deque each, half an OrderedDict's
+            memory per key; their `members` dicts are probed directly).
         target_t1_size: how large t1 should be, in [0, cache_capacity]; starts at 0.
 
     Algorithm:
@@ -45,59 +47,72 @@ class ARCCachePolicy(CachePolicy):
         self.target_t1_size: float = 0.0
         self.t1: OrderedDict[OffloadKey, ChunkStatus] = OrderedDict()
         self.t2: OrderedDict[OffloadKey, ChunkStatus] = OrderedDict()
-        self.b1: OrderedDict[OffloadKey, None] = OrderedDict()
-        self.b2: OrderedDict[OffloadKey, None] = OrderedDict()
+        self.b1 = GhostList()
+        self.b2 = GhostList()
+        # Every held chunk, t1's and t2's: a lookup is one probe, not one per list.
+        self._chunks: dict[OffloadKey, ChunkStatus] = {}
 
     @override
     def get(self, key: OffloadKey) -> ChunkStatus | None:
-        # t2 first: a chunk that is looked for again has mostly been used twice already.
-        return self.t2.get(key) or self.t1.get(key)  # a ChunkStatus is always truthy
+        return self._chunks.get(key)
 
     @override
-    def get_many(self, keys: Collection[OffloadKey]) -> list[ChunkStatus | None]:
-        t1_get, t2_get = self.t1.get, self.t2.get
-        return [t2_get(key) or t1_get(key) for key in keys]  # a ChunkStatus is always truthy
+    def chunk_map(self) -> Mapping[OffloadKey, ChunkStatus]:
+        return self._chunks
 
     @override
     def insert(self, key: OffloadKey, chunk: ChunkStatus, req_context: ReqContext) -> None:
+        self._chunks[key] = chunk
         self.t1[key] = chunk
-        self.b1.pop(key, None)
-        self.b2.pop(key, None)
+        self.b1.discard(key)
+        self.b2.discard(key)
+
+    @override
+    def insert_many(self, keys: Sequence[OffloadKey], chunks: Sequence[ChunkStatus], req_context: ReqContext) -> None:
+        self._chunks.update(zip(keys, chunks))
+        self.t1.update(zip(keys, chunks))
+        b1, b2 = self.b1, self.b2
+        for key in [key for key in keys if key in b1.members or key in b2.members]:  # ghosts no more
+            b1.discard(key)
+            b2.discard(key)
 
     @override
     def remove(self, key: OffloadKey) -> None:
+        self._chunks.pop(key, None)
         if self.t1.pop(key, None) is None:
             self.t2.pop(key, None)
 
     def _adapt_to_ghost_hit(self, key: OffloadKey) -> None:
-        if key in self.b1:
+        if key in self.b1.members:
             delta = max(1, len(self.b2) / len(self.b1))
             self.target_t1_size = min(self.target_t1_size + delta, self.cache_capacity)
             self.b1.move_to_end(key)
-        elif key in self.b2:
+        elif key in self.b2.members:
             delta = max(1, len(self.b1) / len(self.b2))
             self.target_t1_size = max(self.target_t1_size - delta, 0)
             self.b2.move_to_end(key)
 
     @override
     def on_store_miss(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        b1, b2 = self.b1.members, self.b2.members
         for key in reversed(keys if isinstance(keys, list) else list(keys)):
-            if key in self.b1 or key in self.b2:  # only a ghost adapts the target
+            if key in b1 or key in b2:  # only a ghost adapts the target
                 self._adapt_to_ghost_hit(key)
 
     @override
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        t1, t2 = self.t1, self.t2
         # A list (what the manager is given) is walked backwards in place, not copied first.
         for key in reversed(keys if isinstance(keys, list) else list(keys)):
-            if key in self.t1:
-                chunk = self.t1.pop(key)
+            if key in t2:  # the most common case first: a chunk used before, used again
+                t2.move_to_end(key)
+            elif key in t1:
+                chunk = t1.pop(key)
                 if chunk.ref_cnt >= 0:  # ready: a second use
-                    self.t2[key] = chunk
+                    t2[key] = chunk
                 else:
-                    self.t1[key] = chunk  # only just prepared for storing: not a second use
-            elif key in self.t2:
-                self.t2.move_to_end(key)
-            elif key in self.b1 or key in self.b2:
+                    t1[key] = chunk  # only just prepared for storing: not a second use
+            elif key in self.b1.members or key in self.b2.members:  # only a ghost adapts the target
                 self._adapt_to_ghost_hit(key)
 
     @override
@@ -108,20 +123,22 @@ class ARCCachePolicy(CachePolicy):
         reused_keys: set[OffloadKey],
         req_context: ReqContext,
     ) -> None:
+        t1, t2 = self.t1, self.t2
         for key in reversed(order_request_keys(key_groups, req_context)):
-            if key in insertion_only_keys:
-                if key in self.t1:
-                    self.t1.move_to_end(key)
-                elif key in self.t2:
-                    self.t2.move_to_end(key)
-            elif key in reused_keys:
-                if key in self.t1:
-                    self.t2[key] = self.t1.pop(key)
-                elif key in self.t2:
-                    self.t2.move_to_end(key)
+            if key in insertion_only_keys:  # a store is not a frequency hit: keep its list
+                if key in t1:
+                    t1.move_to_end(key)
+                elif key in t2:
+                    t2.move_to_end(key)
+            elif key in reused_keys:  # a reuse is one more access
+                if key in t1:
+                    t2[key] = t1.pop(key)
+                elif key in t2:
+                    t2.move_to_end(key)
 
     @override
     def clear(self) -> None:
+        self._chunks.clear()
         self.t1.clear()
         self.t2.clear()
         self.b1.clear()
@@ -132,39 +149,39 @@ class ARCCachePolicy(CachePolicy):
     def evict(self, n: int, protected: set[OffloadKey]) -> list[tuple[OffloadKey, ChunkStatus]] | None:
         if n == 0:
             return []
-
-        def idle(entries: Iterator[tuple[OffloadKey, ChunkStatus]]) -> Iterator[tuple[OffloadKey, ChunkStatus]]:
-            return ((key, chunk) for key, chunk in entries if chunk.ref_cnt == 0 and key not in protected)
-
         # Choose all n first, changing nothing, so that a shortfall leaves the policy as it
         # was. The scans only move forward: restarting from the oldest end after each choice
         # would make a batch eviction quadratic.
-        t1_idle, t2_idle = idle(iter(self.t1.items())), idle(iter(self.t2.items()))
-        chosen: list[tuple[OffloadKey, ChunkStatus, bool]] = []  # (key, chunk, from t1)
-        t1_size = len(self.t1)
+        t1_idle = ((key, chunk) for key, chunk in self.t1.items() if chunk.ref_cnt == 0 and key not in protected)
+        t2_idle = ((key, chunk) for key, chunk in self.t2.items() if chunk.ref_cnt == 0 and key not in protected)
+        target = int(self.target_t1_size)
+        t1_size = len(self.t1)  # as the choices so far would leave it
+        evicted: list[tuple[OffloadKey, ChunkStatus]] = []
+        from_t1: list[OffloadKey] = []
+        from_t2: list[OffloadKey] = []
         for _ in range(n):
-            entry = next(t1_idle, None) if t1_size >= int(self.target_t1_size) else None
-            from_t1 = entry is not None
+            entry = next(t1_idle, None) if t1_size >= target else None
             if entry is None:
                 entry = next(t2_idle, None)
-            if entry is None:
-                entry, from_t1 = next(t1_idle, None), True
+                if entry is not None:
+                    from_t2.append(entry[0])
+                    evicted.append(entry)
+                    continue
+                entry = next(t1_idle, None)
                 if entry is None:
                     return None
-            if from_t1:
-                t1_size -= 1
-            chosen.append((*entry, from_t1))
+            t1_size -= 1
+            from_t1.append(entry[0])
+            evicted.append(entry)
 
-        evicted: list[tuple[OffloadKey, ChunkStatus]] = []
-        for key, chunk, from_t1 in chosen:
-            if from_t1:
-                del self.t1[key]
-                self.b1[key] = None
-            else:
-                del self.t2[key]
-                self.b2[key] = None
-            evicted.append((key, chunk))
-        for ghosts in (self.b1, self.b2):
-            for _ in range(len(ghosts) - self.cache_capacity):
-                ghosts.popitem(last=False)
+        for key in from_t1:
+            del self.t1[key]
+        for key in from_t2:
+            del self.t2[key]
+        for key, _ in evicted:
+            del self._chunks[key]
+        self.b1.extend(from_t1)
+        self.b2.extend(from_t2)
+        self.b1.trim(self.cache_capacity)
+        self.b2.trim(self.cache_capacity)
         return evicted

@@ -9,7 +9,7 @@ and target size sit where organisation and eviction meet - so one class holds bo
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from typing_extensions import override
 
@@ -76,13 +76,15 @@ class CachePolicy(ABC):
     def get(self, key: OffloadKey) -> ChunkStatus | None:
         """Return the chunk of `key`, or None when the policy does not hold it; no recency change."""
 
-    def get_many(self, keys: Collection[OffloadKey]) -> list[ChunkStatus | None]:
-        """Return `get(key)` for each of `keys`, in order.
+    def chunk_map(self) -> Mapping[OffloadKey, ChunkStatus] | None:
+        """Return a live mapping of every held key to its chunk, or None (the default).
 
-        The manager's batch calls use it: one call per batch instead of one per key. The
-        default calls `get`; a policy whose chunks sit in dicts overrides it with C-level lookups.
+        A policy that keeps its chunks in one dict hands it over, and the manager reads chunks
+        from it directly: a lookup is then one dict probe, not a method call per key. The
+        mapping must stay the same object for the policy's lifetime (`clear` empties it in
+        place) and agree with `get` at all times.
         """
-        return [self.get(key) for key in keys]
+        return None
 
     @abstractmethod
     def insert(self, key: OffloadKey, chunk: ChunkStatus, req_context: ReqContext) -> None:
@@ -93,6 +95,15 @@ class CachePolicy(ABC):
             chunk: its status.
             req_context: the storing request (its key positions order a request's chunks).
         """
+
+    def insert_many(self, keys: Sequence[OffloadKey], chunks: Sequence[ChunkStatus], req_context: ReqContext) -> None:
+        """`insert` each of `keys` with its chunk (co-indexed), in order.
+
+        The manager's `prepare_store` uses it: one call per store instead of one per key. The
+        default calls `insert`.
+        """
+        for key, chunk in zip(keys, chunks):
+            self.insert(key, chunk, req_context)
 
     @abstractmethod
     def remove(self, key: OffloadKey) -> None:

@@ -140,8 +140,8 @@ class LRUCachePolicy(CachePolicy):
         return self.chunks.get(key)
 
     @override
-    def get_many(self, keys: Collection[OffloadKey]) -> list[ChunkStatus | None]:
-        return list(map(self.chunks.get, keys))
+    def chunk_map(self) -> Mapping[OffloadKey, ChunkStatus]:
+        return self.chunks
 
     @override
     def insert(self, key: OffloadKey, chunk: ChunkStatus, req_context: ReqContext) -> None:
