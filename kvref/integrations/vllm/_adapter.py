@@ -1,7 +1,5 @@
 """`VllmTier`: a kvref tier as vLLM's; it translates kvref's types to vLLM's and back, nothing else."""
 
-from __future__ import annotations
-
 from collections.abc import Collection
 from dataclasses import is_dataclass
 from enum import Enum
@@ -19,7 +17,7 @@ from kvref.tiering.factory import build_tier
 from kvref.tiering.fs import FileSystemSecondaryTier
 from kvref.tiering.redis import RedisSecondaryTier
 
-__all__ = ["VllmTier", "FileSystemTier", "RedisTier"]
+__all__ = ["FileSystemTier", "RedisTier", "VllmTier"]
 
 
 def _vllm(value: Any) -> Any:
@@ -31,17 +29,10 @@ def _vllm(value: Any) -> Any:
     return value
 
 
-def _context(req_context: v.ReqContext) -> k.ReqContext:
-    return cast("k.ReqContext", req_context)  # the same fields and methods: one context per request
-
-
-def _job(job: TransferJob) -> kt.TransferJob:
-    return kt.TransferJob(**{**vars(job), "chunk_ids": job.chunk_ids.tolist()})  # the rest: the same shape
-
-
 class VllmTier(SecondaryTierManager):
     """The kvref tier `kvref_tier_class` (the instance: `kvref_tier`), built from the same options.
-    It serves no external requests (kvref's tiers serve none), so it is polled at steps only."""
+    vLLM's contexts and spec pass as kvref's (the same fields and methods); kvref's tiers serve no
+    external requests, so they are polled at steps only."""
 
     kvref_tier_class: ClassVar[type[kt.SecondaryTierManager]]
 
@@ -52,23 +43,23 @@ class VllmTier(SecondaryTierManager):
 
     def __init__(self, offloading_spec: v.OffloadingSpec, primary_kv_view: memoryview, tier_type: str,
                  backpressure_detector: BackpressureDetector | None = None, **options: Any) -> None:  # fmt: skip
-        # kvref's tiers read only what vLLM's spec has in the same shape; vLLM's manager applies back-pressure.
-        spec = cast("k.OffloadingSpec", offloading_spec)
+        spec = cast("k.OffloadingSpec", offloading_spec)  # vLLM's manager applies back-pressure: None
         self.kvref_tier = build_tier(self.kvref_tier_class, spec, primary_kv_view, tier_type, None, options)
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self.locality = _vllm(self.kvref_tier.locality)
 
     @override
     def lookup(self, key: v.OffloadKey, req_context: v.ReqContext) -> v.LookupResult:
-        return _vllm(self.kvref_tier.lookup(k.OffloadKey(key), _context(req_context)))
+        return _vllm(self.kvref_tier.lookup(k.OffloadKey(key), cast("k.ReqContext", req_context)))
 
     @override
     def submit_store(self, job_metadata: TransferJob) -> None:
-        self.kvref_tier.submit_store(_job(job_metadata))
+        # A job is the same record but for its chunk ids (a numpy array in vLLM, a list in kvref).
+        self.kvref_tier.submit_store(kt.TransferJob(**{**vars(job_metadata), "chunk_ids": job_metadata.chunk_ids.tolist()}))
 
     @override
     def submit_load(self, job_metadata: TransferJob) -> None:
-        self.kvref_tier.submit_load(_job(job_metadata))
+        self.kvref_tier.submit_load(kt.TransferJob(**{**vars(job_metadata), "chunk_ids": job_metadata.chunk_ids.tolist()}))
 
     @override
     def get_finished_jobs(self) -> list[JobResult]:
@@ -80,15 +71,15 @@ class VllmTier(SecondaryTierManager):
 
     @override
     def touch(self, keys: Collection[v.OffloadKey], req_context: v.ReqContext) -> None:
-        self.kvref_tier.touch(cast("Collection[k.OffloadKey]", keys), _context(req_context))
+        self.kvref_tier.touch(cast("Collection[k.OffloadKey]", keys), cast("k.ReqContext", req_context))
 
     @override
     def on_new_request(self, req_context: v.ReqContext) -> v.RequestOffloadingContext:
-        return _vllm(self.kvref_tier.on_new_request(_context(req_context)))
+        return _vllm(self.kvref_tier.on_new_request(cast("k.ReqContext", req_context)))
 
     @override
     def on_request_finished(self, req_context: v.ReqContext) -> None:
-        self.kvref_tier.on_request_finished(_context(req_context))
+        self.kvref_tier.on_request_finished(cast("k.ReqContext", req_context))
 
     @override
     def on_schedule_end(self, context: v.ScheduleEndContext) -> None:
