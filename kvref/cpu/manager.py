@@ -54,7 +54,6 @@ _REF_CNT = operator.attrgetter("ref_cnt")
 _CHUNK_ID = operator.attrgetter("chunk_id")
 # A module global is a tenth of the time of an enum attribute read (`lookup` runs per key).
 _MISS, _HIT, _HIT_PENDING = LookupResult.MISS, LookupResult.HIT, LookupResult.HIT_PENDING
-
 # _LIST: `keys` that are not a list (what the connector passes) are checked for a single key (a
 # TypeError); the check's call costs as much as a cheap call's own work.
 
@@ -134,9 +133,8 @@ class CPUOffloadingManager(OffloadingManager):
         # The policy's chunks read directly when it keeps them in one dict (`chunk_map`): one
         # dict probe per key instead of a method call.
         chunk_map = self._policy.chunk_map()
-        self._get_chunk: Callable[[OffloadKey], ChunkStatus | None] = (
-            self._policy.get if chunk_map is None else chunk_map.get
-        )
+        get_chunk = self._policy.get if chunk_map is None else chunk_map.get
+        self._get_chunk: Callable[[OffloadKey], ChunkStatus | None] = get_chunk
         # Hooks a policy leaves as the base's no-ops (kvref's LRU and ARC keep no index of idle
         # chunks) are not called: that would be a call per key.
         policy_class = type(self._policy)
@@ -421,18 +419,12 @@ class CPUOffloadingManager(OffloadingManager):
             completed.append(key)
         if completed and self.events is not None:
             # A failed write only releases its allocation: no stored chunk is removed.
-            event = OffloadingEvent(keys=completed, medium=self.medium, removed=not success, metadata_only=not success)
-            self.events.append(event)
+            self.events.append(OffloadingEvent(completed, self.medium, removed=not success, metadata_only=not success))
 
     @override
     def on_request_finished(self, req_context: ReqContext) -> None:
         state = req_context.get_state(_RequestCacheAccess)
-        if (
-            state is None
-            or state.owner is not self
-            or state.cache_generation != self._cache_generation
-            or state.finished
-        ):
+        if state is None or state.owner is not self or state.cache_generation != self._cache_generation or state.finished:
             return
         state.finished = True
         # The keys per KV-cache group, groups in index order (suffixes are big-endian).
@@ -450,9 +442,7 @@ class CPUOffloadingManager(OffloadingManager):
                 keys.sort(key=positions.__getitem__)  # by position when every key has one
             except KeyError:
                 pass  # list.sort computes every position before it moves a key
-        self._policy.on_request_finished(
-            groups, state.inserted_keys - state.reused_keys, state.reused_keys, req_context
-        )
+        self._policy.on_request_finished(groups, state.inserted_keys - state.reused_keys, state.reused_keys, req_context)
 
     @override
     def reset_cache(self) -> None:
