@@ -69,7 +69,7 @@ def sizes(vllm_root: Path, checkout: Path = CHECKOUT) -> list[tuple[str, int, in
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description="kvref's CPU manager and policies: code lines beside vLLM's.")
     parser.add_argument("--vllm", default="0.33.0", help="the vLLM release to compare with")
     args = parser.parse_args(argv)
     rows = sizes(fetch_corpus(f"vllm=={args.vllm}", log=False).root)
