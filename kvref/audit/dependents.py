@@ -6,14 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
-
 from kvref.audit.resolve.hierarchy import ProjectIndex
 from kvref.audit.resolve.targets import ClassKey
 from kvref.audit.summarise.records import ModuleSummary
-
-if TYPE_CHECKING:
-    from kvref.audit.pipeline import Project
 
 __all__ = ["dependent_classes", "owning_class"]
 
@@ -30,15 +25,14 @@ def owning_class(symbol: str, summary: ModuleSummary) -> str:
 
 
 def dependent_classes(
-    project: Project, summarised: Collection[Path], primary: Mapping[Path, str], index: ProjectIndex
+    reported: Collection[Path], summarised: Collection[Path], primary: Mapping[Path, str], index: ProjectIndex
 ) -> dict[Path, frozenset[str]]:
-    """The classes outside the reported files that derive from a class defined in one.
+    """The classes outside the `reported` files that derive from a class defined in one.
 
     Returns:
         For each unreported file with such classes, their qualified names, and the names of
         the classes nested in them (a finding's symbol is `Class.method`).
     """
-    reported = project.reported
     changed_modules = {primary[path] for path in reported if path in primary}
     others = {
         path: summary

@@ -188,7 +188,7 @@ def index_project(
     index = build_index(layout, loaded, load, reach)
     primary = layout.primary
     summarised = set(project.eager).difference(failed)
-    dependents = dependent_classes(project, summarised, primary, index) if project.partial else {}
+    dependents = dependent_classes(project.reported, summarised, primary, index) if project.partial else {}
     checked = sorted(p for p in project.reported.union(dependents).intersection(summarised) if p.suffix != ".pyi")
     return Indexed(project, primary, index, errors, dependents, checked, layout)
 
