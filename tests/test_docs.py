@@ -197,3 +197,8 @@ def test_the_settings_table_documents_every_setting() -> None:
         settings = parse_settings({key: _SAMPLES[key]}, default)
         changed |= {field.name for field in fields(ServerSettings) if getattr(settings, field.name) != getattr(default, field.name)}
     assert changed == {field.name for field in fields(ServerSettings)}
+
+
+def test_the_readme_stays_a_page_for_users() -> None:
+    # Issue 43: editor set-ups and settings live in docs/EDITORS.md, the rest of the detail in docs/.
+    assert len(README.read_text().splitlines()) <= 350
