@@ -533,6 +533,39 @@ def test_root_of_a_previous_format_is_refused_not_misread(tmp_path: Path, versio
         fs_tier(make_view(2), tmp_path / "fs")
 
 
+@pytest.mark.parametrize("theirs", [BLOCK_BYTES, 2 * BLOCK_BYTES])
+def test_openers_racing_on_a_new_root_keep_the_first_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, theirs: int
+) -> None:
+    # Another opener (another host) publishes the config between this one's read (none yet) and
+    # its own publish. Its file keeps its inode, which the other host may be reading (replaced,
+    # JuiceFS fails that read with EBADF): this opener checks it instead, and leaves no file.
+    from kvref.tiering.fs import root as root_module
+
+    root = tmp_path / "root"
+    root.mkdir()
+    config = root / CONFIG_FILE_NAME
+    publish = root_module.publish_file
+
+    def another_opener_first(source: str, target: str) -> None:
+        config.write_text(json.dumps({"format": 4, "block_bytes": theirs}))
+        publish(source, target)
+
+    monkeypatch.setattr(root_module, "publish_file", another_opener_first)
+    if theirs == BLOCK_BYTES:
+        root_module.open_root(root, BLOCK_BYTES)
+    else:
+        with pytest.raises(TierRootError, match="says it holds blocks written as"):
+            root_module.open_root(root, BLOCK_BYTES)
+    assert json.loads(config.read_text()) == {"format": 4, "block_bytes": theirs}
+    inode = config.stat().st_ino
+    monkeypatch.setattr(root_module, "publish_file", publish)
+    if theirs == BLOCK_BYTES:
+        root_module.open_root(root, BLOCK_BYTES)  # an existing root: read, never rewritten
+    assert config.stat().st_ino == inode
+    assert sorted(path.name for path in root.iterdir()) == [CONFIG_FILE_NAME]
+
+
 def test_a_file_of_another_format_or_block_size_is_never_read(harness: Harness) -> None:
     k1, k2 = to_keys([1, 2])
     assert harness.store([k1, k2])

@@ -20,6 +20,7 @@ import xxhash
 
 from kvref.errors import KVRefError
 from kvref.tiering.fs.format import ALIGN, FORMAT_VERSION
+from kvref.tiering.fs.posix_io import publish_file
 
 __all__ = [
     "CONFIG_FILE_NAME",
@@ -120,12 +121,17 @@ def _check_config(root: Path, block_bytes: int) -> None:
                 f"{config}; use another root_dir or empty this one",
             )
         return  # already written: start-up writes nothing more (a full disk must not stop it)
-    # A new root: writing its config also proves it writable. Openers racing here write the
-    # same bytes, each through a temporary file of its own.
+    # A new root: writing its config also proves it writable. Openers racing here each write
+    # a temporary file of their own and the first to publish it wins; the others check its
+    # config. Never replace it: an opener on another host reading the file replaced under it
+    # fails (EBADF on JuiceFS, ESTALE on NFS).
     tmp_path = root / f"{CONFIG_FILE_NAME}.{writer_token()}{TMP_SUFFIX}"
     try:
         tmp_path.write_text(json.dumps(config))
-        os.replace(tmp_path, config_path)
+        publish_file(str(tmp_path), str(config_path))
+    except FileExistsError:
+        unlink_quietly(str(tmp_path))
+        _check_config(root, block_bytes)  # another opener's config, in place for good now
     except OSError as exc:
         unlink_quietly(str(tmp_path))
         raise _root_error(root, exc.strerror or str(exc), exc.errno) from exc
