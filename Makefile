@@ -113,20 +113,11 @@ pytest-vllm: vllm-env system-packages juicefs
 	@echo "==> pytest tests/vllm, next to vLLM 0.33 (in $(VLLM_VENV); one dot per test)"
 	VLLM_TARGET_DEVICE=cpu $(VLLM_PYTHON) -m pytest -q -p no:kvref-conformance -p kvref.testing.pytest_plugin tests/vllm examples/vllm_dict_tier
 
-# `make test`: its parts one after the other (target:label), each timed; the times are printed
-# at the end, also when a part fails (the failing part is the last one listed).
-TEST_PARTS := setup:set-up typecheck:pyright audit:audit pytest:pytest pytest-vllm:vllm-suite
+# `make test`: the set-up, then two lanes side by side, pytest in one and pyright, the audit and
+# the vLLM suite in the other (about as long, and a 2-core machine runs both at once), each part
+# timed; tools/run_parts.sh prints the times at the end, also when a part fails.
 test:
-	@status=0; times=(); begin=$$(date +%s); \
-	for part in $(TEST_PARTS); do \
-	  start=$$(date +%s); \
-	  $(MAKE) --no-print-directory $${part%%:*} || status=$$?; \
-	  times+=("$$(printf '  %-11s %5d s' $${part#*:} $$(( $$(date +%s) - start )))"); \
-	  if [ $$status -ne 0 ]; then times[-1]+=" (failed)"; break; fi; \
-	done; \
-	echo "==> make test: seconds per part"; printf '%s\n' "$${times[@]}"; \
-	printf '  %-11s %5d s\n' total $$(( $$(date +%s) - begin )); \
-	exit $$status
+	@MAKE="$(MAKE)" tools/run_parts.sh "setup:set-up" -- "pytest:pytest" "typecheck:pyright audit:audit pytest-vllm:vllm-suite"
 
 bench: $(STAMP)
 	$(BIN)/python tools/bench_manager.py
