@@ -442,7 +442,8 @@ class CPUOffloadingManager(OffloadingManager):
                 keys.sort(key=positions.__getitem__)  # by position when every key has one
             except KeyError:
                 pass  # list.sort computes every position before it moves a key
-        self._policy.on_request_finished(groups, state.inserted_keys - state.reused_keys, state.reused_keys, req_context)
+        key_groups = tuple(map(tuple, groups))  # immutable, as vLLM hands them to its policies
+        self._policy.on_request_finished(key_groups, state.inserted_keys - state.reused_keys, state.reused_keys, req_context)
 
     @override
     def reset_cache(self) -> None:

@@ -86,6 +86,11 @@ class GhostList:
         last_copies.reverse()
         return last_copies
 
+    def items(self) -> list[tuple[OffloadKey, None]]:
+        """The ghosts, oldest first, as `(key, None)`: what vLLM's ghost lists (an
+        `OrderedDict[OffloadKey, None]` each) give, and its tests read."""
+        return [(key, None) for key in self.ordered()]
+
     def clear(self) -> None:
         """Forget every ghost."""
         self.members.clear()
