@@ -15,7 +15,7 @@ RUN_STAMP := $(VENV)/.kvref-run-installed
 STAMP := $(VENV)/.kvref-installed
 NATIVE_SOURCES := kvref/tiering/fs/_batch_io.c kvref/tiering/fs/copy_payload.h kvref/tiering/fs/vendor/xxhash.h
 
-.PHONY: run test setup typecheck audit pytest pytest-vllm vllm-env system-packages juicefs bench clean
+.PHONY: run test setup typecheck audit pytest pytest-library pytest-projects pytest-vllm vllm-env system-packages juicefs bench clean
 
 # Set-up takes a minute or two on a fresh machine: each step says what it does, and pip shows
 # what it collects and installs (no -q), so a slow step is never silent.
@@ -100,10 +100,19 @@ audit: $(STAMP) vllm-env
 	@echo "==> kvref audit kvref"
 	$(BIN)/kvref audit kvref --python $(VLLM_VENV)
 
+# kvref's tests but those next to vLLM, in two parts that make test runs side by side: the
+# audit and --fix on popular projects' sdists (a third of the CPU time), and the rest.
 # vllm-env: the server's tests compare it with `kvref audit` on vLLM's kv_offload.
-pytest: $(STAMP) system-packages juicefs vllm-env
-	@echo "==> pytest: kvref's tests but those next to vLLM (one dot per test)"
-	$(BIN)/python -m pytest -q --ignore=tests/vllm
+PROJECT_TESTS := tests/audit/test_real_projects.py
+pytest: pytest-library pytest-projects
+
+pytest-library: $(STAMP) system-packages juicefs vllm-env
+	@echo "==> pytest: kvref's tests but those next to vLLM and $(PROJECT_TESTS) (one dot per test)"
+	$(BIN)/python -m pytest -q --ignore=tests/vllm --ignore=$(PROJECT_TESTS)
+
+pytest-projects: $(STAMP)
+	@echo "==> pytest $(PROJECT_TESTS): kvref audit --fix on popular projects' sdists (fetched once into kvref's cache)"
+	$(BIN)/python -m pytest -q $(PROJECT_TESTS)
 
 # VLLM_TARGET_DEVICE=cpu: vLLM's CPU platform (its wheel would otherwise look for a GPU).
 # kvref is not installed in that environment, so the kit's plugin is named with -p; the editable
@@ -113,11 +122,13 @@ pytest-vllm: vllm-env system-packages juicefs
 	@echo "==> pytest tests/vllm, next to vLLM 0.33 (in $(VLLM_VENV); one dot per test)"
 	VLLM_TARGET_DEVICE=cpu $(VLLM_PYTHON) -m pytest -q -p no:kvref-conformance -p kvref.testing.pytest_plugin tests/vllm examples/vllm_dict_tier
 
-# `make test`: the set-up, then two lanes side by side, pytest in one and pyright, the audit and
-# the vLLM suite in the other (about as long, and a 2-core machine runs both at once), each part
-# timed; tools/run_parts.sh prints the times at the end, also when a part fails.
+# `make test`: the set-up, then three lanes side by side (none keeps a core busy all the time, so
+# on 2 cores three fill them): kvref's tests, the popular projects' tests, and pyright, the audit
+# and the vLLM suite. Each part is timed; tools/run_parts.sh prints the times at the end, also
+# when a part fails.
 test:
-	@MAKE="$(MAKE)" tools/run_parts.sh "setup:set-up" -- "pytest:pytest" "typecheck:pyright audit:audit pytest-vllm:vllm-suite"
+	@MAKE="$(MAKE)" tools/run_parts.sh "setup:set-up" -- "pytest-library:pytest" "pytest-projects:projects" \
+	  "typecheck:pyright audit:audit pytest-vllm:vllm-suite"
 
 bench: $(STAMP)
 	$(BIN)/python tools/bench_manager.py
