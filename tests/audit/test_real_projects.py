@@ -32,7 +32,7 @@ import shutil
 import subprocess
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -150,29 +150,43 @@ def _added_decorators(
     lines = after.decode("utf-8", "replace").splitlines()
     added: list[tuple[ast.expr, ast.ClassDef | None]] = []
 
-    def visit(node: ast.AST, cls: ast.ClassDef | None) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                for decorator in child.decorator_list:
+    def visit(body: Iterable[ast.stmt], cls: ast.ClassDef | None) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for decorator in node.decorator_list:
                     if lines[decorator.lineno - 1] not in old_lines:
                         added.append((decorator, cls))
-                visit(child, None)
-            elif isinstance(child, ast.ClassDef):
-                visit(child, child)
+                visit(_child_statements(node), None)
             else:
-                visit(child, cls)
+                visit(_child_statements(node), node if isinstance(node, ast.ClassDef) else cls)
 
-    visit(tree, None)
+    visit(tree.body, None)
     return added
 
 
-def _top_level_imports(source: bytes) -> set[str]:
+def _child_statements(node: ast.stmt) -> Iterator[ast.stmt]:
+    """The statements of a statement's own blocks. Definitions and imports are statements, so
+    walking statements alone finds them all, without visiting every expression (the checks
+    below run on thousands of fixed files)."""
+    for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+        for child in getattr(node, field, None) or ():
+            if isinstance(child, (ast.ExceptHandler, ast.match_case)):
+                yield from child.body
+            elif isinstance(child, ast.stmt):
+                yield child
+
+
+def _imported_modules(tree: ast.Module) -> set[str]:
+    """The top-level package of every absolute import, at any depth."""
     modules: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
+    pending: list[ast.stmt] = list(tree.body)
+    while pending:
+        node = pending.pop()
         if isinstance(node, ast.Import):
             modules.update(alias.name.partition(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             modules.add(node.module.partition(".")[0])
+        pending.extend(_child_statements(node))
     return modules
 
 
@@ -186,8 +200,10 @@ def _check_fixed_files(
         source = after[path]
         with warnings.catch_warnings():  # the project's own `is` with a literal, and such
             warnings.simplefilter("ignore", SyntaxWarning)
-            compile(source, path, "exec", dont_inherit=True)
-        tree = ast.parse(source)
+            warnings.simplefilter("ignore", DeprecationWarning)  # invalid escapes, on 3.11
+            tree = ast.parse(source)
+            compile(tree, path, "exec", dont_inherit=True)  # the whole compiler, once parsed
+            tree_before = ast.parse(before[path])
         module: dict[str, set[str]] = {}
         for name, target in _bindings(tree.body):
             module.setdefault(name, set()).add(target)
@@ -198,7 +214,7 @@ def _check_fixed_files(
             assert _bound_to_typing_override(decorator, bindings), (
                 f"{path}:{decorator.lineno}: {ast.unparse(decorator)} is not typing's override"
             )
-        new_modules = _top_level_imports(source) - _top_level_imports(before[path])
+        new_modules = _imported_modules(tree) - _imported_modules(tree_before)
         undeclared = {m for m in new_modules if m not in sys.stdlib_module_names} - declared
         assert not undeclared, f"{path}: imports {sorted(undeclared)}, not declared by the project"
     return changed
@@ -288,7 +304,6 @@ def test_textual_fixes_with_its_declared_typing_extensions(tmp_path: Path) -> No
 
 def test_vllm_namespace_packages_resolve_as_if_they_had_init_files(tmp_path: Path) -> None:
     root = _copy("vllm==0.33.0", tmp_path)
-    as_is = _kvref(root, "--no-cache", "--select", "KVR001,KVR002")
     with_init = tmp_path / "with-init"
     shutil.copytree(root, with_init)
     added = 0
@@ -298,15 +313,17 @@ def test_vllm_namespace_packages_resolve_as_if_they_had_init_files(tmp_path: Pat
             added += 1
     assert added, "vLLM's sdist has directories without __init__.py"
     completed = _kvref(with_init, "--no-cache", "--select", "KVR001,KVR002")
+    # The tree as published: its cold findings (the same warm and uncached) before --fix.
+    as_is, _ = _audit_fix_and_verify(root, declared={"typing_extensions"})
     # The same findings either way (8,905 here; before module names followed the import
     # system, a tree like this one gave about 5,800 as-is against 8,850 with the files).
     # Adding the files may only lose what a top-level import of a test plugin package
     # reached, which `__init__.py` files above it make unimportable by that name.
-    as_is_keys, with_init_keys = set(_keys(as_is)), set(_keys(completed))
+    as_is_keys = {key for key in _keys(as_is) if key[3] in ("KVR001", "KVR002")}
+    with_init_keys = set(_keys(completed))
     assert with_init_keys <= as_is_keys
     assert len(as_is_keys - with_init_keys) <= 2, sorted(as_is_keys - with_init_keys)
     assert len(as_is_keys) > 5_000
-    _audit_fix_and_verify(root, declared={"typing_extensions"})
 
 
 @pytest.mark.parametrize(
